@@ -1,0 +1,40 @@
+"""Argument checks that every rank passes or fails together, before data moves."""
+
+__all__ = ["agree"]
+
+
+def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
+    """Share each rank's verdict on its own arguments; raise on every rank.
+
+    Every rank calls this once per collective call, with ``problem`` (None,
+    or a sentence saying what is wrong with its arguments) and ``fields``
+    (values that must be equal on every rank: element count, dtype, algorithm,
+    group size, ...).  One small allgather on the control channel lets every
+    rank see every verdict, so a mistake made on one rank raises the same
+    error on all ranks instead of leaving the others waiting in a receive.
+
+    Args:
+        comm: a :class:`~collectives.comm.Communicator`.
+        collective: the name used in messages (``"allreduce"``).
+        problem: this rank's problem, or None.
+        exc_type: the exception raised for this rank's problem.
+        **fields: values that must agree across ranks.
+
+    Raises:
+        ValueError or TypeError: on every rank, naming the ranks concerned.
+    """
+    table = comm.control.allgather(
+        (problem, exc_type.__name__, tuple(fields.values())))
+    failing = [(rank, p, t) for rank, (p, t, _) in enumerate(table) if p]
+    if failing:
+        kind = {"TypeError": TypeError}.get(failing[0][2], ValueError)
+        detail = "; ".join(f"rank {rank}: {p}" for rank, p, _ in failing)
+        raise kind(f"{collective}: {detail}")
+    for i, name in enumerate(fields):
+        values = [row[2][i] for row in table]
+        if any(v != values[0] for v in values):
+            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values)
+                              if v != values[0] or r == 0)
+            raise ValueError(
+                f"{collective}: {name} must be the same on every rank, "
+                f"got {shown}")

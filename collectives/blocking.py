@@ -1,0 +1,182 @@
+"""Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
+
+from .agreement import agree
+from .buffers import describe, open_buffer
+from .partition import block_offsets
+from .halving_doubling import (
+    recursive_doubling_allgather,
+    recursive_doubling_allreduce,
+    recursive_halving_reduce_scatter,
+    rhd_allreduce,
+)
+from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+
+__all__ = [
+    "ALLGATHER_ALGORITHMS",
+    "ALLREDUCE_ALGORITHMS",
+    "OPS",
+    "REDUCE_SCATTER_ALGORITHMS",
+    "SMALL_ALLREDUCE_BYTES",
+    "allgather",
+    "allreduce",
+    "choose_allreduce",
+    "reduce_scatter",
+    "reduction_problem",
+]
+
+#: Reduction operations: ``sum``, or ``avg`` (the sum divided by the number
+#: of contributions, floating-point buffers only).
+OPS = ("sum", "avg")
+
+ALLREDUCE_ALGORITHMS = {
+    "ring": ring_allreduce,
+    "rhd": rhd_allreduce,
+    "recursive_doubling": recursive_doubling_allreduce,
+}
+REDUCE_SCATTER_ALGORITHMS = {
+    "ring": ring_reduce_scatter,
+    "recursive_halving": recursive_halving_reduce_scatter,
+}
+ALLGATHER_ALGORITHMS = {
+    "ring": ring_allgather,
+    "recursive_doubling": recursive_doubling_allgather,
+}
+
+#: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
+#: messages); from it on a bandwidth-optimal schedule.  See the README's
+#: allreduce benchmark for the measurements behind it.
+SMALL_ALLREDUCE_BYTES = 64 * 1024
+
+
+def choose_allreduce(nbytes: int, size: int) -> str:
+    """The schedule ``algorithm="auto"`` runs for ``nbytes`` on ``size`` ranks.
+
+    Recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`; above it
+    recursive halving/doubling on powers of two (2 log2 p messages) and the
+    ring otherwise (the fold of RHD sends the whole buffer twice more).
+    """
+    if nbytes < SMALL_ALLREDUCE_BYTES:
+        return "recursive_doubling"
+    return "rhd" if size & (size - 1) == 0 else "ring"
+
+
+def _check_choice(name, value, choices):
+    if value in choices:
+        return None
+    return f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
+
+
+def reduction_problem(info, algorithm, algorithms, op):
+    """The first problem with a reduction's arguments, or None.
+
+    ``info`` comes from :func:`~collectives.buffers.describe`; ``algorithm``
+    must be a key of ``algorithms`` and ``op`` one of :data:`OPS`.
+    """
+    return (info.problem
+            or _check_choice("algorithm", algorithm, tuple(algorithms))
+            or _check_choice("op", op, OPS)
+            or (op == "avg" and info.dtype.startswith("int")
+                and f"op 'avg' needs a floating-point buffer, got {info.dtype}")
+            or None)
+
+
+def _prepare(collective, data, comm, algorithm, algorithms, op, check):
+    """Check the arguments (on every rank together).
+
+    Returns the schedule to run and the element count of ``data``.
+    """
+    info = describe(data)
+    if algorithm == "auto" and collective == "allreduce" and not info.problem:
+        algorithm = choose_allreduce(data.nbytes, comm.size)
+    problem = reduction_problem(info, algorithm, algorithms, op)
+    if check:
+        agree(comm, collective, problem, info.error, numel=info.numel,
+              dtype=info.dtype, algorithm=algorithm, op=op)
+    elif problem:
+        raise info.error(f"{collective}: {problem}")
+    return algorithms[algorithm], info.numel
+
+
+def _run(schedule, data, comm, *args):
+    with open_buffer(data, cuda_aware=comm.cuda_aware,
+                     staging=comm.staging) as buf:
+        schedule(buf, comm, *args)
+
+
+def _scale(op, comm):
+    return 1.0 / comm.size if op == "avg" else None
+
+
+def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
+    """Reduce ``data`` over all ranks of ``comm``, in place.
+
+    On return every rank's ``data`` holds the element-wise sum (``op="sum"``)
+    or mean (``op="avg"``) of all ranks' inputs, bitwise equal on all ranks.
+
+    Args:
+        data: a contiguous numpy array or torch tensor (CPU or CUDA) of a
+            dtype in :data:`~collectives.buffers.SUPPORTED_DTYPES`; same
+            element count and dtype on every rank.
+        comm: a :class:`~collectives.comm.Communicator`.
+        algorithm: ``"ring"``, ``"rhd"`` (recursive halving/doubling,
+            Rabenseifner), ``"recursive_doubling"`` or ``"auto"``
+            (:func:`choose_allreduce`).
+        op: ``"sum"`` or ``"avg"``.
+        check: agree on the arguments across ranks first (one small
+            allgather on the control channel).  With False a bad argument
+            raises on the ranks that passed it only: use it only where every
+            rank is known to pass the same arguments.
+
+    Returns:
+        ``data``.
+
+    Raises:
+        ValueError, TypeError: on every rank, before any data moves, when
+            any rank's arguments are bad or they differ across ranks.
+    """
+    schedule, _ = _prepare("allreduce", data, comm, algorithm,
+                        ALLREDUCE_ALGORITHMS, op, check)
+    _run(schedule, data, comm, _scale(op, comm))
+    return data
+
+
+def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
+    """Leave block ``comm.rank`` of ``data`` reduced over all ranks, in place.
+
+    ``data`` is cut into ``comm.size`` blocks by
+    :func:`~collectives.partition.block_offsets`; on return block ``rank``
+    holds the sum (or mean) of block ``rank`` of every rank's input.  Other
+    blocks hold unspecified partial sums.
+
+    Args:
+        algorithm: ``"ring"`` or ``"recursive_halving"``.
+        data, comm, op, check: as for :func:`allreduce`.
+
+    Returns:
+        ``(lo, hi)``: the element range of this rank's block.
+    """
+    schedule, numel = _prepare("reduce_scatter", data, comm, algorithm,
+                        REDUCE_SCATTER_ALGORITHMS, op, check)
+    _run(schedule, data, comm, _scale(op, comm))
+    off = block_offsets(numel, comm.size)
+    return off[comm.rank], off[comm.rank + 1]
+
+
+def allgather(data, *, comm, algorithm="ring", check=True):
+    """Copy block ``comm.rank`` of ``data`` to every rank, in place.
+
+    On entry block ``r`` of rank ``r``'s ``data`` (blocks as in
+    :func:`reduce_scatter`) holds its contribution; on return every rank
+    holds all blocks.
+
+    Args:
+        algorithm: ``"ring"`` or ``"recursive_doubling"``.
+        data, comm, check: as for :func:`allreduce`.
+
+    Returns:
+        ``data``.
+    """
+    schedule, _ = _prepare("allgather", data, comm, algorithm,
+                        ALLGATHER_ALGORITHMS, "sum", check)
+    _run(schedule, data, comm)
+    return data

@@ -1,0 +1,215 @@
+"""Flat communication buffers: numpy arrays and torch tensors as 1-D element ranges.
+
+The schedules see every user buffer as a :class:`FlatBuffer`: ``numel``
+elements of one dtype, addressed by element ranges ``[lo, hi)``.  Messages
+travel as raw bytes (``msg(lo, hi)``), so bfloat16 and other types that MPI
+has no datatype for move like any other; reductions run in place with the
+buffer's own library (``np.add(..., out=...)`` for numpy, ``Tensor.add_`` for
+torch, on the tensor's device), never element by element in Python.
+
+CUDA tensors take one of two paths (see :func:`open_buffer`): with a
+CUDA-aware MPI the device memory itself is handed to MPI; otherwise the
+tensor is copied to a pinned host tensor, reduced there, and copied back.
+"""
+
+import contextlib
+import sys
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+__all__ = [
+    "BufferInfo",
+    "FlatBuffer",
+    "SUPPORTED_DTYPES",
+    "StagingArea",
+    "describe",
+    "open_buffer",
+]
+
+#: dtype names the schedules accept, for numpy arrays and torch tensors
+#: alike (numpy has no bfloat16; torch tensors of that type are accepted).
+SUPPORTED_DTYPES = (
+    "float16", "bfloat16", "float32", "float64", "int32", "int64")
+
+
+def _torch_or_none():
+    # collectives never imports torch itself: a tensor can only exist if the
+    # caller already imported it.
+    return sys.modules.get("torch")
+
+
+def _is_tensor(data) -> bool:
+    torch = _torch_or_none()
+    return torch is not None and isinstance(data, torch.Tensor)
+
+
+class BufferInfo(NamedTuple):
+    """What :func:`describe` found out about a candidate buffer."""
+
+    problem: Optional[str]  # None for a usable buffer
+    error: type             # the exception ``problem`` calls for
+    numel: int
+    dtype: str
+
+
+def describe(data) -> BufferInfo:
+    """Check a candidate buffer without raising.
+
+    ``problem`` is None for a usable buffer, else a sentence saying why it is
+    not (unsupported type or dtype, not contiguous).  Nothing is raised, so
+    that the caller can share the verdict with the other ranks before any of
+    them moves data.
+    """
+    if isinstance(data, np.ndarray):
+        dtype, contiguous = str(data.dtype), data.flags.c_contiguous
+    elif _is_tensor(data):
+        dtype = str(data.dtype).removeprefix("torch.")
+        contiguous = data.is_contiguous()
+    else:
+        return BufferInfo(f"buffer must be a numpy.ndarray or torch.Tensor, "
+                          f"got {type(data).__name__}", TypeError, -1, "?")
+    numel = int(data.size) if isinstance(data, np.ndarray) else data.numel()
+    if dtype not in SUPPORTED_DTYPES:
+        return BufferInfo(f"buffer dtype must be one of "
+                          f"{', '.join(SUPPORTED_DTYPES)}, got {dtype}",
+                          TypeError, numel, dtype)
+    if not contiguous:
+        return BufferInfo("buffer must be contiguous (C order); pass a "
+                          "contiguous copy or a flat parameter buffer",
+                          ValueError, numel, dtype)
+    return BufferInfo(None, ValueError, numel, dtype)
+
+
+class FlatBuffer:
+    """A contiguous buffer seen as ``numel`` elements of one dtype.
+
+    Subclasses bind one array library; the schedules use only these methods.
+    """
+
+    numel: int
+    dtype: str
+    is_integer: bool
+
+    def msg(self, lo: int, hi: int):
+        """The bytes of elements ``[lo, hi)``, as an MPI buffer."""
+        return self._bytes[lo * self._itemsize:hi * self._itemsize]
+
+    def scratch(self, numel: int) -> "FlatBuffer":
+        """A new buffer of ``numel`` elements of the same dtype and device."""
+        raise NotImplementedError
+
+    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0):
+        """``self[lo:hi] += other[at:at + hi - lo]``, in place."""
+        raise NotImplementedError
+
+    def scale_(self, lo: int, hi: int, factor: float):
+        """``self[lo:hi] *= factor``, in place (floating dtypes only)."""
+        raise NotImplementedError
+
+
+class _NumpyBuffer(FlatBuffer):
+    def __init__(self, array: np.ndarray):
+        self._typed = array.reshape(-1)
+        self._bytes = self._typed.view(np.uint8)
+        self._itemsize = array.itemsize
+        self.numel = self._typed.size
+        self.dtype = str(array.dtype)
+        self.is_integer = array.dtype.kind in "iu"
+
+    def scratch(self, numel):
+        return _NumpyBuffer(np.empty(numel, dtype=self._typed.dtype))
+
+    def add_(self, lo, hi, other, at=0):
+        dst = self._typed[lo:hi]
+        np.add(dst, other._typed[at:at + hi - lo], out=dst)
+
+    def scale_(self, lo, hi, factor):
+        dst = self._typed[lo:hi]
+        np.multiply(dst, factor, out=dst)
+
+
+class _TorchBuffer(FlatBuffer):
+    def __init__(self, tensor):
+        torch = _torch_or_none()
+        self._typed = tensor.view(-1)
+        raw = self._typed.view(torch.uint8)
+        # CPU tensors travel as numpy views (zero copy); CUDA tensors as
+        # device tensors, which mpi4py passes to a CUDA-aware MPI through
+        # __cuda_array_interface__ / DLPack.
+        self._bytes = raw if tensor.is_cuda else raw.numpy()
+        self._itemsize = tensor.element_size()
+        self._cuda = tensor.is_cuda
+        self.numel = tensor.numel()
+        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.is_integer = not tensor.is_floating_point()
+
+    def scratch(self, numel):
+        torch = _torch_or_none()
+        return _TorchBuffer(torch.empty(
+            numel, dtype=self._typed.dtype, device=self._typed.device))
+
+    def _sync(self):
+        # MPI reads device memory behind the stream's back: the reduction
+        # queued on the stream must have finished before the next send.
+        if self._cuda:
+            _torch_or_none().cuda.current_stream(self._typed.device).synchronize()
+
+    def add_(self, lo, hi, other, at=0):
+        self._typed[lo:hi].add_(other._typed[at:at + hi - lo])
+        self._sync()
+
+    def scale_(self, lo, hi, factor):
+        self._typed[lo:hi].mul_(factor)
+        self._sync()
+
+
+class StagingArea:
+    """Pinned host tensors reused across calls, one per (dtype, numel).
+
+    Pinned allocations cost milliseconds, far more than a small collective,
+    so a communicator keeps the host copies of its device buffers.
+    """
+
+    def __init__(self):
+        self._tensors = {}
+
+    def host_copy(self, tensor):
+        """A pinned host tensor holding a copy of the CUDA ``tensor``."""
+        torch = _torch_or_none()
+        key = (tensor.dtype, tensor.numel())
+        host = self._tensors.get(key)
+        if host is None:
+            host = torch.empty(tensor.numel(), dtype=tensor.dtype,
+                               pin_memory=True)
+            self._tensors[key] = host
+        host.copy_(tensor.reshape(-1))
+        return host
+
+    def clear(self):
+        self._tensors.clear()
+
+
+@contextlib.contextmanager
+def open_buffer(data, *, cuda_aware: bool, staging: StagingArea):
+    """Yield a :class:`FlatBuffer` over ``data``; results land in ``data``.
+
+    ``data`` must already have passed :func:`describe`.  A CUDA tensor is
+    used directly when ``cuda_aware``; otherwise it is copied to a pinned
+    host tensor from ``staging`` (the copy synchronises the stream), the
+    schedule runs on the host copy, and the result is copied back on exit.
+    """
+    if isinstance(data, np.ndarray):
+        yield _NumpyBuffer(data)
+        return
+    if not data.is_cuda:
+        yield _TorchBuffer(data)
+        return
+    torch = _torch_or_none()
+    if cuda_aware:
+        torch.cuda.current_stream(data.device).synchronize()
+        yield _TorchBuffer(data)
+        return
+    host = staging.host_copy(data)
+    yield _TorchBuffer(host)
+    data.view(-1).copy_(host)

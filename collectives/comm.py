@@ -1,0 +1,128 @@
+"""The communicator wrapper every collective of this package runs on."""
+
+from mpi4py import MPI
+
+from .buffers import StagingArea
+from .cuda import mpi_is_cuda_aware
+
+__all__ = ["Communicator", "THREAD_LEVEL_NAMES"]
+
+THREAD_LEVEL_NAMES = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
+
+
+class Communicator:
+    """Private duplicates of an MPI communicator, for data and for control.
+
+    The communicator given is duplicated twice (``MPI_Comm_dup``, collective
+    over ``comm``): ``data`` carries the payload of the schedules, ``control``
+    carries argument checks and, in the wait-avoiding collectives, activation
+    messages.  Messages of two ``Communicator`` objects, or of the two
+    channels of one, can therefore never match each other, whatever tags
+    they use.
+
+    One blocking collective at a time may run on a ``Communicator``; objects
+    that run collectives from a progress thread own a ``Communicator`` of
+    their own.
+
+    Args:
+        comm: the MPI communicator to duplicate (default ``MPI.COMM_WORLD``).
+        thread_level: the MPI thread level the caller needs, one of
+            ``MPI.THREAD_SINGLE``..``MPI.THREAD_MULTIPLE``; checked against
+            ``MPI.Query_thread()`` before anything is duplicated.
+
+    Raises:
+        RuntimeError: MPI was initialised below ``thread_level`` (same verdict
+            on every rank, so no rank is left waiting in the duplication).
+
+    Example::
+
+        with Communicator(MPI.COMM_WORLD) as comm:
+            allreduce(grads, comm=comm, op="avg")
+    """
+
+    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE):
+        if thread_level not in THREAD_LEVEL_NAMES:
+            raise ValueError(
+                f"thread_level must be one of MPI.THREAD_SINGLE, "
+                f"THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE, "
+                f"got {thread_level!r}")
+        provided = MPI.Query_thread()
+        if provided < thread_level:
+            raise RuntimeError(
+                f"this collective needs {THREAD_LEVEL_NAMES[thread_level]} "
+                f"but MPI was initialised with {THREAD_LEVEL_NAMES[provided]}; "
+                f"set mpi4py.rc.thread_level = 'multiple' before importing "
+                f"mpi4py.MPI (it is mpi4py's default) and use an MPI library "
+                f"built with thread support")
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Intracomm):
+            raise TypeError(
+                f"comm must be an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
+        self.data = comm.Dup()
+        self.control = comm.Dup()
+        self.rank = self.data.Get_rank()
+        self.size = self.data.Get_size()
+        self.staging = StagingArea()
+
+    @property
+    def cuda_aware(self) -> bool:
+        """Whether CUDA buffers go to MPI directly (see :mod:`.cuda`)."""
+        return mpi_is_cuda_aware()
+
+    @property
+    def closed(self) -> bool:
+        return self.data == MPI.COMM_NULL
+
+    def exchange(self, send, dest: int, recv, source: int, tag: int):
+        """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
+
+        Either side may be an empty buffer, in which case it is skipped; the
+        schedules only skip a message when its peer skips the matching one.
+        Both transfers are posted before either is waited for, so a cycle of
+        exchanges cannot deadlock.
+        """
+        self._check_open()
+        requests = []
+        if len(recv):
+            requests.append(self.data.Irecv(recv, source, tag))
+        if len(send):
+            requests.append(self.data.Isend(send, dest, tag))
+        MPI.Request.Waitall(requests)
+
+    def send(self, send, dest: int, tag: int):
+        """Blocking send on the data channel (skipped when empty)."""
+        self._check_open()
+        if len(send):
+            self.data.Send(send, dest, tag)
+
+    def recv(self, recv, source: int, tag: int):
+        """Blocking receive on the data channel (skipped when empty)."""
+        self._check_open()
+        if len(recv):
+            self.data.Recv(recv, source, tag)
+
+    def _check_open(self):
+        if self.closed:
+            raise RuntimeError("Communicator is closed")
+
+    def close(self):
+        """Free both duplicates; collective over the original communicator."""
+        if not self.closed:
+            self.data.Free()
+            self.control.Free()
+            self.staging.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        return f"<Communicator {state}>"

@@ -1,0 +1,126 @@
+"""Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
+
+from .agreement import agree
+from .blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
+from .buffers import describe, open_buffer
+from .groups import ButterflyGrouping
+
+__all__ = [
+    "GROUP_ALLREDUCE_ALGORITHMS",
+    "butterfly_halving_doubling",
+    "butterfly_recursive_doubling",
+    "group_allreduce",
+]
+
+#: Default tag of the blocking group allreduce on the data channel.  The
+#: wait-avoiding collective passes tags that encode the version instead.
+TAG_GROUP = 31
+
+
+def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
+    """Sum ``buf`` over the group spanned by ``masks``, whole buffer per phase.
+
+    One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
+    ``rank ^ mask`` and add.  log2 S messages of the full size: the schedule
+    for small buffers.  Partners compute a + b and b + a, bitwise equal.
+    """
+    scratch = buf.scratch(buf.numel) if masks else None
+    for mask in masks:
+        peer = comm.rank ^ mask
+        comm.exchange(buf.msg(0, buf.numel), peer,
+                      scratch.msg(0, buf.numel), peer, tag)
+        buf.add_(0, buf.numel, scratch)
+    if scale is not None:
+        buf.scale_(0, buf.numel, scale)
+
+
+def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
+    """Sum ``buf`` over the group spanned by ``masks`` by halving, then doubling.
+
+    The group's phases in order halve the buffer (a rank keeps the half on
+    its side of the phase's mask and adds its partner's copy of it), leaving
+    1/S of the buffer reduced over the group on each member; the phases in
+    reverse order double it back.  2 log2 S messages, 2 (S - 1)/S of the
+    buffer sent: the schedule for large buffers.  Each element is reduced on
+    one rank and copied, so group members agree bitwise.
+    """
+    rank = comm.rank
+    lo, hi = 0, buf.numel
+    windows = []
+    scratch = None
+    for mask in masks:
+        windows.append((lo, hi))
+        mid = lo + (hi - lo) // 2
+        (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else (
+            (mid, hi), (lo, mid))
+        if scratch is None:
+            scratch = buf.scratch(hi - lo)
+        comm.exchange(buf.msg(slo, shi), rank ^ mask,
+                      scratch.msg(0, hi - lo), rank ^ mask, tag)
+        buf.add_(lo, hi, scratch)
+    if scale is not None:
+        buf.scale_(lo, hi, scale)
+    for mask, (wlo, whi) in zip(reversed(masks), reversed(windows)):
+        # The partner holds the other half of the window split in this phase.
+        olo, ohi = (wlo, lo) if lo > wlo else (hi, whi)
+        comm.exchange(buf.msg(lo, hi), rank ^ mask,
+                      buf.msg(olo, ohi), rank ^ mask, tag)
+        lo, hi = wlo, whi
+
+
+GROUP_ALLREDUCE_ALGORITHMS = {
+    "recursive_doubling": butterfly_recursive_doubling,
+    "halving_doubling": butterfly_halving_doubling,
+}
+
+
+def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
+                    check=True):
+    """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
+
+    The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
+    (:class:`~collectives.groups.ButterflyGrouping`, WAGMA Algorithm 1, which
+    changes the groups with ``t``).  On return every member of a group holds
+    the sum (or mean, ``op="avg"``) of the group's inputs, bitwise equal
+    within the group.  This is the blocking group allreduce; all ranks call it
+    with the same ``t``.
+
+    Args:
+        data: contiguous numpy array or torch tensor, as for
+            :func:`~collectives.blocking.allreduce`.
+        comm: a :class:`~collectives.comm.Communicator` whose size is a
+            power of two.
+        group_size: S, a power of two <= P.
+        t: the iteration (>= 0) whose grouping is used.
+        op: ``"sum"`` or ``"avg"`` (divides by S).
+        algorithm: ``"recursive_doubling"``, ``"halving_doubling"`` or
+            ``"auto"`` (recursive doubling below
+            :data:`~collectives.blocking.SMALL_ALLREDUCE_BYTES`).
+        check: agree on the arguments across ranks first.
+
+    Raises:
+        ValueError, TypeError: on every rank, before any data moves.
+    """
+    info = describe(data)
+    problem, error = info.problem, info.error
+    try:
+        masks = ButterflyGrouping(comm.size, group_size).masks(t)
+    except (TypeError, ValueError) as exc:
+        problem, error = problem or str(exc), error if problem else type(exc)
+        masks = ()
+    if algorithm == "auto" and not problem:
+        algorithm = ("recursive_doubling" if data.nbytes < SMALL_ALLREDUCE_BYTES
+                     else "halving_doubling")
+    problem = problem or reduction_problem(
+        info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
+    if check:
+        agree(comm, "group_allreduce", problem, error, numel=info.numel,
+              dtype=info.dtype, algorithm=algorithm, op=op,
+              group_size=group_size, t=t)
+    elif problem:
+        raise error(f"group_allreduce: {problem}")
+    schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
+    with open_buffer(data, cuda_aware=comm.cuda_aware,
+                     staging=comm.staging) as buf:
+        schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)
+    return data

@@ -1,0 +1,221 @@
+"""Serial tests of the WAGMA butterfly groups (collectives.groups)."""
+
+import itertools
+import math
+
+import networkx as nx
+import pytest
+
+from collectives.groups import (
+    ButterflyGrouping,
+    butterfly_groups,
+    butterfly_masks,
+    butterfly_partners,
+    check_group_size,
+    group_of,
+    is_power_of_two,
+)
+
+SIZES = [(P, S) for P in (2**n for n in range(11)) for S in (2**k for k in range(P.bit_length()))]
+TS = list(range(21)) + [10**9 + 7]
+SMALL_SIZES = [(P, S) for P, S in SIZES if P <= 64]
+
+
+def _graph(P, S, ts):
+    """Graph on range(P) with an edge for every butterfly pairing of the iterations ``ts``."""
+    g = nx.Graph()
+    g.add_nodes_from(range(P))
+    for t in ts:
+        for p in range(P):
+            g.add_edges_from((p, q) for q in butterfly_partners(P, S, t, p))
+    return g
+
+
+def _as_groups(components):
+    return sorted(sorted(c) for c in components)
+
+
+# --- the paper's worked example (WAGMA-SGD section 3.2) -------------------------------
+
+
+def test_paper_worked_example():
+    assert butterfly_groups(8, 4, 0) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert butterfly_groups(8, 4, 1) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert butterfly_masks(8, 4, 0) == (1, 2)
+    assert butterfly_masks(8, 4, 1) == (4, 1)
+
+
+def test_literal_mask_shift_reading_contradicts_example():
+    """Algorithm 1's ``mask <<= shift``, read literally, breaks the worked example at t = 1."""
+    P, S, t = 8, 4, 1
+    mask, shift, literal = 1, (t * 2) % 3, []
+    for _ in range(2):
+        mask <<= shift
+        literal.append(mask)
+        shift = (shift + 1) % 3
+    assert literal == [4, 4]  # one dimension twice: groups of 2, not 4
+    assert butterfly_masks(P, S, t) != tuple(literal)
+
+
+def test_world_size_one():
+    g = ButterflyGrouping(1, 1)
+    assert g.num_phases == 0
+    assert g.iterations_to_connect == 0
+    for t in (0, 1, 10**9 + 7):
+        assert g.groups(t) == [[0]]
+        assert g.masks(t) == ()
+        assert g.partners(t, 0) == ()
+        assert g.group_of(t, 0) == [0]
+
+
+def test_repr_and_frozen():
+    g = ButterflyGrouping(16, 4)
+    assert repr(g) == "ButterflyGrouping(world_size=16, group_size=4)"
+    with pytest.raises(AttributeError):
+        g.group_size = 8
+
+
+# --- properties over P in {1, ..., 1024}, S in {1, ..., P} ----------------------------
+
+
+@pytest.mark.parametrize("P,S", SIZES)
+def test_groups_partition_ranks(P, S):
+    for t in TS:
+        groups = butterfly_groups(P, S, t)
+        assert len(groups) == P // S
+        assert all(len(g) == S and g == sorted(g) for g in groups)
+        assert [g[0] for g in groups] == sorted(g[0] for g in groups)
+        assert sorted(itertools.chain.from_iterable(groups)) == list(range(P))  # disjoint cover
+
+
+@pytest.mark.parametrize("P,S", SIZES)
+def test_masks_and_partners(P, S):
+    grouping = ButterflyGrouping(P, S)
+    for t in TS:
+        masks = butterfly_masks(P, S, t)
+        assert len(masks) == grouping.num_phases == int(math.log2(S))
+        assert len(set(masks)) == len(masks) and all(is_power_of_two(m) and m < P for m in masks)
+        group_index = {r: i for i, g in enumerate(grouping.groups(t)) for r in g}
+        for rank in range(0, P, max(1, P // 32)):  # a spread of ranks, all of them for P <= 32
+            partners = grouping.partners(t, rank)
+            assert partners == tuple(rank ^ m for m in masks)
+            for phase, q in enumerate(partners):
+                assert q != rank
+                assert grouping.partners(t, q)[phase] == rank  # involution
+                assert group_index[q] == group_index[rank]
+    assert butterfly_partners(P, S, 3, P - 1) == ButterflyGrouping(P, S).partners(3, P - 1)
+
+
+@pytest.mark.parametrize("P,S", SIZES)
+def test_group_of_agrees_with_groups(P, S):
+    for t in (0, 1, 2, 7, 10**9 + 7):
+        groups = butterfly_groups(P, S, t)
+        for rank in range(0, P, max(1, P // 64)):
+            g = group_of(P, S, t, rank)
+            assert rank in g and g in groups
+
+
+@pytest.mark.parametrize("P,S", SMALL_SIZES)
+def test_groups_are_components_of_phase_pairings(P, S):
+    """Algorithm 1 by its definition: connected components of the per-phase pairings."""
+    for t in TS:
+        assert butterfly_groups(P, S, t) == _as_groups(nx.connected_components(_graph(P, S, [t])))
+
+
+@pytest.mark.parametrize("P,S", SIZES)
+def test_groups_change_between_iterations_iff_1_lt_S_lt_P(P, S):
+    # Iteration t uses the log2 S cyclically consecutive dimensions starting at
+    # t * log2 S mod log2 P; the next start differs by log2 S, which is 0 mod log2 P
+    # exactly when S == 1 or S == P (and P == 1 has no dimensions at all).
+    must_change = 1 < S < P
+    log_p, log_s = P.bit_length() - 1, S.bit_length() - 1
+    assert must_change == (log_p > 0 and log_s % log_p != 0)
+    for t in TS:
+        changed = butterfly_groups(P, S, t) != butterfly_groups(P, S, t + 1)
+        assert changed == must_change
+
+
+@pytest.mark.parametrize("P,S", SMALL_SIZES)
+def test_iterations_to_connect_is_tight(P, S):
+    T = ButterflyGrouping(P, S).iterations_to_connect
+    log_p, log_s = P.bit_length() - 1, S.bit_length() - 1
+    if P == 1:
+        assert T == 0
+        return
+    if S == 1:
+        assert T is None  # singleton groups never mix
+        assert nx.number_connected_components(_graph(P, S, range(log_p + 3))) == P
+        return
+    assert T == math.ceil(log_p / log_s)
+    for start in (0, 1, 2, 5, 10**9 + 7):
+        window = range(start, start + T)
+        assert nx.is_connected(_graph(P, S, window))
+        if T > 1:
+            shorter = _graph(P, S, range(start, start + T - 1))
+            # T - 1 iterations cover (T - 1) log2 S < log2 P dimensions.
+            assert nx.number_connected_components(shorter) == P >> ((T - 1) * log_s)
+
+
+def test_iterations_to_connect_values():
+    assert ButterflyGrouping(8, 8).iterations_to_connect == 1
+    assert ButterflyGrouping(8, 4).iterations_to_connect == 2
+    assert ButterflyGrouping(8, 2).iterations_to_connect == 3
+    assert ButterflyGrouping(1024, 32).iterations_to_connect == 2
+    assert ButterflyGrouping(1024, 8).iterations_to_connect == 4
+
+
+# --- helpers and bad input ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,expected", [(1, True), (2, True), (1024, True), (0, False),
+                                        (-2, False), (6, False), (True, False), (4.0, False)])
+def test_is_power_of_two(n, expected):
+    assert is_power_of_two(n) is expected
+
+
+@pytest.mark.parametrize("P,S,match", [
+    (16, 5, r"group_size must be a power of two <= world size 16, got 5"),
+    (8, 16, r"group_size .* got 16"),
+    (8, 0, r"group_size .* got 0"),
+    (8, -4, r"group_size .* got -4"),
+    (6, 2, r"world_size must be a power of two .* got 6"),
+    (0, 1, r"world_size .* got 0"),
+    (-8, 1, r"world_size .* got -8"),
+])
+def test_bad_sizes(P, S, match):
+    with pytest.raises(ValueError, match=match):
+        check_group_size(P, S)
+    with pytest.raises(ValueError, match=match):
+        ButterflyGrouping(P, S)
+    with pytest.raises(ValueError, match=match):
+        butterfly_groups(P, S, 0)
+
+
+@pytest.mark.parametrize("P,S,name", [(8.0, 2, "world_size"), ("8", 2, "world_size"),
+                                      (True, 1, "world_size"), (8, 2.0, "group_size"),
+                                      (8, True, "group_size"), (8, None, "group_size")])
+def test_non_int_sizes(P, S, name):
+    with pytest.raises(TypeError, match=name):
+        ButterflyGrouping(P, S)
+
+
+def test_bad_iteration_and_rank():
+    with pytest.raises(ValueError, match=r"t must be .* got -1"):
+        butterfly_groups(8, 4, -1)
+    with pytest.raises(TypeError, match="t must be an int"):
+        butterfly_masks(8, 4, 1.5)
+    with pytest.raises(TypeError, match="t must be an int"):
+        butterfly_masks(8, 4, True)
+    with pytest.raises(ValueError, match=r"rank must be in range\(world_size\) = range\(8\), got 8"):
+        group_of(8, 4, 0, 8)
+    with pytest.raises(ValueError, match="rank .* got -1"):
+        butterfly_partners(8, 4, 0, -1)
+    with pytest.raises(TypeError, match="rank must be an int"):
+        butterfly_partners(8, 4, 0, "0")
+
+
+def test_integer_like_sizes_are_normalised():
+    np = pytest.importorskip("numpy")
+    g = ButterflyGrouping(np.int64(8), np.int32(4))
+    assert type(g.world_size) is int and type(g.group_size) is int
+    assert g.groups(np.int64(1)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
