@@ -25,10 +25,14 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
     """
     table = comm.control.allgather(
         (problem, exc_type.__name__, tuple(fields.values())))
-    failing = [(rank, p, t) for rank, (p, t, _) in enumerate(table) if p]
+    failing = {}
+    for rank, (p, kind, _) in enumerate(table):
+        if p:
+            failing.setdefault((p, kind), []).append(rank)
     if failing:
-        kind = {"TypeError": TypeError}.get(failing[0][2], ValueError)
-        detail = "; ".join(f"rank {rank}: {p}" for rank, p, _ in failing)
+        kind = {"TypeError": TypeError}.get(next(iter(failing))[1], ValueError)
+        detail = "; ".join(f"{_ranks(ranks)}: {p}"
+                           for (p, _), ranks in failing.items())
         raise kind(f"{collective}: {detail}")
     for i, name in enumerate(fields):
         values = [row[2][i] for row in table]
@@ -38,3 +42,15 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
             raise ValueError(
                 f"{collective}: {name} must be the same on every rank, "
                 f"got {shown}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 3``, or ``ranks 0-2, 5`` for a sorted list of several."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    runs, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur != prev + 1:
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return "ranks " + ", ".join(runs)

@@ -1,7 +1,7 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
 from .agreement import agree
-from .buffers import describe, open_buffer
+from .buffers import describe
 from .partition import block_offsets
 from .halving_doubling import (
     recursive_doubling_allgather,
@@ -98,8 +98,7 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
 
 
 def _run(schedule, data, comm, *args):
-    with open_buffer(data, cuda_aware=comm.cuda_aware,
-                     staging=comm.staging) as buf:
+    with comm.open_buffer(data) as buf:
         schedule(buf, comm, *args)
 
 

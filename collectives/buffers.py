@@ -23,6 +23,7 @@ __all__ = [
     "FlatBuffer",
     "SUPPORTED_DTYPES",
     "StagingArea",
+    "Workspace",
     "describe",
     "open_buffer",
 ]
@@ -96,7 +97,11 @@ class FlatBuffer:
         return self._bytes[lo * self._itemsize:hi * self._itemsize]
 
     def scratch(self, numel: int) -> "FlatBuffer":
-        """A new buffer of ``numel`` elements of the same dtype and device."""
+        """A temporary of ``numel`` elements of the same dtype and device.
+
+        It lives in the communicator's :class:`Workspace` and stays valid
+        until the next call of ``scratch``: a schedule holds one at a time.
+        """
         raise NotImplementedError
 
     def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0):
@@ -109,7 +114,8 @@ class FlatBuffer:
 
 
 class _NumpyBuffer(FlatBuffer):
-    def __init__(self, array: np.ndarray):
+    def __init__(self, array: np.ndarray, workspace: "Workspace"):
+        self._workspace = workspace
         self._typed = array.reshape(-1)
         self._bytes = self._typed.view(np.uint8)
         self._itemsize = array.itemsize
@@ -118,7 +124,8 @@ class _NumpyBuffer(FlatBuffer):
         self.is_integer = array.dtype.kind in "iu"
 
     def scratch(self, numel):
-        return _NumpyBuffer(np.empty(numel, dtype=self._typed.dtype))
+        raw = self._workspace.bytes_for(np.uint8, numel * self._itemsize, None)
+        return _NumpyBuffer(raw.view(self._typed.dtype), self._workspace)
 
     def add_(self, lo, hi, other, at=0):
         dst = self._typed[lo:hi]
@@ -130,8 +137,9 @@ class _NumpyBuffer(FlatBuffer):
 
 
 class _TorchBuffer(FlatBuffer):
-    def __init__(self, tensor):
+    def __init__(self, tensor, workspace: "Workspace"):
         torch = _torch_or_none()
+        self._workspace = workspace
         self._typed = tensor.view(-1)
         raw = self._typed.view(torch.uint8)
         # CPU tensors travel as numpy views (zero copy); CUDA tensors as
@@ -146,8 +154,9 @@ class _TorchBuffer(FlatBuffer):
 
     def scratch(self, numel):
         torch = _torch_or_none()
-        return _TorchBuffer(torch.empty(
-            numel, dtype=self._typed.dtype, device=self._typed.device))
+        raw = self._workspace.bytes_for(torch.uint8, numel * self._itemsize,
+                                        self._typed.device)
+        return _TorchBuffer(raw.view(self._typed.dtype), self._workspace)
 
     def _sync(self):
         # MPI reads device memory behind the stream's back: the reduction
@@ -162,6 +171,33 @@ class _TorchBuffer(FlatBuffer):
     def scale_(self, lo, hi, factor):
         self._typed[lo:hi].mul_(factor)
         self._sync()
+
+
+class Workspace:
+    """Scratch memory reused across calls, one growing block per device.
+
+    Fresh allocations of many MiB are paid again on every call in page
+    faults (host) or allocator calls (device); a communicator keeps one
+    block per device and hands out views of its first bytes.
+    """
+
+    def __init__(self):
+        self._blocks = {}
+
+    def bytes_for(self, uint8, nbytes: int, device):
+        """The first ``nbytes`` of this device's block (numpy if ``device``
+        is None, else torch), grown when too small."""
+        block = self._blocks.get(device)
+        if block is None or len(block) < nbytes:
+            if device is None:
+                block = np.empty(nbytes, dtype=uint8)
+            else:
+                block = _torch_or_none().empty(nbytes, dtype=uint8, device=device)
+            self._blocks[device] = block
+        return block[:nbytes]
+
+    def clear(self):
+        self._blocks.clear()
 
 
 class StagingArea:
@@ -191,25 +227,27 @@ class StagingArea:
 
 
 @contextlib.contextmanager
-def open_buffer(data, *, cuda_aware: bool, staging: StagingArea):
+def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
+                workspace: Workspace):
     """Yield a :class:`FlatBuffer` over ``data``; results land in ``data``.
 
-    ``data`` must already have passed :func:`describe`.  A CUDA tensor is
+    ``data`` must already have passed :func:`describe`; scratch space comes
+    from ``workspace``.  A CUDA tensor is
     used directly when ``cuda_aware``; otherwise it is copied to a pinned
     host tensor from ``staging`` (the copy synchronises the stream), the
     schedule runs on the host copy, and the result is copied back on exit.
     """
     if isinstance(data, np.ndarray):
-        yield _NumpyBuffer(data)
+        yield _NumpyBuffer(data, workspace)
         return
     if not data.is_cuda:
-        yield _TorchBuffer(data)
+        yield _TorchBuffer(data, workspace)
         return
     torch = _torch_or_none()
     if cuda_aware:
         torch.cuda.current_stream(data.device).synchronize()
-        yield _TorchBuffer(data)
+        yield _TorchBuffer(data, workspace)
         return
     host = staging.host_copy(data)
-    yield _TorchBuffer(host)
+    yield _TorchBuffer(host, workspace)
     data.view(-1).copy_(host)

@@ -2,7 +2,7 @@
 
 from mpi4py import MPI
 
-from .buffers import StagingArea
+from .buffers import StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES"]
@@ -68,6 +68,7 @@ class Communicator:
         self.rank = self.data.Get_rank()
         self.size = self.data.Get_size()
         self.staging = StagingArea()
+        self.workspace = Workspace()
 
     @property
     def cuda_aware(self) -> bool:
@@ -77,6 +78,12 @@ class Communicator:
     @property
     def closed(self) -> bool:
         return self.data == MPI.COMM_NULL
+
+    def open_buffer(self, data):
+        """:func:`~collectives.buffers.open_buffer` with this communicator's
+        CUDA-awareness, staging area and workspace."""
+        return open_buffer(data, cuda_aware=self.cuda_aware,
+                           staging=self.staging, workspace=self.workspace)
 
     def exchange(self, send, dest: int, recv, source: int, tag: int):
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
@@ -116,6 +123,7 @@ class Communicator:
             self.data.Free()
             self.control.Free()
             self.staging.clear()
+            self.workspace.clear()
 
     def __enter__(self):
         return self

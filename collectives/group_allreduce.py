@@ -2,7 +2,7 @@
 
 from .agreement import agree
 from .blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
-from .buffers import describe, open_buffer
+from .buffers import describe
 from .groups import ButterflyGrouping
 
 __all__ = [
@@ -120,7 +120,6 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
     elif problem:
         raise error(f"group_allreduce: {problem}")
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
-    with open_buffer(data, cuda_aware=comm.cuda_aware,
-                     staging=comm.staging) as buf:
+    with comm.open_buffer(data) as buf:
         schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)
     return data

@@ -1,0 +1,106 @@
+"""Allreduce bandwidth: our schedules against the MPI library's Allreduce."""
+
+import argparse
+import os
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from ..blocking import ALLREDUCE_ALGORITHMS, allreduce
+from ..comm import Communicator
+from .provenance import run_attributes
+
+__all__ = ["main", "measure"]
+
+MIB = 1 << 20
+
+
+def _mpi_allreduce(x, comm):
+    comm.data.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+
+
+def _ours(algorithm):
+    def run(x, comm):
+        allreduce(x, comm=comm, algorithm=algorithm)
+    return run
+
+
+def measure(comm, sizes_mib, algorithms, reps, warmup):
+    """Time each implementation on each size; returns seconds [impl, size, rep].
+
+    A repetition is timed from a barrier to the slowest rank's return (the
+    maximum over ranks).  Implementations take turns within each repetition,
+    so drift in the machine's load affects all of them alike.
+    """
+    impls = {"MPI_Allreduce": _mpi_allreduce}
+    impls.update({name: _ours(name) for name in algorithms})
+    times = np.zeros((len(impls), len(sizes_mib), reps))
+    for j, mib in enumerate(sizes_mib):
+        # Zeros stay finite however often they are summed in place.
+        x = np.zeros(int(mib * MIB) // 4, dtype=np.float32)
+        for rep in range(-warmup, reps):
+            for i, run in enumerate(impls.values()):
+                comm.data.Barrier()
+                start = MPI.Wtime()
+                run(x, comm)
+                elapsed = comm.data.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+                if rep >= 0:
+                    times[i, j, rep] = elapsed
+    return list(impls), times
+
+
+def _table(names, sizes_mib, times):
+    median = np.median(times, axis=2)
+    bandwidth = np.array(sizes_mib)[None, :] * MIB / median / 1e9
+    head = f"{'size MiB':>8} " + " ".join(f"{n:>18}" for n in names)
+    lines = [f"algorithmic bandwidth, GB/s (median); ratio to {names[0]}", head]
+    for j, mib in enumerate(sizes_mib):
+        cells = [f"{bandwidth[0, j]:18.3f}"] + [
+            f"{bandwidth[i, j]:10.3f} ({bandwidth[i, j] / bandwidth[0, j]:4.2f}x)"
+            for i in range(1, len(names))]
+        lines.append(f"{mib:8g} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives.bench allreduce",
+        description="Allreduce bandwidth of our schedules and of MPI_Allreduce "
+                    "in the same run (float32, in place).")
+    parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64",
+                        help="comma-separated buffer sizes in MiB")
+    parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
+                        help="comma-separated schedules, from: "
+                             + ", ".join(ALLREDUCE_ALGORITHMS))
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default=None,
+                        help="HDF5 file (default results/allreduce_n{ranks}.h5)")
+    args = parser.parse_args(argv)
+    sizes = [float(s) for s in args.sizes_mib.split(",")]
+    algorithms = args.algorithms.split(",")
+    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
+    if unknown or args.reps < 1 or args.warmup < 0 or min(sizes) <= 0:
+        parser.error(f"--algorithms must be from {', '.join(ALLREDUCE_ALGORITHMS)}"
+                     f" (got {unknown})" if unknown else
+                     "--reps >= 1, --warmup >= 0 and positive --sizes-mib needed")
+    with Communicator(MPI.COMM_WORLD) as comm:
+        attrs = run_attributes(comm.data)
+        names, times = measure(comm, sizes, algorithms, args.reps, args.warmup)
+        if comm.rank == 0:
+            print(f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
+                  f"{attrs['mpi_library']}")
+            print(_table(names, sizes, times))
+            out = args.out or os.path.join("results", f"allreduce_n{comm.size}.h5")
+            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+            with h5py.File(out, "w") as f:
+                f.attrs.update(attrs)
+                f.attrs.update(dtype="float32", reps=args.reps,
+                               warmup=args.warmup, timing="max over ranks, "
+                               "barrier to return, seconds")
+                f["sizes_bytes"] = np.array(sizes) * MIB
+                f["implementations"] = np.array(names, dtype="S")
+                f["seconds"] = times
+                f["seconds"].attrs["axes"] = "implementation, size, repetition"
+            print(f"wrote {out}")

@@ -1,0 +1,122 @@
+"""A mistake on one rank raises the same error on every rank, and nothing hangs.
+
+Each test makes one rank (the last) pass a bad argument, expects the error on
+every rank, and then runs a correct allreduce on the same communicator: had
+any data moved before the error, that allreduce would receive stale messages
+or hang.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from collectives import Communicator, allgather, allreduce, group_allreduce, reduce_scatter
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+LAST = WORLD.size - 1
+POW2_WORLD = pytest.mark.skipif(WORLD.size & (WORLD.size - 1) != 0,
+                                reason="butterfly groups need a power-of-two world")
+
+
+@pytest.fixture
+def comm():
+    with Communicator(WORLD) as comm:
+        yield comm
+        # The communicator is intact: a correct collective still works.
+        x = np.full(5, float(comm.rank))
+        allreduce(x, comm=comm)
+        np.testing.assert_array_equal(x, sum(range(comm.size)))
+
+
+def _on_last(bad, good):
+    return bad if WORLD.rank == LAST else good
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
+def test_different_sizes(comm):
+    x = np.zeros(_on_last(11, 10))
+    with pytest.raises(ValueError, match=rf"numel must be the same on every "
+                                         rf"rank, got rank 0: 10, .*rank {LAST}: 11"):
+        allreduce(x, comm=comm)
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
+def test_different_dtypes(comm):
+    x = np.zeros(10, dtype=_on_last(np.float32, np.float64))
+    with pytest.raises(ValueError, match=rf"dtype must be the same.*rank {LAST}: float32"):
+        reduce_scatter(x, comm=comm)
+
+
+def test_non_contiguous_buffer(comm):
+    x = np.zeros((10, 2))
+    with pytest.raises(ValueError, match=rf"rank {LAST}: buffer must be contiguous"):
+        allgather(_on_last(x[:, 0], x[:, 0].copy()), comm=comm)
+
+
+def test_unsupported_type(comm):
+    with pytest.raises(TypeError, match=rf"rank {LAST}: buffer must be a numpy.ndarray "
+                                        rf"or torch.Tensor, got list"):
+        allreduce(_on_last([0.0] * 4, np.zeros(4)), comm=comm)
+
+
+def test_unsupported_dtype(comm):
+    with pytest.raises(TypeError, match=r"buffer dtype must be one of .*got complex128"):
+        allreduce(np.zeros(4, dtype=complex), comm=comm)
+
+
+def test_unknown_algorithm(comm):
+    with pytest.raises(ValueError, match=rf"rank {LAST}: algorithm must be one of "
+                                         rf"'ring', 'rhd', 'recursive_doubling', got 'tree'"):
+        allreduce(np.zeros(4), comm=comm, algorithm=_on_last("tree", "ring"))
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
+def test_different_algorithms(comm):
+    with pytest.raises(ValueError, match=r"algorithm must be the same on every rank"):
+        allreduce(np.zeros(4), comm=comm, algorithm=_on_last("ring", "rhd"))
+
+
+def test_average_of_integers(comm):
+    with pytest.raises(ValueError, match=r"op 'avg' needs a floating-point buffer, got int64"):
+        allreduce(np.zeros(4, dtype=np.int64), comm=comm, op="avg")
+
+
+def test_unknown_op(comm):
+    with pytest.raises(ValueError, match=r"op must be one of 'sum', 'avg', got 'max'"):
+        allreduce(np.zeros(4), comm=comm, op="max")
+
+
+@POW2_WORLD
+def test_group_size_not_power_of_two(comm):
+    with pytest.raises(ValueError, match=rf"rank {LAST}: group_size must be a power of two"):
+        group_allreduce(np.zeros(4), comm=comm, group_size=_on_last(3, 1), t=0)
+
+
+@POW2_WORLD
+def test_group_size_larger_than_world(comm):
+    with pytest.raises(ValueError, match=rf"group_size must be a power of two <= world "
+                                         rf"size {WORLD.size}, got {2 * WORLD.size}"):
+        group_allreduce(np.zeros(4), comm=comm, group_size=2 * WORLD.size, t=0)
+
+
+@POW2_WORLD
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
+def test_different_iterations(comm):
+    with pytest.raises(ValueError, match=r"t must be the same on every rank"):
+        group_allreduce(np.zeros(4), comm=comm, group_size=1, t=_on_last(1, 0))
+
+
+@pytest.mark.skipif(WORLD.size < 3, reason="needs a world of three ranks or more")
+def test_world_not_power_of_two():
+    raw = WORLD.Split(0 if WORLD.rank < 3 else MPI.UNDEFINED, WORLD.rank)
+    if raw == MPI.COMM_NULL:
+        pytest.skip("outside the three-rank communicator")
+    with Communicator(raw) as comm:
+        with pytest.raises(ValueError, match=r"ranks 0-2: world_size must be a power of two"):
+            group_allreduce(np.zeros(4), comm=comm, group_size=1, t=0)
+        x = np.ones(3)
+        allreduce(x, comm=comm)
+        np.testing.assert_array_equal(x, 3.0)
+    raw.Free()

@@ -1,0 +1,237 @@
+"""Our Allreduce, ReduceScatter, Allgather and group allreduce against MPI's own.
+
+Run under ``mpiexec -n N python -m mpi4py -m pytest --with-mpi``.  Each test
+runs on sub-communicators of the sizes in ``SIZES`` that fit in the world
+(2, 3, 4, 5 and 8 ranks from an 8-rank launch); ranks outside one skip.
+"""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from collectives import (
+    Communicator,
+    allgather,
+    allreduce,
+    block_offsets,
+    butterfly_groups,
+    group_allreduce,
+    reduce_scatter,
+)
+from collectives.blocking import (
+    ALLGATHER_ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    REDUCE_SCATTER_ALGORITHMS,
+)
+from collectives.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+SIZES = [k for k in (1, 2, 3, 4, 5, 8) if k <= WORLD.size]
+POW2_SIZES = [k for k in SIZES if k & (k - 1) == 0]
+DTYPES = [np.float32, np.float64, np.int32, np.int64]
+
+
+def _counts(k):
+    """Element counts: empty, one, around the rank count, odd, and ~3 MiB."""
+    return sorted({0, 1, max(k - 1, 0), k + 1, 7, 1001, 786_433})
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
+def sub(request):
+    """A Communicator over the first k world ranks (None on the others)."""
+    k = request.param
+    raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
+    if raw == MPI.COMM_NULL:
+        yield None
+        return
+    comm = Communicator(raw)
+    yield comm
+    comm.close()
+    raw.Free()
+
+
+def _member(sub):
+    if sub is None:
+        pytest.skip("this rank is outside the sub-communicator")
+    return sub
+
+
+def _random(n, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-1000, 1000, n).astype(dtype)
+    return rng.standard_normal(n).astype(dtype)
+
+
+def _reference(x, comm):
+    ref = np.empty_like(x)
+    comm.data.Allreduce(x, ref, op=MPI.SUM)
+    return ref
+
+
+def _assert_close(got, ref):
+    if np.issubdtype(got.dtype, np.integer):
+        np.testing.assert_array_equal(got, ref)
+    else:
+        tol = 1e-5 if got.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def _assert_same_everywhere(data, comm):
+    digest = hashlib.sha256(np.ascontiguousarray(data).tobytes()).hexdigest()
+    digests = comm.control.allgather(digest)
+    assert digests == [digests[0]] * comm.size, "ranks disagree bitwise"
+
+
+@pytest.mark.parametrize("algorithm", [*ALLREDUCE_ALGORITHMS, "auto"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_allreduce_equals_mpi_allreduce(sub, algorithm, dtype):
+    comm = _member(sub)
+    for n in _counts(comm.size):
+        x = _random(n, dtype, seed=(comm.rank, n))
+        ref = _reference(x, comm)
+        assert allreduce(x, comm=comm, algorithm=algorithm) is x
+        _assert_close(x, ref)
+        _assert_same_everywhere(x, comm)
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+def test_allreduce_average(sub, algorithm):
+    comm = _member(sub)
+    x = _random(1001, np.float64, seed=comm.rank)
+    ref = _reference(x, comm) / comm.size
+    allreduce(x, comm=comm, algorithm=algorithm, op="avg")
+    _assert_close(x, ref)
+    _assert_same_everywhere(x, comm)
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16],
+                         ids=["bfloat16", "float16"])
+def test_allreduce_half_precision_tensors(sub, algorithm, dtype):
+    # Small integers: every partial sum is exact in 8 significand bits, so the
+    # result must equal MPI's float32 Allreduce exactly whatever the order.
+    comm = _member(sub)
+    values = _random(1001, np.int32, seed=comm.rank) % 9 - 4
+    x = torch.tensor(values, dtype=dtype)
+    ref = _reference(values.astype(np.float32), comm)
+    allreduce(x, comm=comm, algorithm=algorithm)
+    np.testing.assert_array_equal(x.float().numpy(), ref)
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+def test_tensor_and_array_give_bitwise_equal_results(sub, algorithm):
+    comm = _member(sub)
+    x = _random(4099, np.float32, seed=comm.rank)
+    t = torch.from_numpy(x.copy())
+    allreduce(x, comm=comm, algorithm=algorithm)
+    allreduce(t, comm=comm, algorithm=algorithm)
+    assert t.numpy().tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("algorithm", REDUCE_SCATTER_ALGORITHMS)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_reduce_scatter_equals_mpi_allreduce_block(sub, algorithm, op):
+    comm = _member(sub)
+    for n in _counts(comm.size):
+        x = _random(n, np.float64, seed=(comm.rank, n))
+        ref = _reference(x, comm) / (comm.size if op == "avg" else 1)
+        lo, hi = reduce_scatter(x, comm=comm, algorithm=algorithm, op=op)
+        off = block_offsets(n, comm.size)
+        assert (lo, hi) == (off[comm.rank], off[comm.rank + 1])
+        _assert_close(x[lo:hi], ref[lo:hi])
+
+
+@pytest.mark.parametrize("algorithm", ALLGATHER_ALGORITHMS)
+def test_allgather_collects_every_block(sub, algorithm):
+    comm = _member(sub)
+    for n in _counts(comm.size):
+        off = block_offsets(n, comm.size)
+        x = np.full(n, -1, dtype=np.int64)
+        x[off[comm.rank]:off[comm.rank + 1]] = 10 * comm.rank + 1
+        allgather(x, comm=comm, algorithm=algorithm)
+        expected = np.repeat(10 * np.arange(comm.size) + 1, np.diff(off))
+        np.testing.assert_array_equal(x, expected)
+
+
+@pytest.fixture(scope="module", params=POW2_SIZES, ids=lambda k: f"ranks{k}")
+def pow2(request):
+    """A Communicator over the first k world ranks, k a power of two."""
+    k = request.param
+    raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
+    if raw == MPI.COMM_NULL:
+        yield None
+        return
+    comm = Communicator(raw)
+    yield comm
+    comm.close()
+    raw.Free()
+
+
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
+def test_group_allreduce_equals_mpi_allreduce_within_group(pow2, algorithm):
+    comm = _member(pow2)
+    group_size = 1
+    while group_size <= comm.size:
+        for t in (0, 1, 2, 5, 2**40 + 3):
+            groups = butterfly_groups(comm.size, group_size, t)
+            color = next(i for i, g in enumerate(groups) if comm.rank in g)
+            group_comm = comm.data.Split(color, comm.rank)
+            for n in (0, 1, 7, 1001, 300_001):
+                x = _random(n, np.float64, seed=(comm.rank, t, n))
+                ref = np.empty_like(x)
+                group_comm.Allreduce(x, ref)
+                group_allreduce(x, comm=comm, group_size=group_size, t=t,
+                                algorithm=algorithm)
+                _assert_close(x, ref)
+                digests = group_comm.allgather(hashlib.sha256(x.tobytes()).digest())
+                assert len(set(digests)) == 1, "group members disagree bitwise"
+            group_comm.Free()
+        group_size *= 2
+
+
+def test_group_allreduce_average(pow2):
+    comm = _member(pow2)
+    group_size = comm.size
+    x = _random(513, np.float64, seed=comm.rank)
+    ref = _reference(x, comm) / group_size
+    group_allreduce(x, comm=comm, group_size=group_size, t=3, op="avg")
+    _assert_close(x, ref)
+
+
+def test_communicator_channels_are_private():
+    # A message on the original communicator is invisible on both duplicates,
+    # and one on the data channel is invisible on the control channel.
+    with Communicator(WORLD) as comm:
+        assert MPI.Comm.Compare(comm.data, WORLD) == MPI.CONGRUENT
+        me, tag = WORLD.rank, 77
+        request = WORLD.Isend(np.ones(1), me, tag)
+        assert WORLD.probe(me, tag)
+        assert not comm.data.iprobe(me, tag)
+        assert not comm.control.iprobe(me, tag)
+        WORLD.Recv(np.empty(1), me, tag)
+        request.Wait()
+        request = comm.data.Isend(np.ones(1), me, tag)
+        assert comm.data.probe(me, tag)
+        assert not comm.control.iprobe(me, tag)
+        comm.data.Recv(np.empty(1), me, tag)
+        request.Wait()
+    assert comm.closed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+def test_cuda_tensors_give_the_host_result(sub, algorithm):
+    # Staged through pinned host memory, or handed to a CUDA-aware MPI.
+    comm = _member(sub)
+    host = _random(100_003, np.float32, seed=comm.rank)
+    device = torch.from_numpy(host.copy()).cuda()
+    allreduce(host, comm=comm, algorithm=algorithm)
+    allreduce(device, comm=comm, algorithm=algorithm)
+    assert device.is_cuda and device.cpu().numpy().tobytes() == host.tobytes()
