@@ -43,17 +43,21 @@ ALLGATHER_ALGORITHMS = {
 }
 
 #: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
-#: messages); from it on a bandwidth-optimal schedule.  See the README's
-#: allreduce benchmark for the measurements behind it.
-SMALL_ALLREDUCE_BYTES = 64 * 1024
+#: messages); from it on a bandwidth-optimal schedule.  On 4 ranks of this
+#: project's 2-core reference machine recursive doubling was the fastest of
+#: ours from 4 KiB to 1 MiB (README, "Allreduce benchmark").
+SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
 def choose_allreduce(nbytes: int, size: int) -> str:
     """The schedule ``algorithm="auto"`` runs for ``nbytes`` on ``size`` ranks.
 
-    Recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`; above it
-    recursive halving/doubling on powers of two (2 log2 p messages) and the
-    ring otherwise (the fold of RHD sends the whole buffer twice more).
+    Recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`.  Above it both
+    ring and RHD send 2(p - 1)/p of the buffer; RHD does it in 2 log2 p
+    messages instead of 2(p - 1), which decides at scale (at 1024 ranks and
+    5 us per message the ring pays 10 ms of latency), so it is taken for
+    powers of two, and the ring otherwise (RHD's fold for other p sends the
+    whole buffer twice more).
     """
     if nbytes < SMALL_ALLREDUCE_BYTES:
         return "recursive_doubling"
