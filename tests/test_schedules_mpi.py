@@ -41,10 +41,8 @@ def _counts(k):
     return sorted({0, 1, max(k - 1, 0), k + 1, 7, 1001, 786_433})
 
 
-@pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
-def sub(request):
+def _first_ranks(k):
     """A Communicator over the first k world ranks (None on the others)."""
-    k = request.param
     raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
     if raw == MPI.COMM_NULL:
         yield None
@@ -53,6 +51,12 @@ def sub(request):
     yield comm
     comm.close()
     raw.Free()
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
+def sub(request):
+    """A Communicator over the first k world ranks, for every k in SIZES."""
+    yield from _first_ranks(request.param)
 
 
 def _member(sub):
@@ -162,15 +166,7 @@ def test_allgather_collects_every_block(sub, algorithm):
 @pytest.fixture(scope="module", params=POW2_SIZES, ids=lambda k: f"ranks{k}")
 def pow2(request):
     """A Communicator over the first k world ranks, k a power of two."""
-    k = request.param
-    raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
-    if raw == MPI.COMM_NULL:
-        yield None
-        return
-    comm = Communicator(raw)
-    yield comm
-    comm.close()
-    raw.Free()
+    yield from _first_ranks(request.param)
 
 
 @pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
