@@ -1,13 +1,21 @@
-"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups."""
+"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group allreduce."""
 
 from .blocking import allgather, allreduce, reduce_scatter
 from .comm import Communicator
 from .group_allreduce import group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
 from .partition import block_offsets
+from .wait_avoiding import (
+    GroupSum,
+    WaitAvoidingGroupAllreduce,
+    majority_allreduce,
+    solo_allreduce,
+)
 
 __all__ = [
     "ButterflyGrouping",
+    "GroupSum",
+    "WaitAvoidingGroupAllreduce",
     "Communicator",
     "allgather",
     "allreduce",
@@ -15,5 +23,7 @@ __all__ = [
     "butterfly_groups",
     "butterfly_partners",
     "group_allreduce",
+    "majority_allreduce",
     "reduce_scatter",
+    "solo_allreduce",
 ]

@@ -20,6 +20,8 @@ import numpy as np
 
 __all__ = [
     "BufferInfo",
+    "copy_into",
+    "empty_like",
     "FlatBuffer",
     "SUPPORTED_DTYPES",
     "StagingArea",
@@ -253,3 +255,18 @@ def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
     host = staging.host_copy(data)
     yield _TorchBuffer(host, workspace)
     data.view(-1).copy_(host)
+
+
+def empty_like(data):
+    """A new uninitialised buffer of the same library, dtype, shape and device."""
+    if isinstance(data, np.ndarray):
+        return np.empty_like(data)
+    return _torch_or_none().empty_like(data)
+
+
+def copy_into(dst, src):
+    """Copy ``src`` into ``dst`` (same library, element count and dtype)."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src.reshape(dst.shape), casting="no")
+    else:
+        dst.copy_(src.view(dst.shape))

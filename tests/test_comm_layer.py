@@ -68,12 +68,17 @@ def test_cuda_awareness_environment_override(monkeypatch):
     assert mpi_is_cuda_aware() is False
 
 
-def test_thread_level_below_need_is_refused():
+@pytest.mark.parametrize("needs_multiple", [
+    "Communicator(thread_level=MPI.THREAD_MULTIPLE)",
+    "WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, np.zeros(4), group_size=1).open()",
+])
+def test_thread_level_below_need_is_refused(needs_multiple):
     # MPI initialised with MPI_THREAD_SERIALIZED in a fresh (singleton) process.
     code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
             "from mpi4py import MPI\n"
-            "from collectives import Communicator\n"
-            "Communicator(thread_level=MPI.THREAD_MULTIPLE)\n")
+            "import numpy as np\n"
+            "from collectives import Communicator, WaitAvoidingGroupAllreduce\n"
+            f"{needs_multiple}\n")
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=60, env=env)

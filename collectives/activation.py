@@ -1,0 +1,82 @@
+"""Activation of wait-avoiding collectives: binomial trees, forwarding rule, version tags.
+
+Pure logic, no MPI: the progress thread feeds it the messages it receives and
+sends the messages it returns.
+"""
+
+__all__ = ["ActivationState", "version_from_tag", "version_tag"]
+
+
+def version_tag(version: int, tag_space: int) -> int:
+    """The MPI tag that carries ``version``: ``version mod tag_space``.
+
+    ``tag_space`` is ``MPI.TAG_UB + 1`` (at least 32768 by the standard,
+    2**29 with MPICH).  The wrap-around is harmless because every rank's
+    versions stay within far less than ``tag_space / 2`` of every other
+    rank's: a rank cannot finish version v before its group partners have
+    executed it, and groups connect all ranks within ceil(log2 P / log2 S)
+    versions.  :func:`version_from_tag` undoes it.
+    """
+    return version % tag_space
+
+
+def version_from_tag(tag: int, reference: int, tag_space: int) -> int:
+    """The version congruent to ``tag`` modulo ``tag_space`` nearest ``reference``."""
+    offset = (tag - reference) % tag_space
+    if offset >= tag_space // 2:
+        offset -= tag_space
+    return reference + offset
+
+
+class ActivationState:
+    """What one rank has activated and forwarded (WAGMA section 3.1.1).
+
+    Ranks form a hypercube of d = log2 P dimensions.  The activator of a
+    version sends it along every dimension (the root of its binomial tree); a
+    rank reached through dimension i forwards along the dimensions above i.
+    A version carries "activate every version up to this one".
+
+    Several activators: a rank that already has a version >= v does not send v
+    again.  Dropping alone has no short proof that every rank is still reached
+    when trees cross (a rank first reached through a high dimension forwards
+    on few dimensions; in randomised interleavings it did reach every rank),
+    so a rank also remembers ``low``, the lowest dimension above which it has
+    sent its current ``target``, and when a message arrives through a lower
+    dimension it sends ``target`` on the dimensions it skipped.  Invariant: a
+    rank that received a version >= v through dimension i has sent a version
+    >= v on every dimension above i; hence, by induction along the
+    activator's tree, every rank receives a version >= v from any activator
+    of v.  Each rank sends at most d messages per version it learns of, plus
+    at most d re-sends.
+    """
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.dims = world_size.bit_length() - 1
+        self.target = -1          # highest version activated on this rank
+        self.low = self.dims      # ``target`` was sent on every dimension > low
+
+    def activate(self, version: int):
+        """This rank activates ``version`` itself (root of its tree)."""
+        return self.receive(version, -1)
+
+    def receive(self, version: int, dim: int):
+        """An activation for ``version`` arrived through dimension ``dim``.
+
+        Returns the messages to send, as ``(peer, version, dim)``.
+        """
+        if version > self.target:
+            self.target, self.low = version, dim
+            return self._along(dim + 1, self.dims)
+        if dim < self.low:
+            sends = self._along(dim + 1, self.low + 1)
+            self.low = dim
+            return sends
+        return []
+
+    def _along(self, first: int, stop: int):
+        return [(self.rank ^ (1 << j), self.target, j) for j in range(first, stop)]
+
+    def __repr__(self):
+        return (f"ActivationState(rank={self.rank}, target={self.target}, "
+                f"low={self.low})")

@@ -1,0 +1,319 @@
+"""The wait-avoiding group allreduce of WAGMA-SGD (section 3.1) and eager-SGD's partial collectives."""
+
+import atexit
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .agreement import agree
+from .backoff import Backoff
+from .blocking import SMALL_ALLREDUCE_BYTES, allreduce
+from .buffers import describe
+from .comm import Communicator
+from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from .groups import ButterflyGrouping
+from .progress import ProgressEngine
+
+__all__ = [
+    "ACTIVATIONS",
+    "GroupSum",
+    "WaitAvoidingGroupAllreduce",
+    "majority_allreduce",
+    "solo_allreduce",
+]
+
+#: ``"first"``: the first rank to arrive activates a version (WAGMA; with
+#: group_size = P, eager-SGD's solo collective).  ``"majority"``: the leader
+#: of version v (rank v mod P) activates it once ceil(P/2) ranks have arrived
+#: (eager-SGD's majority collective).
+ACTIVATIONS = ("first", "majority")
+
+
+@dataclass(frozen=True)
+class GroupSum:
+    """The outcome of one wait-avoiding group allreduce on one rank.
+
+    Attributes:
+        sum: the sum of the contributions of this rank's group for version
+            ``version``; an internal buffer, valid until the next call.
+        version: the iteration t.
+        fresh: whether this rank's own contribution was its iteration-t
+            contribution (it arrived before version t began here).
+        contribution_iteration: the iteration of the contribution this rank
+            gave (t when fresh, older when stale, -1 for the initial one).
+    """
+
+    sum: object
+    version: int
+    fresh: bool
+    contribution_iteration: int
+
+
+class WaitAvoidingGroupAllreduce:
+    """Group allreduce that no rank waits for a slower rank to enter.
+
+    Semantics (WAGMA-SGD, Li et al., IEEE TPDS 2021, section 3.1 and
+    Algorithm 2).  Iteration t is a *group version* unless
+    ``(t + 1) mod tau == 0``, which makes it a *sync step*.  Every rank
+    executes every group version exactly once and in order, in the butterfly
+    group of iteration t (:class:`~collectives.groups.ButterflyGrouping`),
+    either *actively* (its main thread reached t first: it publishes its
+    iteration-t contribution and activates t along its binomial tree) or
+    *passively* (an activation for t, or a later version, arrived first: its
+    progress thread executes t with the contribution it last published, even
+    while its main thread still computes an older iteration).  The main
+    thread at t gets the group sum and whether its own contribution was fresh
+    (WAGMA: W_{t+1} = sum / S) or stale (W_{t+1} = (sum + W'_t) / (S + 1)).
+    Sync steps are blocking allreduces over all P ranks on a communicator of
+    their own, so they cannot match group messages still in flight.
+
+    With ``activation="majority"`` a version is activated only once ceil(P/2)
+    main threads have reached it; with ``group_size=P`` that is eager-SGD's
+    majority allreduce (:func:`majority_allreduce`), and first-arrival
+    activation its solo allreduce (:func:`solo_allreduce`).
+
+    Lifecycle: configure (no MPI) -> :meth:`open` (collective: duplicates the
+    communicator, agrees on the arguments, starts the progress thread) ->
+    one :meth:`allreduce` or :meth:`sync_allreduce` per iteration, in order ->
+    :meth:`close` (collective: waits until no activation is in flight on any
+    rank, joins the thread, checks that no message is left unmatched).  A
+    ``with`` block opens and closes.
+
+    Memory: besides the published contribution, one buffer per group sum not
+    yet taken by the main thread; a rank whose main thread lags k versions
+    behind holds k of them, which ``tau`` bounds.
+
+    Args:
+        comm: the MPI communicator (P ranks, a power of two); MPI must provide
+            ``MPI_THREAD_MULTIPLE``.
+        like: the initial contribution (the initial model W_0, published as
+            iteration -1) and the template of every buffer: a contiguous numpy
+            array or torch tensor, the same size and dtype on every rank.
+        group_size: S, a power of two <= P.
+        tau: the period of sync steps (>= 1), or None for none.
+        activation: one of :data:`ACTIVATIONS`.
+        algorithm: the butterfly schedule, ``"recursive_doubling"``,
+            ``"halving_doubling"`` or ``"auto"`` (by buffer size).
+        history: keep the last ``history`` ``(version,
+            contribution_iteration)`` pairs executed on this rank in
+            :attr:`history`, for tests and staleness statistics.
+
+    Example::
+
+        wa = WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, flat_params, group_size=4, tau=10)
+        with wa:
+            for t in range(steps):
+                train_step()                       # W'_t in flat_params
+                if wa.is_group_version(t):
+                    r = wa.allreduce(flat_params, t)
+                    if r.fresh:
+                        flat_params[:] = r.sum / 4
+                    else:
+                        flat_params[:] = (r.sum + flat_params) / 5
+                else:
+                    wa.sync_allreduce(flat_params, t, op="avg")
+    """
+
+    def __init__(self, comm, like, *, group_size, tau=None, activation="first",
+                 algorithm="auto", history=0):
+        self._raw = comm
+        self._like = like
+        self.group_size, self.tau = group_size, tau
+        self.activation, self.algorithm = activation, algorithm
+        self._history = history
+        self._problem = self._check_arguments(comm.Get_size())
+        self._state = "new"
+        self._main = self._progress = self._engine = None
+
+    def _check_arguments(self, world_size):
+        """``(message, exception type)`` for the first bad argument, or None."""
+        info = describe(self._like)
+        if info.problem:
+            return info.problem, info.error
+        try:
+            self.grouping = ButterflyGrouping(world_size, self.group_size)
+        except (TypeError, ValueError) as exc:
+            return str(exc), type(exc)
+        if self.tau is not None and (isinstance(self.tau, bool) or
+                                     not isinstance(self.tau, int) or self.tau < 1):
+            return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
+        if self.activation not in ACTIVATIONS:
+            return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
+                    f"got {self.activation!r}"), ValueError
+        choices = (*GROUP_ALLREDUCE_ALGORITHMS, "auto")
+        if self.algorithm not in choices:
+            return (f"algorithm must be one of {', '.join(map(repr, choices))}, "
+                    f"got {self.algorithm!r}"), ValueError
+        if not isinstance(self._history, int) or self._history < 0:
+            return f"history must be an int >= 0, got {self._history!r}", ValueError
+        return None
+
+    def is_group_version(self, t: int) -> bool:
+        """Whether iteration t is a group version (else a sync step)."""
+        return self.tau is None or (t + 1) % self.tau != 0
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def open(self):
+        """Duplicate the communicator, agree on the arguments, start the thread.
+
+        Collective.  Raises on every rank, before any activation or data
+        message, if any rank's arguments are bad or differ across ranks.
+        """
+        if self._state != "new":
+            raise RuntimeError(f"open() on a {self._state} WaitAvoidingGroupAllreduce")
+        self._main = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
+        problem, error = self._problem or (None, ValueError)
+        info = describe(self._like)
+        try:
+            agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
+                  numel=info.numel, dtype=info.dtype, group_size=self.group_size,
+                  tau=self.tau, activation=self.activation,
+                  algorithm=self.algorithm)
+        except (TypeError, ValueError):
+            self._main.close()
+            self._state = "closed"
+            raise
+        algorithm = self.algorithm
+        if algorithm == "auto":
+            algorithm = ("recursive_doubling" if self._like.nbytes < SMALL_ALLREDUCE_BYTES
+                         else "halving_doubling")
+        quorum = None if self.activation == "first" else -(-self._main.size // 2)
+        self._t = 0
+        self._lent = None
+        if self.tau != 1:  # tau == 1: every step syncs, no group version to run
+            self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
+            self._engine = ProgressEngine(
+                self._progress, self._like,
+                masks=self.grouping.masks,
+                schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
+                is_group_version=self.is_group_version, quorum=quorum,
+                history=self._history)
+            self._engine.start()
+            atexit.register(self._engine.halt)
+        self._state = "open"
+        return self
+
+    def close(self):
+        """Wait until no activation is in flight anywhere; stop and join the thread.
+
+        Collective; every rank must have run the same iterations.
+        Termination is detected by counting: progress threads send control
+        messages only in reaction to ones they receive once the main threads
+        are here, so when the totals of sent and received messages over all
+        ranks are equal, and equal to the previous round's, none is in flight.
+        """
+        if self._state != "open":
+            return
+        self._state = "closing"
+        agree(self._main, "WaitAvoidingGroupAllreduce.close", None,
+              iterations_run=self._t)
+        left = self._stop_engine() if self._engine else []
+        self._main.close()
+        self._state = "closed"
+        if left:
+            raise RuntimeError(f"rank {self._main.rank}: unmatched messages on the "
+                               f"{' and '.join(left)} channel at close()")
+
+    def _stop_engine(self):
+        """Quiesce, stop and join the progress thread; the channels with
+        messages left unmatched."""
+        engine = self._engine
+        previous, backoff = None, Backoff(1e-3, 2e-2)
+        while True:
+            totals = np.array(engine.counts(), dtype=np.int64)
+            self._main.control.Allreduce(MPI.IN_PLACE, totals, op=MPI.SUM)
+            if totals[0] == totals[1] and np.array_equal(totals, previous):
+                break
+            previous = totals
+            backoff.sleep()
+        atexit.unregister(engine.halt)
+        engine.stop()
+        progress = self._progress
+        left = [name for name, c in (("data", progress.data), ("control", progress.control))
+                if c.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)]
+        progress.close()
+        return left
+
+    def __enter__(self):
+        return self.open() if self._state == "new" else self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- one call per iteration -------------------------------------------------
+
+    def allreduce(self, contribution, t: int) -> GroupSum:
+        """The group sum of version t; ``contribution`` is W'_t (read only).
+
+        Publishes ``contribution`` as this rank's newest contribution; if
+        version t has not begun here, activates it and waits only for the
+        communication of the group.  The returned ``sum`` stays valid until
+        the next call.
+        """
+        self._expect(t, group=True, buffer=contribution)
+        if self._lent is not None:
+            self._engine.recycle(self._lent)
+            self._lent = None
+        self._engine.arrive(contribution, t)
+        total, contribution_iteration = self._engine.result(t)
+        self._lent = total
+        self._t = t + 1
+        return GroupSum(total, t, contribution_iteration == t, contribution_iteration)
+
+    def sync_allreduce(self, buf, t: int, op="sum"):
+        """The blocking allreduce of a sync step over all P ranks, in place.
+
+        Then publishes the result as this rank's contribution of iteration t
+        (with ``op="avg"`` that is WAGMA's W_{t+1}).
+        """
+        self._expect(t, group=False, buffer=buf)
+        allreduce(buf, comm=self._main, op=op)
+        if self._engine:
+            self._engine.publish(buf, t)
+        self._t = t + 1
+        return buf
+
+    def _expect(self, t, *, group, buffer):
+        if self._state != "open":
+            raise RuntimeError(f"WaitAvoidingGroupAllreduce is {self._state}; "
+                               f"call open() (or use a with block) first")
+        if t != self._t:
+            raise ValueError(f"t must be the next iteration, {self._t}, got {t}")
+        if self.is_group_version(t) != group:
+            kind = "a group version" if self.is_group_version(t) else "a sync step"
+            call = "allreduce" if self.is_group_version(t) else "sync_allreduce"
+            raise ValueError(f"iteration {t} is {kind} (tau={self.tau}): "
+                             f"call {call}()")
+        info, like = describe(buffer), describe(self._like)
+        if info.problem or (info.numel, info.dtype) != (like.numel, like.dtype):
+            raise ValueError(f"buffer must be contiguous with {like.numel} elements "
+                             f"of {like.dtype} like the one given at construction, "
+                             f"got {info.problem or f'{info.numel} of {info.dtype}'}")
+
+    # -- introspection ------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """``"new"``, ``"open"``, ``"closing"`` or ``"closed"``."""
+        return self._state
+
+    @property
+    def history(self):
+        """``(version, contribution_iteration)`` of the versions executed here."""
+        return list(self._engine.history or ()) if self._engine else []
+
+
+def solo_allreduce(comm, like, **options) -> WaitAvoidingGroupAllreduce:
+    """Eager-SGD's solo allreduce: the first rank to arrive triggers a
+    reduction over all P ranks; late ranks contribute their previous value."""
+    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
+                                      activation="first", **options)
+
+
+def majority_allreduce(comm, like, **options) -> WaitAvoidingGroupAllreduce:
+    """Eager-SGD's majority allreduce: a reduction over all P ranks, triggered
+    once at least half of them (ceil(P/2)) have arrived."""
+    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
+                                      activation="majority", **options)
