@@ -6,7 +6,7 @@ from .group_allreduce import group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
 from .partition import block_offsets
 from .wait_avoiding import (
-    GroupSum,
+    GroupResult,
     WaitAvoidingGroupAllreduce,
     majority_allreduce,
     solo_allreduce,
@@ -14,7 +14,7 @@ from .wait_avoiding import (
 
 __all__ = [
     "ButterflyGrouping",
-    "GroupSum",
+    "GroupResult",
     "WaitAvoidingGroupAllreduce",
     "Communicator",
     "allgather",

@@ -1,11 +1,19 @@
 """The communicator wrapper every collective of this package runs on."""
 
+import time
+
 from mpi4py import MPI
 
+from .backoff import Backoff
 from .buffers import StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES"]
+
+# Waits that yield spin this long first: with a core per rank most transfers
+# finish within it (a receiver that sleeps delays the copy only it performs),
+# and on an oversubscribed node the spin costs little.
+_SPIN_SECONDS = 2e-4
 
 THREAD_LEVEL_NAMES = {
     MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
@@ -34,6 +42,12 @@ class Communicator:
         thread_level: the MPI thread level the caller needs, one of
             ``MPI.THREAD_SINGLE``..``MPI.THREAD_MULTIPLE``; checked against
             ``MPI.Query_thread()`` before anything is duplicated.
+        yield_while_waiting: wait for transfers by testing them, spinning
+            for 0.2 ms and then sleeping with a back-off (10 us doubling to
+            1 ms), instead of in ``MPI_Waitall``, which in MPICH spins for
+            as long as it waits.  For progress threads: on a node with more
+            ranks than cores, a thread spinning for a partner takes the core
+            that partner needs to get there.
 
     Raises:
         RuntimeError: MPI was initialised below ``thread_level`` (same verdict
@@ -45,7 +59,8 @@ class Communicator:
             allreduce(grads, comm=comm, op="avg")
     """
 
-    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE):
+    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE,
+                 yield_while_waiting: bool = False):
         if thread_level not in THREAD_LEVEL_NAMES:
             raise ValueError(
                 f"thread_level must be one of MPI.THREAD_SINGLE, "
@@ -69,6 +84,7 @@ class Communicator:
         self.size = self.data.Get_size()
         self.staging = StagingArea()
         self.workspace = Workspace()
+        self.yield_while_waiting = yield_while_waiting
 
     @property
     def cuda_aware(self) -> bool:
@@ -85,13 +101,16 @@ class Communicator:
         return open_buffer(data, cuda_aware=self.cuda_aware,
                            staging=self.staging, workspace=self.workspace)
 
-    def exchange(self, send, dest: int, recv, source: int, tag: int):
+    def exchange(self, send, dest: int, recv, source: int, tag: int,
+                 while_waiting=None):
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
 
         Either side may be an empty buffer, in which case it is skipped; the
         schedules only skip a message when its peer skips the matching one.
         Both transfers are posted before either is waited for, so a cycle of
-        exchanges cannot deadlock.
+        exchanges cannot deadlock.  ``while_waiting``, if given, is called
+        once both are posted: work that overlaps the transfer and must not
+        write ``send`` or ``recv``.
         """
         self._check_open()
         requests = []
@@ -99,19 +118,31 @@ class Communicator:
             requests.append(self.data.Irecv(recv, source, tag))
         if len(send):
             requests.append(self.data.Isend(send, dest, tag))
-        MPI.Request.Waitall(requests)
+        if while_waiting is not None:
+            while_waiting()
+        self._wait(requests)
 
     def send(self, send, dest: int, tag: int):
         """Blocking send on the data channel (skipped when empty)."""
         self._check_open()
         if len(send):
-            self.data.Send(send, dest, tag)
+            self._wait([self.data.Isend(send, dest, tag)])
 
     def recv(self, recv, source: int, tag: int):
         """Blocking receive on the data channel (skipped when empty)."""
         self._check_open()
         if len(recv):
-            self.data.Recv(recv, source, tag)
+            self._wait([self.data.Irecv(recv, source, tag)])
+
+    def _wait(self, requests):
+        if not self.yield_while_waiting:
+            MPI.Request.Waitall(requests)
+            return
+        spin_until = time.perf_counter() + _SPIN_SECONDS
+        backoff = Backoff(1e-5, 1e-3)
+        while not MPI.Request.Testall(requests):
+            if time.perf_counter() > spin_until:
+                backoff.sleep()
 
     def _check_open(self):
         if self.closed:

@@ -17,24 +17,32 @@ __all__ = [
 TAG_GROUP = 31
 
 
-def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
+def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
+                                 overlap=None):
     """Sum ``buf`` over the group spanned by ``masks``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
     ``rank ^ mask`` and add.  log2 S messages of the full size: the schedule
     for small buffers.  Partners compute a + b and b + a, bitwise equal.
+    ``overlap``, if given, is called once while the first message is in
+    flight, before ``buf`` is first written (at once if there is no phase):
+    the wait-avoiding collective copies W'_t aside there.
     """
+    if not masks and overlap is not None:
+        overlap()
     scratch = buf.scratch(buf.numel) if masks else None
-    for mask in masks:
+    for phase, mask in enumerate(masks):
         peer = comm.rank ^ mask
         comm.exchange(buf.msg(0, buf.numel), peer,
-                      scratch.msg(0, buf.numel), peer, tag)
+                      scratch.msg(0, buf.numel), peer, tag,
+                      overlap if phase == 0 else None)
         buf.add_(0, buf.numel, scratch)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
 
 
-def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
+def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
+                               overlap=None):
     """Sum ``buf`` over the group spanned by ``masks`` by halving, then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
@@ -42,13 +50,16 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
     1/S of the buffer reduced over the group on each member; the phases in
     reverse order double it back.  2 log2 S messages, 2 (S - 1)/S of the
     buffer sent: the schedule for large buffers.  Each element is reduced on
-    one rank and copied, so group members agree bitwise.
+    one rank and copied, so group members agree bitwise.  ``overlap`` as for
+    :func:`butterfly_recursive_doubling`.
     """
+    if not masks and overlap is not None:
+        overlap()
     rank = comm.rank
     lo, hi = 0, buf.numel
     windows = []
     scratch = None
-    for mask in masks:
+    for phase, mask in enumerate(masks):
         windows.append((lo, hi))
         mid = lo + (hi - lo) // 2
         (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else (
@@ -56,7 +67,8 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP):
         if scratch is None:
             scratch = buf.scratch(hi - lo)
         comm.exchange(buf.msg(slo, shi), rank ^ mask,
-                      scratch.msg(0, hi - lo), rank ^ mask, tag)
+                      scratch.msg(0, hi - lo), rank ^ mask, tag,
+                      overlap if phase == 0 else None)
         buf.add_(lo, hi, scratch)
     if scale is not None:
         buf.scale_(lo, hi, scale)

@@ -1,5 +1,6 @@
 """The progress thread of the wait-avoiding group allreduce: activation and execution."""
 
+import functools
 import threading
 from collections import deque
 
@@ -40,7 +41,9 @@ class ProgressEngine:
         like: the initial contribution (published as iteration -1) and the
             template for every buffer.
         masks: ``masks(v)``, the butterfly masks of iteration v.
-        schedule: a butterfly schedule, ``schedule(buf, comm, masks, scale, tag)``.
+        schedule: a butterfly schedule,
+            ``schedule(buf, comm, masks, scale, tag, overlap)``.
+        scale: None for the group sum, or the factor of the mean (1 / S).
         is_group_version: whether iteration v is a group version (not a sync step).
         quorum: None to let every arriving rank activate (first arrival), or
             the number of arrivals the leader of version v (rank v mod P)
@@ -50,10 +53,10 @@ class ProgressEngine:
     """
 
     def __init__(self, comm, like, *, masks, schedule, is_group_version,
-                 quorum=None, history=0):
+                 scale=None, quorum=None, history=0):
         self._comm = comm
         self._rank, self._size = comm.rank, comm.size
-        self._masks, self._schedule = masks, schedule
+        self._masks, self._schedule, self._scale = masks, schedule, scale
         self._is_group_version = is_group_version
         self._quorum = quorum
         self._tag_space = comm.control.Get_attr(MPI.TAG_UB) + 1
@@ -65,6 +68,7 @@ class ProgressEngine:
         copy_into(self._published, like)
         self._published_iteration = -1
         self.started = -1
+        self._arrived = {}        # version -> the main thread's buffer, reduced in place
         self._results = {}
         self._spare = []
         self._requests = []
@@ -89,19 +93,25 @@ class ProgressEngine:
     def arrive(self, contribution, t: int):
         """Publish ``contribution`` as iteration t; activate t unless it began.
 
-        If version t has not begun here, this rank's contribution to it will
-        be fresh; if it has, stale, and the contribution serves later
-        versions.  Deciding and publishing happen under the lock that the
-        progress thread takes to begin a version, so no version begins
-        between the two.
+        If version t has not begun here, this rank's contribution to it is
+        fresh: version t, the next to run here, will be reduced in place in
+        ``contribution`` itself (the main thread waits for it, so nothing
+        else writes there), and the copy that publishes it for later versions
+        is taken by the progress thread while the first message of version t
+        is in flight.  If version t has begun, the contribution is stale: it
+        is copied now and serves later versions.  Deciding and publishing
+        happen under the lock that the progress thread takes to begin a
+        version, so no version begins between the two.
         """
         with self._lock:
             self._raise_if_failed()
             fresh = self.started < t
-            copy_into(self._published, contribution)
-            self._published_iteration = t
             if fresh:
+                self._arrived[t] = contribution
                 self._requests.append(t)
+            else:
+                copy_into(self._published, contribution)
+                self._published_iteration = t
         if fresh:
             self._wake.set()
 
@@ -113,7 +123,11 @@ class ProgressEngine:
             self._published_iteration = t
 
     def result(self, t: int):
-        """Wait for version t; returns ``(group_sum, contribution_iteration)``."""
+        """Wait for version t; returns ``(reduced buffer, contribution_iteration)``.
+
+        The buffer is the main thread's own when it arrived before version t
+        began, else an internal one to :meth:`recycle` after use.
+        """
         with self._done:
             while t not in self._results:
                 self._raise_if_failed()
@@ -235,13 +249,21 @@ class ProgressEngine:
         while self._next <= self._activation.target:
             version = self._next
             with self._lock:
-                work = self._spare.pop() if self._spare else empty_like(self._published)
-                copy_into(work, self._published)
-                contribution_iteration = self._published_iteration
+                work = self._arrived.pop(version, None)
+                if work is None:   # passive: the last published contribution
+                    work = self._spare.pop() if self._spare else empty_like(self._published)
+                    copy_into(work, self._published)
+                    contribution_iteration, publish = self._published_iteration, None
+                else:              # active: publish W'_t while sending
+                    contribution_iteration = version
+                    publish = functools.partial(copy_into, self._published, work)
                 self.started = version
             with self._comm.open_buffer(work) as buf:
-                self._schedule(buf, self._comm, self._masks(version), None,
-                               version_tag(version, self._tag_space))
+                self._schedule(buf, self._comm, self._masks(version), self._scale,
+                               version_tag(version, self._tag_space), publish)
+            if publish is not None:
+                with self._lock:
+                    self._published_iteration = version
             with self._done:
                 self._results[version] = (work, contribution_iteration)
                 if self.history is not None:

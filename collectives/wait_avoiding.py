@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .agreement import agree
 from .backoff import Backoff
-from .blocking import SMALL_ALLREDUCE_BYTES, allreduce
+from .blocking import OPS, SMALL_ALLREDUCE_BYTES, allreduce
 from .buffers import describe
 from .comm import Communicator
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
@@ -17,7 +17,7 @@ from .progress import ProgressEngine
 
 __all__ = [
     "ACTIVATIONS",
-    "GroupSum",
+    "GroupResult",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
     "solo_allreduce",
@@ -31,12 +31,15 @@ ACTIVATIONS = ("first", "majority")
 
 
 @dataclass(frozen=True)
-class GroupSum:
+class GroupResult:
     """The outcome of one wait-avoiding group allreduce on one rank.
 
     Attributes:
-        sum: the sum of the contributions of this rank's group for version
-            ``version``; an internal buffer, valid until the next call.
+        value: the group's sum (``op="sum"``) or mean (``op="avg"``) of
+            version ``version``.  When ``fresh`` it is the caller's own buffer,
+            reduced in place; when stale an internal buffer that the caller
+            may overwrite, valid until the next call, and the caller's buffer
+            still holds its contribution.
         version: the iteration t.
         fresh: whether this rank's own contribution was its iteration-t
             contribution (it arrived before version t began here).
@@ -44,7 +47,7 @@ class GroupSum:
             gave (t when fresh, older when stale, -1 for the initial one).
     """
 
-    sum: object
+    value: object
     version: int
     fresh: bool
     contribution_iteration: int
@@ -63,8 +66,9 @@ class WaitAvoidingGroupAllreduce:
     *passively* (an activation for t, or a later version, arrived first: its
     progress thread executes t with the contribution it last published, even
     while its main thread still computes an older iteration).  The main
-    thread at t gets the group sum and whether its own contribution was fresh
-    (WAGMA: W_{t+1} = sum / S) or stale (W_{t+1} = (sum + W'_t) / (S + 1)).
+    thread at t gets the group sum (or mean) and whether its own contribution
+    was fresh (WAGMA: W_{t+1} = sum / S, computed in place in the caller's
+    buffer) or stale (W_{t+1} = (sum + W'_t) / (S + 1)).
     Sync steps are blocking allreduces over all P ranks on a communicator of
     their own, so they cannot match group messages still in flight.
 
@@ -80,9 +84,12 @@ class WaitAvoidingGroupAllreduce:
     rank, joins the thread, checks that no message is left unmatched).  A
     ``with`` block opens and closes.
 
-    Memory: besides the published contribution, one buffer per group sum not
-    yet taken by the main thread; a rank whose main thread lags k versions
-    behind holds k of them, which ``tau`` bounds.
+    Cost on the fresh path: one copy of the buffer (publishing W'_t, which
+    later passive versions need) on top of the blocking group allreduce,
+    which runs in place in the caller's buffer.  Memory: the published copy,
+    and one buffer per stale result not yet taken by the main thread; a rank
+    whose main thread lags k versions behind holds k of them, which ``tau``
+    bounds.
 
     Args:
         comm: the MPI communicator (P ranks, a power of two); MPI must provide
@@ -92,6 +99,8 @@ class WaitAvoidingGroupAllreduce:
             array or torch tensor, the same size and dtype on every rank.
         group_size: S, a power of two <= P.
         tau: the period of sync steps (>= 1), or None for none.
+        op: ``"sum"`` (the group sum) or ``"avg"`` (the group mean, scaled
+            inside the schedule where it costs 1/S of a pass).
         activation: one of :data:`ACTIVATIONS`.
         algorithm: the butterfly schedule, ``"recursive_doubling"``,
             ``"halving_doubling"`` or ``"auto"`` (by buffer size).
@@ -101,25 +110,24 @@ class WaitAvoidingGroupAllreduce:
 
     Example::
 
-        wa = WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, flat_params, group_size=4, tau=10)
+        wa = WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, flat_params, group_size=4,
+                                        tau=10, op="avg")
         with wa:
             for t in range(steps):
                 train_step()                       # W'_t in flat_params
                 if wa.is_group_version(t):
                     r = wa.allreduce(flat_params, t)
-                    if r.fresh:
-                        flat_params[:] = r.sum / 4
-                    else:
-                        flat_params[:] = (r.sum + flat_params) / 5
+                    if not r.fresh:                # flat_params still holds W'_t
+                        flat_params[:] = (4 * r.value + flat_params) / 5
                 else:
                     wa.sync_allreduce(flat_params, t, op="avg")
     """
 
-    def __init__(self, comm, like, *, group_size, tau=None, activation="first",
-                 algorithm="auto", history=0):
+    def __init__(self, comm, like, *, group_size, tau=None, op="sum",
+                 activation="first", algorithm="auto", history=0):
         self._raw = comm
         self._like = like
-        self.group_size, self.tau = group_size, tau
+        self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
         self._history = history
         self._problem = self._check_arguments(comm.Get_size())
@@ -138,6 +146,10 @@ class WaitAvoidingGroupAllreduce:
         if self.tau is not None and (isinstance(self.tau, bool) or
                                      not isinstance(self.tau, int) or self.tau < 1):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
+        if self.op not in OPS:
+            return f"op must be one of {', '.join(map(repr, OPS))}, got {self.op!r}", ValueError
+        if self.op == "avg" and info.dtype.startswith("int"):
+            return f"op 'avg' needs a floating-point buffer, got {info.dtype}", ValueError
         if self.activation not in ACTIVATIONS:
             return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
                     f"got {self.activation!r}"), ValueError
@@ -169,7 +181,7 @@ class WaitAvoidingGroupAllreduce:
         try:
             agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
-                  tau=self.tau, activation=self.activation,
+                  tau=self.tau, op=self.op, activation=self.activation,
                   algorithm=self.algorithm)
         except (TypeError, ValueError):
             self._main.close()
@@ -183,12 +195,15 @@ class WaitAvoidingGroupAllreduce:
         self._t = 0
         self._lent = None
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
-            self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
+            self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
+                                          yield_while_waiting=True)
             self._engine = ProgressEngine(
                 self._progress, self._like,
                 masks=self.grouping.masks,
                 schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
-                is_group_version=self.is_group_version, quorum=quorum,
+                is_group_version=self.is_group_version,
+                scale=1.0 / self.group_size if self.op == "avg" else None,
+                quorum=quorum,
                 history=self._history)
             self._engine.start()
             atexit.register(self._engine.halt)
@@ -244,23 +259,25 @@ class WaitAvoidingGroupAllreduce:
 
     # -- one call per iteration -------------------------------------------------
 
-    def allreduce(self, contribution, t: int) -> GroupSum:
-        """The group sum of version t; ``contribution`` is W'_t (read only).
+    def allreduce(self, buf, t: int) -> GroupResult:
+        """The group reduction of version t; ``buf`` holds W'_t.
 
-        Publishes ``contribution`` as this rank's newest contribution; if
-        version t has not begun here, activates it and waits only for the
-        communication of the group.  The returned ``sum`` stays valid until
-        the next call.
+        Publishes ``buf`` as this rank's newest contribution.  If version t
+        has not begun here (fresh), activates it and reduces it in place in
+        ``buf``, waiting only for the communication of the group.  If it has
+        (stale), ``buf`` is left as it is and the reduction, made with an
+        older contribution, comes in an internal buffer.
         """
-        self._expect(t, group=True, buffer=contribution)
+        self._expect(t, group=True, buffer=buf)
         if self._lent is not None:
             self._engine.recycle(self._lent)
             self._lent = None
-        self._engine.arrive(contribution, t)
-        total, contribution_iteration = self._engine.result(t)
-        self._lent = total
+        self._engine.arrive(buf, t)
+        value, contribution_iteration = self._engine.result(t)
+        if value is not buf:
+            self._lent = value
         self._t = t + 1
-        return GroupSum(total, t, contribution_iteration == t, contribution_iteration)
+        return GroupResult(value, t, contribution_iteration == t, contribution_iteration)
 
     def sync_allreduce(self, buf, t: int, op="sum"):
         """The blocking allreduce of a sync step over all P ranks, in place.

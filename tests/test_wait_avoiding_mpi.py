@@ -54,8 +54,9 @@ def _run(wa, delays):
             if wa.is_group_version(t):
                 result = wa.allreduce(contribution, t)
                 assert result.version == t
+                assert (result.value is contribution) == result.fresh
                 records.append((t, result.fresh, result.contribution_iteration,
-                                result.sum.copy()))
+                                result.value.copy()))
             else:
                 expected = np.empty_like(contribution)
                 reference.Allreduce(contribution, expected)

@@ -2,9 +2,9 @@
 
 import sys
 
-from . import allreduce
+from . import allreduce, wagma
 
-BENCHMARKS = {"allreduce": allreduce.main}
+BENCHMARKS = {"allreduce": allreduce.main, "wagma": wagma.main}
 
 
 def main(argv=None):

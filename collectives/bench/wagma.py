@@ -1,0 +1,176 @@
+"""Wait-avoiding group allreduce against the blocking group allreduce and a global Allreduce."""
+
+import argparse
+import os
+import resource
+import time
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from ..comm import Communicator
+from ..group_allreduce import group_allreduce
+from ..wait_avoiding import WaitAvoidingGroupAllreduce
+from .provenance import run_attributes
+
+__all__ = ["main"]
+
+MIB = 1 << 20
+SCENARIOS = ("none", "random2", "straggler")
+IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce")
+
+
+def delayed_ranks(scenario, size, iterations, seed):
+    """``[step, rank]`` booleans: who sleeps the delay before entering.
+
+    Drawn from ``seed`` alone, so every rank computes the same table:
+    ``random2`` delays two random ranks per step (the WAGMA paper's set-up),
+    ``straggler`` delays the last rank at every step.
+    """
+    table = np.zeros((iterations, size), dtype=bool)
+    if scenario == "random2":
+        rng = np.random.default_rng(seed)
+        for step in range(iterations):
+            table[step, rng.choice(size, min(2, size), replace=False)] = True
+    elif scenario == "straggler":
+        table[:, size - 1] = True
+    return table
+
+
+def _run(implementation, comm, buf, group_size, delays, delay_s):
+    """Seconds per step on this rank (the injected delay plus the collective),
+    and whether this rank's contribution was fresh at each step."""
+    steps = np.zeros(len(delays))
+    fresh = np.ones(len(delays), dtype=bool)
+    wa = None
+    if implementation == "wait_avoiding":
+        wa = WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size,
+                                        op="avg").open()
+    comm.data.Barrier()
+    for t, delayed in enumerate(delays[:, comm.rank]):
+        start = time.perf_counter()
+        if delayed:
+            time.sleep(delay_s)
+        if wa is not None:
+            result = wa.allreduce(buf, t)
+            fresh[t] = result.fresh
+            if not result.fresh:   # WAGMA: W_{t+1} = (S * mean + W'_t) / (S + 1)
+                np.multiply(result.value, group_size / (group_size + 1), out=result.value)
+                buf *= 1.0 / (group_size + 1)
+                buf += result.value
+        elif implementation == "group_blocking":
+            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg")
+        else:
+            comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            buf *= 1.0 / comm.size
+        steps[t] = time.perf_counter() - start
+    if wa is not None:
+        wa.close()
+    return steps, fresh
+
+
+def idle_progress_cpu(comm, buf, group_size, seconds):
+    """Share of one core that this process uses while its progress thread idles."""
+    with WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter()
+        time.sleep(seconds)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter() - wall
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return used / wall
+
+
+def default_group_size(size):
+    """The paper's S ~ sqrt(P), as a power of two: 2**ceil(log2(P) / 2)."""
+    return 1 << (((size.bit_length() - 1) + 1) // 2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m collectives.bench wagma",
+        description="Time per iteration of the wait-avoiding group allreduce, the "
+                    "blocking group allreduce and MPI_Allreduce under injected delays.")
+    parser.add_argument("--size-mib", type=float, default=16.0)
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="S (default 2**ceil(log2(P)/2), the paper's ~sqrt(P))")
+    parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="first steps left out of the statistics")
+    parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help="comma-separated, from: " + ", ".join(SCENARIOS))
+    parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None,
+                        help="HDF5 file (default results/wagma_n{ranks}.h5)")
+    args = parser.parse_args(argv)
+    scenarios = args.scenarios.split(",")
+    if any(s not in SCENARIOS for s in scenarios):
+        parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
+    if not 0 <= args.warmup < args.iterations or args.delay_ms < 0 or args.size_mib <= 0:
+        parser.error("0 <= --warmup < --iterations, --delay-ms >= 0 and --size-mib > 0 needed")
+    with Communicator(MPI.COMM_WORLD) as comm:
+        group_size = args.group_size or default_group_size(comm.size)
+        attrs = run_attributes(comm.data)
+        buf = np.zeros(int(args.size_mib * MIB) // 4, dtype=np.float32)
+        steps = {}
+        for scenario in scenarios:
+            delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
+            for implementation in IMPLEMENTATIONS:
+                seconds, fresh = _run(implementation, comm, buf, group_size,
+                                      delays, args.delay_ms / 1e3)
+                steps[scenario, implementation] = (np.array(comm.data.gather(seconds)),
+                                                   delays, np.array(comm.data.gather(fresh)))
+        idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
+        if comm.rank == 0:
+            _report(comm.size, group_size, args, attrs, steps, idle)
+
+
+def _fast_ms(seconds, delays, warmup):
+    """Mean step time over the (rank, step) pairs that were not delayed, in
+    ms, leaving out the first ``warmup`` steps."""
+    kept = ~delays[warmup:]
+    if not kept.any():
+        return float("nan")
+    return float(seconds[:, warmup:].T[kept].mean() * 1e3)
+
+
+def _report(size, group_size, args, attrs, steps, idle):
+    print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
+          f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
+          f"{args.iterations} iterations, delay {args.delay_ms:g} ms; {attrs['mpi_library']}")
+    print(f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
+          f"steps, first {args.warmup} steps left out); '-': every rank delayed")
+    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS)
+          + "   WA/blocking  global/WA  WA fresh")
+    for scenario in dict.fromkeys(s for s, _ in steps):
+        ms = [_fast_ms(*steps[scenario, i][:2], args.warmup) for i in IMPLEMENTATIONS]
+        fresh = steps[scenario, "wait_avoiding"][2][:, args.warmup:].mean()
+        print(f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms).replace("nan", "  -")
+              + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}")
+    print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
+          f"(largest over ranks, {args.idle_seconds:g} s idle)")
+    out = args.out or os.path.join("results", f"wagma_n{size}.h5")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with h5py.File(out, "w") as f:
+        f.attrs.update(attrs)
+        f.attrs.update(size_bytes=int(args.size_mib * MIB), group_size=group_size,
+                       iterations=args.iterations, warmup=args.warmup,
+                       delay_ms=args.delay_ms,
+                       seed=args.seed, sync_steps="none", dtype="float32")
+        f["idle_progress_cpu_fraction"] = np.array(idle)
+        for (scenario, implementation), (seconds, delays, fresh) in steps.items():
+            g = f.require_group(scenario)
+            g[implementation] = seconds
+            g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
+            g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
+                seconds, delays, args.warmup)
+            if implementation == "wait_avoiding":
+                g["wait_avoiding_fresh"] = fresh
+                g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
+            if "delayed" not in g:
+                g["delayed"] = delays
+                g["delayed"].attrs["axes"] = "step, rank"
+    print(f"wrote {out}")
