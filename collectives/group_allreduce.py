@@ -9,6 +9,7 @@ __all__ = [
     "GROUP_ALLREDUCE_ALGORITHMS",
     "butterfly_halving_doubling",
     "butterfly_recursive_doubling",
+    "choose_group_allreduce",
     "group_allreduce",
 ]
 
@@ -86,6 +87,12 @@ GROUP_ALLREDUCE_ALGORITHMS = {
 }
 
 
+def choose_group_allreduce(nbytes: int) -> str:
+    """The schedule ``algorithm="auto"`` runs: recursive doubling below
+    :data:`~collectives.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
+    return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
+
+
 def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
                     check=True):
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
@@ -121,8 +128,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         problem, error = problem or str(exc), error if problem else type(exc)
         masks = ()
     if algorithm == "auto" and not problem:
-        algorithm = ("recursive_doubling" if data.nbytes < SMALL_ALLREDUCE_BYTES
-                     else "halving_doubling")
+        algorithm = choose_group_allreduce(data.nbytes)
     problem = problem or reduction_problem(
         info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
     if check:

@@ -8,10 +8,10 @@ from mpi4py import MPI
 
 from .agreement import agree
 from .backoff import Backoff
-from .blocking import OPS, SMALL_ALLREDUCE_BYTES, allreduce
+from .blocking import OPS, allreduce
 from .buffers import describe
 from .comm import Communicator
-from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
 
@@ -189,8 +189,7 @@ class WaitAvoidingGroupAllreduce:
             raise
         algorithm = self.algorithm
         if algorithm == "auto":
-            algorithm = ("recursive_doubling" if self._like.nbytes < SMALL_ALLREDUCE_BYTES
-                         else "halving_doubling")
+            algorithm = choose_group_allreduce(self._like.nbytes)
         quorum = None if self.activation == "first" else -(-self._main.size // 2)
         self._t = 0
         self._lent = None
@@ -254,8 +253,17 @@ class WaitAvoidingGroupAllreduce:
     def __enter__(self):
         return self.open() if self._state == "new" else self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, traceback):
+        if exc_type is None:
+            self.close()
+            return
+        # Leaving on an error: close() is collective and the other ranks may
+        # never get there, so only stop this rank's thread and let the error
+        # surface (under ``python -m mpi4py`` it aborts the job).
+        if self._engine is not None:
+            atexit.unregister(self._engine.halt)
+            self._engine.halt(timeout=1.0)
+        self._state = "closed"
 
     # -- one call per iteration -------------------------------------------------
 

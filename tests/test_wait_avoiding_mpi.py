@@ -198,3 +198,13 @@ def test_world_not_power_of_two_raises():
         WaitAvoidingGroupAllreduce(three, np.zeros(4), group_size=1).open()
     three.Free()
 
+
+
+@needs_pow2
+def test_leaving_on_an_error_stops_the_thread_without_a_collective():
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=1)
+    with pytest.raises(KeyError):
+        with wa:
+            wa.allreduce(value(WORLD.rank, 0), 0)
+            raise KeyError("a failure in the training step")
+    assert wa.state == "closed" and not wa._engine.alive
