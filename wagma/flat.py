@@ -1,0 +1,145 @@
+"""Flat parameter buffers: a model's parameters and gradients as views into one tensor per dtype."""
+
+from collections import OrderedDict
+
+import torch
+
+__all__ = ["FlatParameters"]
+
+
+class FlatParameters:
+    """The parameters of ``module`` as views into one contiguous tensor per dtype.
+
+    After construction every parameter ``p`` of ``module`` (each shared
+    parameter once, in ``module.parameters()`` order) has
+    ``p.data = flat[p.dtype][offset:offset + p.numel()].view(p.shape)`` on the
+    module's device, so an averaging step is one message per dtype, not one
+    per tensor, and whatever the communication writes into ``flat`` is the
+    model.  With ``grads=True`` the gradients are views into ``flat_grads``
+    the same way; autograd accumulates into an existing ``.grad`` in place, so
+    ``backward()`` fills the flat gradient buffer directly.
+
+    Buffers (BatchNorm running statistics, ``num_batches_tracked``) are not
+    parameters: they stay where they are, are listed in :attr:`buffers`, and
+    each algorithm says what it does with them.
+
+    .. warning::
+        ``optimizer.zero_grad()`` sets gradients to None by default, and the
+        next ``backward()`` then allocates fresh tensors that are not views.
+        Call :meth:`zero_grad` instead, or :meth:`attach_grads` after
+        ``backward()``; :meth:`check_views` raises if a view was replaced.
+
+    Memory: the flat buffers replace the parameters' own storage (the old
+    tensors are released), so the cost is a transient second copy during
+    construction.
+
+    Args:
+        module: a ``torch.nn.Module`` whose parameters are all on one device.
+        grads: also flatten the gradients.
+
+    Raises:
+        ValueError: the module has no parameters, or they are on several devices.
+
+    Example::
+
+        flat = FlatParameters(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss.backward()
+        for tensor in flat.grads.values():
+            allreduce(tensor, comm=comm, op="avg")   # one message per dtype
+        optimizer.step()
+    """
+
+    def __init__(self, module: torch.nn.Module, *, grads: bool = True):
+        parameters = list(module.parameters())  # shared parameters once
+        if not parameters:
+            raise ValueError("module has no parameters to flatten")
+        devices = sorted({str(p.device) for p in parameters})
+        if len(devices) > 1:
+            raise ValueError(f"parameters must all be on one device, got {', '.join(devices)}")
+        self.device = parameters[0].device
+        self.parameters = parameters
+        self.names = {id(p): name for name, p in module.named_parameters()}
+        self.buffers = OrderedDict(module.named_buffers())
+        self.params = OrderedDict()
+        self.grads = OrderedDict() if grads else None
+        self._slices = []  # (parameter, dtype, offset)
+        sizes = OrderedDict()
+        for p in parameters:
+            offset = sizes.get(p.dtype, 0)
+            self._slices.append((p, p.dtype, offset))
+            sizes[p.dtype] = offset + p.numel()
+        for dtype, total in sizes.items():
+            self.params[dtype] = torch.empty(total, dtype=dtype, device=self.device)
+            if grads:
+                self.grads[dtype] = torch.zeros(total, dtype=dtype, device=self.device)
+        with torch.no_grad():
+            for p, dtype, offset in self._slices:
+                view = self._view(self.params, p, dtype, offset)
+                view.copy_(p.data)
+                p.data = view
+        if grads:
+            self.attach_grads()
+
+    @staticmethod
+    def _view(flat, p, dtype, offset):
+        return flat[dtype][offset:offset + p.numel()].view(p.shape)
+
+    @property
+    def numel(self) -> int:
+        """Elements over all dtypes."""
+        return sum(t.numel() for t in self.params.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.params.values())
+
+    def attach_grads(self):
+        """Make every ``p.grad`` a view into :attr:`grads` again.
+
+        A gradient that was set to None becomes a zeroed view; one that
+        autograd allocated anew is copied into its view first, so nothing
+        ``backward()`` computed is lost.
+        """
+        if self.grads is None:
+            raise RuntimeError("FlatParameters was built with grads=False")
+        with torch.no_grad():
+            for p, dtype, offset in self._slices:
+                view = self._view(self.grads, p, dtype, offset)
+                if p.grad is None:
+                    view.zero_()
+                elif not _same_memory(p.grad, view):
+                    view.copy_(p.grad)
+                else:
+                    continue
+                p.grad = view
+
+    def zero_grad(self):
+        """Zero the flat gradients, keeping every ``p.grad`` a view."""
+        self.attach_grads()
+        for tensor in self.grads.values():
+            tensor.zero_()
+
+    def check_views(self):
+        """Raise ``RuntimeError`` naming a parameter (or gradient) that no
+        longer views the flat buffer, e.g. after ``p.data = ...``."""
+        for p, dtype, offset in self._slices:
+            if not _same_memory(p.data, self._view(self.params, p, dtype, offset)):
+                raise RuntimeError(f"parameter {self.names.get(id(p), '?')} no longer "
+                                   f"views the flat buffer (was p.data replaced?)")
+            if self.grads is not None and p.grad is not None and not _same_memory(
+                    p.grad, self._view(self.grads, p, dtype, offset)):
+                raise RuntimeError(f"gradient of {self.names.get(id(p), '?')} is not a "
+                                   f"view of the flat buffer; call attach_grads() after "
+                                   f"backward() or zero_grad() of FlatParameters")
+
+    def __repr__(self):
+        parts = ", ".join(f"{str(d).removeprefix('torch.')}: {t.numel()}"
+                          for d, t in self.params.items())
+        return (f"FlatParameters({len(self.parameters)} parameters on {self.device}; "
+                f"{parts})")
+
+
+def _same_memory(a, b) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape
+            and a.stride() == b.stride())
