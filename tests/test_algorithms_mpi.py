@@ -1,0 +1,131 @@
+"""Training algorithms under mpiexec, against PyTorch's own implementations.
+
+``torch.distributed`` (gloo, on the loopback interface, its port chosen by
+rank 0 and shared over MPI) runs the references in the same processes.
+"""
+
+import copy
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+from collectives import Communicator
+from wagma.algorithms import ALGORITHMS, create
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def torch_distributed():
+    port = WORLD.bcast(_free_port() if WORLD.rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=WORLD.rank, world_size=WORLD.size)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def comm():
+    with Communicator(WORLD) as comm:
+        yield comm
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)   # the same initial model on every rank
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def _batches(steps, seed=1):
+    """This rank's own data: different on every rank, the same for both runs."""
+    g = torch.Generator().manual_seed(seed * 1000 + WORLD.rank)
+    return [(torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g))
+            for _ in range(steps)]
+
+
+def _train_step(model, x, y):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+@pytest.mark.filterwarnings("ignore:When period is 1:UserWarning")
+@pytest.mark.parametrize("period", [1, 3])
+def test_local_sgd_matches_periodic_model_averager(torch_distributed, comm, period):
+    ours, reference = _mlp(), _mlp()
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    algo = create("local_sgd", ours, opt, comm, period=period)
+    averager = PeriodicModelAverager(period=period, warmup_steps=period - 1)
+    for x, y in _batches(10):
+        algo.zero_grad()
+        _train_step(ours, x, y)
+        algo.step()
+        ref_opt.zero_grad()
+        _train_step(reference, x, y)
+        ref_opt.step()
+        averager.average_parameters(reference.parameters())
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+    # After the last averaging step (t = 8 for period 3, every step for 1)
+    # replicas agree; local steps since then make them differ again.
+    gathered = WORLD.allgather(torch.cat([p.detach().reshape(-1) for p in ours.parameters()]))
+    if WORLD.size > 1:
+        assert (period == 1) == all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def test_state_dict_round_trip_continues_identically(comm):
+    def run(steps, state=None):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        algo = create("local_sgd", model, opt, comm, period=3)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            algo.load_state_dict(state["algorithm"])
+        for x, y in steps:
+            algo.zero_grad()
+            _train_step(model, x, y)
+            algo.step()
+        state = {"model": copy.deepcopy(model.state_dict()),
+                 "optimizer": copy.deepcopy(opt.state_dict()),
+                 "algorithm": algo.state_dict()}
+        return model, state
+
+    batches = _batches(10)
+    straight, _ = run(batches)
+    _, halfway = run(batches[:4])               # stops between two averagings
+    assert halfway["algorithm"]["steps"] == 4
+    resumed, _ = run(batches[4:], halfway)
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_bad_arguments_raise_on_every_rank(comm):
+    last = WORLD.rank == WORLD.size - 1
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="algorithm must be one of 'local_sgd'"):
+        create("gossip" if last else "local_sgd", model, opt, comm)
+    with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
+        create("local_sgd", model, opt, comm, period=0 if last else 1)
+    with pytest.raises(ValueError, match="unknown option 'periodd' for local_sgd; accepted: period"):
+        create("local_sgd", model, opt, comm, periodd=2)
+    other = torch.optim.SGD(_mlp().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="optimizer must own exactly the model's parameters"):
+        create("local_sgd", model, other if last else opt, comm)
+    if WORLD.size > 1:
+        wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
+        with pytest.raises(ValueError, match="parameters must be the same on every rank"):
+            create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
+    assert set(ALGORITHMS) == {"local_sgd"}

@@ -1,0 +1,33 @@
+"""Training algorithms by name: one interface, driven by ``step()`` after ``backward()``."""
+
+import inspect
+
+from collectives.agreement import agree
+
+from .base import Algorithm
+from .local_sgd import LocalSGD
+
+__all__ = ["ALGORITHMS", "Algorithm", "LocalSGD", "create"]
+
+#: Algorithms by the name the CLI and the Slurm scripts use.
+ALGORITHMS = {cls.name: cls for cls in (LocalSGD,)}
+
+
+def create(name, model, optimizer, comm, **options) -> Algorithm:
+    """Build the algorithm called ``name``; collective over ``comm``.
+
+    Raises:
+        ValueError: on every rank, when any rank names an unknown algorithm
+            (the message lists the known ones) or passes bad options.
+    """
+    problem = None if name in ALGORITHMS else (
+        f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {name!r}")
+    if problem is None:
+        accepted = [p.name for p in inspect.signature(ALGORITHMS[name]).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            problem = (f"unknown option {', '.join(map(repr, unknown))} for {name}; "
+                       f"accepted: {', '.join(accepted) or 'none'}")
+    agree(comm, "wagma.algorithms.create", problem, ValueError, algorithm=name)
+    return ALGORITHMS[name](model, optimizer, comm, **options)
