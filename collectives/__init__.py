@@ -1,6 +1,6 @@
 """Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group allreduce."""
 
-from .blocking import allgather, allreduce, reduce_scatter
+from .blocking import allgather, allreduce, broadcast, reduce_scatter
 from .comm import Communicator
 from .group_allreduce import group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
@@ -20,6 +20,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "block_offsets",
+    "broadcast",
     "butterfly_groups",
     "butterfly_partners",
     "group_allreduce",

@@ -19,6 +19,7 @@ __all__ = [
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
+    "broadcast",
     "choose_allreduce",
     "reduce_scatter",
     "reduction_problem",
@@ -182,4 +183,25 @@ def allgather(data, *, comm, algorithm="ring", check=True):
     schedule, _ = _prepare("allgather", data, comm, algorithm,
                         ALLGATHER_ALGORITHMS, "sum", check)
     _run(schedule, data, comm)
+    return data
+
+
+def broadcast(data, *, comm, root=0, check=True):
+    """Copy ``data`` of rank ``root`` to every rank, in place (``MPI_Bcast``).
+
+    Args:
+        data, comm, check: as for :func:`allreduce`.
+        root: the rank whose data everyone gets.
+    """
+    info = describe(data)
+    problem = info.problem or (
+        None if isinstance(root, int) and 0 <= root < comm.size
+        else f"root must be a rank in range({comm.size}), got {root!r}")
+    if check:
+        agree(comm, "broadcast", problem, info.error, numel=info.numel,
+              dtype=info.dtype, root=root)
+    elif problem:
+        raise info.error(f"broadcast: {problem}")
+    with comm.open_buffer(data) as buf:
+        comm.data.Bcast(buf.msg(0, buf.numel), root)
     return data

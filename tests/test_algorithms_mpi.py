@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.nn.parallel import DistributedDataParallel
 
 from collectives import Communicator
 from wagma.algorithms import ALGORITHMS, create
@@ -84,6 +85,34 @@ def test_local_sgd_matches_periodic_model_averager(torch_distributed, comm, peri
         assert (period == 1) == all(torch.equal(g, gathered[0]) for g in gathered)
 
 
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.0005])
+def test_allreduce_sgd_matches_ddp(torch_distributed, comm, bucket_cap_mb):
+    # Different initial models on every rank: both must start from rank 0's.
+    ours, reference = _mlp(seed=WORLD.rank), _mlp(seed=WORLD.rank)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    ddp = DistributedDataParallel(reference, bucket_cap_mb=bucket_cap_mb)
+    with create("allreduce_sgd", ours, opt, comm, bucket_cap_mb=bucket_cap_mb) as algo:
+        assert (len(algo.buckets) > 1) == (bucket_cap_mb < 0.001)
+        for step, (x, y) in enumerate(_batches(6)):
+            algo.zero_grad()
+            ref_opt.zero_grad()
+            if step % 2:   # gradient accumulation: two micro-batches, one allreduce
+                with algo.no_sync():
+                    _train_step(ours, x[:4], y[:4])
+                with ddp.no_sync():
+                    _train_step(ddp, x[:4], y[:4])
+                x, y = x[4:], y[4:]
+            _train_step(ours, x, y)
+            _train_step(ddp, x, y)
+            algo.step()
+            ref_opt.step()
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    gathered = WORLD.allgather(torch.cat([p.detach().reshape(-1) for p in ours.parameters()]))
+    assert all(torch.equal(g, gathered[0]) for g in gathered)
+
+
 def test_state_dict_round_trip_continues_identically(comm):
     def run(steps, state=None):
         model = _mlp()
@@ -115,7 +144,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'local_sgd'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'local_sgd'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -128,4 +157,4 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"local_sgd"}
+    assert set(ALGORITHMS) == {"allreduce_sgd", "local_sgd"}

@@ -4,13 +4,14 @@ import inspect
 
 from collectives.agreement import agree
 
+from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .local_sgd import LocalSGD
 
-__all__ = ["ALGORITHMS", "Algorithm", "LocalSGD", "create"]
+__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "LocalSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (LocalSGD,)}
+ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, LocalSGD)}
 
 
 def create(name, model, optimizer, comm, **options) -> Algorithm:

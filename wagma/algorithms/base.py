@@ -81,6 +81,15 @@ class Algorithm:
     def _step(self):
         raise NotImplementedError
 
+    def close(self):
+        """Release threads and communicators the algorithm holds (collective)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def zero_grad(self):
         """Zero the gradients, keeping them views of the flat buffer."""
         self.flat.zero_grad()

@@ -1,0 +1,99 @@
+"""Allreduce on a worker thread, in submission order: nonblocking for the caller."""
+
+import queue
+import threading
+
+from mpi4py import MPI
+
+from .blocking import allreduce
+from .comm import Communicator
+
+__all__ = ["BackgroundAllreduce", "PendingAllreduce"]
+
+
+class PendingAllreduce:
+    """A submitted allreduce; :meth:`wait` returns once its buffer holds the result."""
+
+    def __init__(self, data):
+        self.data = data
+        self._done = threading.Event()
+        self._error = None
+
+    def wait(self):
+        self._done.wait()
+        if self._error is not None:
+            raise RuntimeError(f"background allreduce failed: {self._error!r}") from self._error
+        return self.data
+
+    def test(self) -> bool:
+        return self._done.is_set()
+
+
+class BackgroundAllreduce:
+    """Runs :func:`~collectives.blocking.allreduce` on a worker thread.
+
+    ``submit(data)`` queues ``data`` and returns at once; the worker reduces
+    queued buffers one after the other, in submission order, on a
+    :class:`~collectives.comm.Communicator` of its own (so it never meets
+    the main thread's messages).  Every rank must submit the same buffers
+    (same sizes and dtypes) in the same order: the arguments are not checked
+    per call.  This is how the backward pass overlaps with communication in
+    Allreduce-SGD (DDP's bucket allreduce).
+
+    Lifecycle: :meth:`open` (collective: duplicates the communicator, needs
+    ``MPI_THREAD_MULTIPLE``), ``submit``/``wait``, :meth:`close` (waits for
+    the queue to drain, joins the worker).
+
+    Args:
+        comm: the MPI communicator.
+        algorithm, op: as for :func:`~collectives.blocking.allreduce`.
+    """
+
+    def __init__(self, comm, *, algorithm="auto", op="sum"):
+        self._raw, self.algorithm, self.op = comm, algorithm, op
+        self._queue = queue.Queue()
+        self._thread = None
+        self._comm = None
+
+    def open(self):
+        if self._thread is not None:
+            raise RuntimeError("BackgroundAllreduce is already open")
+        self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
+        self._thread = threading.Thread(target=self._work, daemon=True,
+                                        name=f"background-allreduce-{self._comm.rank}")
+        self._thread.start()
+        return self
+
+    def submit(self, data) -> PendingAllreduce:
+        if self._thread is None:
+            raise RuntimeError("BackgroundAllreduce is not open")
+        pending = PendingAllreduce(data)
+        self._queue.put(pending)
+        return pending
+
+    def _work(self):
+        while True:
+            pending = self._queue.get()
+            if pending is None:
+                return
+            try:
+                allreduce(pending.data, comm=self._comm, algorithm=self.algorithm,
+                          op=self.op, check=False)
+            except BaseException as exc:  # handed to the waiter
+                pending._error = exc
+            pending._done.set()
+
+    def close(self):
+        """Finish what was submitted, join the worker, free the communicator."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join()
+        self._thread = None
+        self._comm.close()
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
