@@ -50,10 +50,10 @@ class ActivationState:
     at most d re-sends.
     """
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, target: int = -1):
         self.rank = rank
         self.dims = world_size.bit_length() - 1
-        self.target = -1          # highest version activated on this rank
+        self.target = target      # highest version activated on this rank
         self.low = self.dims      # ``target`` was sent on every dimension > low
 
     def activate(self, version: int):

@@ -50,10 +50,12 @@ class ProgressEngine:
             waits for before activating (majority).
         history: how many ``(version, contribution_iteration)`` records to
             keep, 0 for none.
+        first_iteration: versions before it count as executed; ``like`` is
+            published as iteration ``first_iteration - 1``.
     """
 
     def __init__(self, comm, like, *, masks, schedule, is_group_version,
-                 scale=None, quorum=None, history=0):
+                 scale=None, quorum=None, history=0, first_iteration=0):
         self._comm = comm
         self._rank, self._size = comm.rank, comm.size
         self._masks, self._schedule, self._scale = masks, schedule, scale
@@ -66,8 +68,8 @@ class ProgressEngine:
         # Shared with the main thread (under _lock).
         self._published = empty_like(like)
         copy_into(self._published, like)
-        self._published_iteration = -1
-        self.started = -1
+        self._published_iteration = first_iteration - 1
+        self.started = first_iteration - 1
         self._arrived = {}        # version -> the main thread's buffer, reduced in place
         self._results = {}
         self._spare = []
@@ -77,8 +79,8 @@ class ProgressEngine:
         self._stop = False
         self.history = deque(maxlen=history) if history else None
         # Owned by the progress thread.
-        self._activation = ActivationState(self._rank, self._size)
-        self._next = self._following(-1)
+        self._activation = ActivationState(self._rank, self._size, first_iteration - 1)
+        self._next = self._following(first_iteration - 1)
         self._arrivals = {}
         self._pending_sends = []
         self._thread = threading.Thread(

@@ -107,6 +107,9 @@ class WaitAvoidingGroupAllreduce:
         history: keep the last ``history`` ``(version,
             contribution_iteration)`` pairs executed on this rank in
             :attr:`history`, for tests and staleness statistics.
+        first_iteration: the first iteration t to be called (a resumed run's
+            step counter); ``like`` is published as iteration
+            ``first_iteration - 1``.
 
     Example::
 
@@ -124,9 +127,10 @@ class WaitAvoidingGroupAllreduce:
     """
 
     def __init__(self, comm, like, *, group_size, tau=None, op="sum",
-                 activation="first", algorithm="auto", history=0):
+                 activation="first", algorithm="auto", history=0, first_iteration=0):
         self._raw = comm
         self._like = like
+        self.first_iteration = first_iteration
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
         self._history = history
@@ -159,6 +163,10 @@ class WaitAvoidingGroupAllreduce:
                     f"got {self.algorithm!r}"), ValueError
         if not isinstance(self._history, int) or self._history < 0:
             return f"history must be an int >= 0, got {self._history!r}", ValueError
+        if isinstance(self.first_iteration, bool) or not isinstance(
+                self.first_iteration, int) or self.first_iteration < 0:
+            return (f"first_iteration must be an int >= 0, "
+                    f"got {self.first_iteration!r}"), ValueError
         return None
 
     def is_group_version(self, t: int) -> bool:
@@ -182,7 +190,7 @@ class WaitAvoidingGroupAllreduce:
             agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
                   tau=self.tau, op=self.op, activation=self.activation,
-                  algorithm=self.algorithm)
+                  algorithm=self.algorithm, first_iteration=self.first_iteration)
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"
@@ -191,7 +199,7 @@ class WaitAvoidingGroupAllreduce:
         if algorithm == "auto":
             algorithm = choose_group_allreduce(self._like.nbytes)
         quorum = None if self.activation == "first" else -(-self._main.size // 2)
-        self._t = 0
+        self._t = self.first_iteration
         self._lent = None
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
@@ -202,8 +210,8 @@ class WaitAvoidingGroupAllreduce:
                 schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
                 is_group_version=self.is_group_version,
                 scale=1.0 / self.group_size if self.op == "avg" else None,
-                quorum=quorum,
-                history=self._history)
+                quorum=quorum, history=self._history,
+                first_iteration=self.first_iteration)
             self._engine.start()
             atexit.register(self._engine.halt)
         self._state = "open"

@@ -144,7 +144,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'local_sgd'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'local_sgd', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -157,4 +157,87 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"allreduce_sgd", "local_sgd"}
+    assert set(ALGORITHMS) == {"allreduce_sgd", "local_sgd", "wagma"}
+
+
+POW2 = WORLD.size & (WORLD.size - 1) == 0
+needs_pow2 = pytest.mark.skipif(not POW2, reason="butterfly groups need a power-of-two world")
+
+
+def _flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@needs_pow2
+def test_wagma_with_both_switches_off_equals_local_sgd(comm):
+    ours, reference = _mlp(), _mlp()
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    wagma = create("wagma", ours, opt, comm, group_size=WORLD.size, tau=3,
+                   wait_avoiding=False, group_averaging=False)
+    local = create("local_sgd", reference, ref_opt, comm, period=3)
+    for x, y in _batches(8):
+        for algo, model in ((wagma, ours), (local, reference)):
+            algo.zero_grad()
+            _train_step(model, x, y)
+            algo.step()
+    assert torch.equal(_flat_params(ours), _flat_params(reference))
+
+
+@needs_pow2
+@pytest.mark.parametrize("switch", ["group_averaging", "wait_avoiding"])
+def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch):
+    model = _mlp(seed=WORLD.rank)   # a different initial model on every rank
+    initial = WORLD.allgather(_flat_params(model))
+    average = torch.stack(initial).mean(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    options = dict(group_size=max(1, WORLD.size // 2), tau=5,
+                   wait_avoiding=switch == "wait_avoiding",
+                   group_averaging=switch == "group_averaging")
+    with create("wagma", model, opt, comm, **options) as algo:
+        for x, y in _batches(10):           # steps 4 and 9 are sync steps
+            algo.zero_grad()
+            _train_step(model, x, y)
+            algo.step()
+    final = WORLD.allgather(_flat_params(model))
+    assert all(torch.equal(f, final[0]) for f in final)     # consensus
+    if switch == "group_averaging":          # mass-conserving: exactly the average
+        torch.testing.assert_close(final[0], average, rtol=1e-6, atol=1e-6)
+    else:                                    # stale steps mix convexly only
+        low, high = torch.stack(initial).min(0).values, torch.stack(initial).max(0).values
+        assert bool(((final[0] >= low - 1e-6) & (final[0] <= high + 1e-6)).all())
+
+
+@needs_pow2
+def test_wagma_resumes_its_schedule(comm):
+    def run(batches, state=None):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        algo = create("wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4,
+                      wait_avoiding=False, group_averaging=True)
+        if state:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            algo.load_state_dict(state["algorithm"])
+        for x, y in batches:
+            algo.zero_grad()
+            _train_step(model, x, y)
+            algo.step()
+        algo.close()
+        return model, {"model": copy.deepcopy(model.state_dict()),
+                       "optimizer": copy.deepcopy(opt.state_dict()),
+                       "algorithm": algo.state_dict()}
+
+    batches = _batches(9)
+    straight, _ = run(batches)
+    _, halfway = run(batches[:5])
+    resumed, _ = run(batches[5:], halfway)
+    assert torch.equal(_flat_params(straight), _flat_params(resumed))
+
+
+@needs_pow2
+def test_wagma_refuses_both_switches(comm):
+    model = _mlp()
+    with pytest.raises(ValueError, match="wait_avoiding and group_averaging cannot both be True"):
+        create("wagma", model, torch.optim.SGD(model.parameters(), lr=0.1), comm,
+               group_size=1, wait_avoiding=True, group_averaging=True)

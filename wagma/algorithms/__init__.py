@@ -7,11 +7,12 @@ from collectives.agreement import agree
 from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .local_sgd import LocalSGD
+from .wagma_sgd import WagmaSGD
 
-__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "LocalSGD", "create"]
+__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "LocalSGD", "WagmaSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, LocalSGD)}
+ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, LocalSGD, WagmaSGD)}
 
 
 def create(name, model, optimizer, comm, **options) -> Algorithm:

@@ -1,0 +1,89 @@
+"""WAGMA-SGD (Li et al., IEEE TPDS 2021, Algorithm 2): wait-avoiding group model averaging."""
+
+from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
+from collectives.groups import ButterflyGrouping
+
+from .base import Algorithm
+
+__all__ = ["WagmaSGD"]
+
+
+class WagmaSGD(Algorithm):
+    """Model averaging in butterfly groups of S, globally every tau steps.
+
+    Step t (Algorithm 2): the local optimizer step gives W'_t.  If
+    ``(t + 1) % tau == 0`` all P ranks average (W_{t+1} = sum / P, a blocking
+    allreduce).  Otherwise, with ``wait_avoiding`` (the paper's alpha), the
+    wait-avoiding group allreduce of version t: a fresh contribution gives
+    W_{t+1} = sum / S, a stale one (version t began before this rank got
+    there) W_{t+1} = (sum + W'_t) / (S + 1); with ``group_averaging`` (beta)
+    the same groups average with a blocking group allreduce (W_{t+1} = sum / S,
+    D-PSGD/SGP-like); with neither, nothing happens between sync steps and the
+    algorithm is local SGD with period tau (tested equal to ``local_sgd``).
+    Buffers (BatchNorm statistics) stay local.
+
+    One :class:`~collectives.WaitAvoidingGroupAllreduce` per parameter dtype,
+    opened at the first step with this step's counter (so a resumed run's
+    versions continue) and closed by :meth:`close`.
+
+    Args:
+        group_size: S, a power of two <= P (the paper: about sqrt(P)).
+        tau: the global synchronisation period, >= 1 (the paper: 10).
+        wait_avoiding: alpha, use the wait-avoiding group allreduce.
+        group_averaging: beta, use the blocking group allreduce.
+    """
+
+    name = "wagma"
+
+    def __init__(self, model, optimizer, comm, *, group_size, tau=10,
+                 wait_avoiding=True, group_averaging=False):
+        super().__init__(model, optimizer, comm, group_size=group_size, tau=tau,
+                         wait_avoiding=wait_avoiding, group_averaging=group_averaging)
+        self.group_size, self.tau = group_size, tau
+        self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
+        self._collectives = None
+        self.stale_steps = 0
+
+    def _check_options(self, *, group_size, tau, wait_avoiding, group_averaging):
+        try:
+            ButterflyGrouping(self.comm.size, group_size)
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+            return f"tau must be an int >= 1, got {tau!r}"
+        if not isinstance(wait_avoiding, bool) or not isinstance(group_averaging, bool):
+            return "wait_avoiding and group_averaging must be True or False"
+        if wait_avoiding and group_averaging:
+            return ("wait_avoiding and group_averaging cannot both be True "
+                    "(Algorithm 2's alpha and beta)")
+        return None
+
+    def _step(self):
+        t = self.steps
+        self.optimizer.step()
+        if self.wait_avoiding and self._collectives is None:
+            self._collectives = {
+                dtype: WaitAvoidingGroupAllreduce(
+                    self.comm.data, tensor, group_size=self.group_size, tau=self.tau,
+                    op="avg", first_iteration=t).open()
+                for dtype, tensor in self.flat.params.items()}
+        for dtype, tensor in self.flat.params.items():
+            if (t + 1) % self.tau == 0:
+                if self.wait_avoiding:
+                    self._collectives[dtype].sync_allreduce(tensor, t, op="avg")
+                else:
+                    allreduce(tensor, comm=self.comm, op="avg")
+            elif self.wait_avoiding:
+                result = self._collectives[dtype].allreduce(tensor, t)
+                if not result.fresh:     # W_{t+1} = (S * mean + W'_t) / (S + 1)
+                    s = self.group_size
+                    tensor.mul_(1.0 / (s + 1)).add_(result.value, alpha=s / (s + 1))
+                    self.stale_steps += 1
+            elif self.group_averaging:
+                group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
+                                t=t, op="avg")
+
+    def close(self):
+        for wa in (self._collectives or {}).values():
+            wa.close()
+        self._collectives = None
