@@ -144,7 +144,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'local_sgd', 'wagma'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'local_sgd', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -157,7 +157,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"allreduce_sgd", "local_sgd", "wagma"}
+    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "local_sgd", "wagma"}
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -241,3 +241,31 @@ def test_wagma_refuses_both_switches(comm):
     with pytest.raises(ValueError, match="wait_avoiding and group_averaging cannot both be True"):
         create("wagma", model, torch.optim.SGD(model.parameters(), lr=0.1), comm,
                group_size=1, wait_avoiding=True, group_averaging=True)
+
+
+def test_dpsgd_reaches_the_initial_average_with_zero_learning_rate(comm):
+    model = _mlp(seed=WORLD.rank)
+    average = torch.stack(WORLD.allgather(_flat_params(model))).mean(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    algo = create("dpsgd", model, opt, comm)
+    x, y = _batches(1)[0]
+    for _ in range(120):   # ring of 8: the error shrinks by 0.81 per step
+        algo.zero_grad()
+        _train_step(model, x, y)
+        algo.step()
+    for final in WORLD.allgather(_flat_params(model)):
+        torch.testing.assert_close(final, average, rtol=1e-5, atol=1e-5)
+
+
+def test_dpsgd_mixes_with_the_two_ring_neighbours(comm):
+    # One step, lr = 0, on a model whose parameters all equal the rank.
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(WORLD.rank))
+    algo = create("dpsgd", model, torch.optim.SGD(model.parameters(), lr=0.0), comm)
+    model(torch.ones(1, 2)).sum().backward()
+    algo.step()
+    P, r = WORLD.size, WORLD.rank
+    expected = r if P == 1 else (r + (r - 1) % P + (r + 1) % P) / 3
+    assert torch.allclose(_flat_params(model), torch.full((3,), float(expected)))

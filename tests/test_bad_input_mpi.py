@@ -120,3 +120,10 @@ def test_world_not_power_of_two():
         allreduce(x, comm=comm)
         np.testing.assert_array_equal(x, 3.0)
     raw.Free()
+
+
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
+def test_neighbor_offsets_differ(comm):
+    from collectives.neighbors import neighbor_sum
+    with pytest.raises(ValueError, match="offsets must be the same on every rank"):
+        neighbor_sum(np.zeros(4), comm=comm, offsets=_on_last((1,), (-1,)))

@@ -231,3 +231,14 @@ def test_cuda_tensors_give_the_host_result(sub, algorithm):
     allreduce(host, comm=comm, algorithm=algorithm)
     allreduce(device, comm=comm, algorithm=algorithm)
     assert device.is_cuda and device.cpu().numpy().tobytes() == host.tobytes()
+
+
+@pytest.mark.parametrize("offsets", [(-1, 1), (1,), (2, -3, 0)])
+def test_neighbor_sum_equals_the_gathered_sum(sub, offsets):
+    from collectives.neighbors import neighbor_sum
+    comm = _member(sub)
+    x = _random(1001, np.float64, seed=comm.rank)
+    everyone = comm.control.allgather(x.copy())
+    expected = x + sum(everyone[(comm.rank + o) % comm.size] for o in offsets)
+    neighbor_sum(x, comm=comm, offsets=offsets)
+    _assert_close(x, expected)

@@ -1,0 +1,54 @@
+"""Sums over fixed neighbours: the communication of gossip and decentralized SGD."""
+
+from mpi4py import MPI
+
+from .agreement import agree
+from .buffers import describe
+
+__all__ = ["neighbor_sum"]
+
+_TAG_NEIGHBORS = 41
+
+
+def neighbor_sum(data, *, comm, offsets=(-1, 1), check=True):
+    """Add to ``data`` the ``data`` of ranks ``(rank + o) mod P``, o in ``offsets``.
+
+    Every rank sends its unmodified ``data`` to each ``(rank - o) mod P`` and
+    receives from each ``(rank + o) mod P`` (one message per offset, all
+    posted before any is waited for), then adds what it received, in the
+    order of ``offsets``.  ``offsets=(-1, 1)`` on a ring gives the sum of a
+    rank and its two neighbours (D-PSGD's mixing with weights 1/3 after
+    scaling).  An offset that is 0 mod P adds the rank's own data again; with
+    P = 2 both ring neighbours are the other rank, which is then added twice.
+
+    Args:
+        data: as for :func:`~collectives.blocking.allreduce`.
+        comm: a :class:`~collectives.comm.Communicator`.
+        offsets: the same non-empty sequence of ints on every rank.
+        check: agree on the arguments across ranks first.
+    """
+    info = describe(data)
+    offsets = tuple(offsets)
+    problem = info.problem or (
+        None if offsets and all(isinstance(o, int) and not isinstance(o, bool)
+                                for o in offsets)
+        else f"offsets must be a non-empty sequence of ints, got {offsets!r}")
+    if check:
+        agree(comm, "neighbor_sum", problem, info.error, numel=info.numel,
+              dtype=info.dtype, offsets=offsets)
+    elif problem:
+        raise info.error(f"neighbor_sum: {problem}")
+    p, r = comm.size, comm.rank
+    with comm.open_buffer(data) as buf:
+        n = buf.numel
+        scratch = buf.scratch(n * len(offsets))
+        requests = []
+        for k, o in enumerate(offsets):
+            requests.append(comm.data.Irecv(scratch.msg(k * n, (k + 1) * n),
+                                            (r + o) % p, _TAG_NEIGHBORS + k))
+            requests.append(comm.data.Isend(buf.msg(0, n), (r - o) % p,
+                                            _TAG_NEIGHBORS + k))
+        MPI.Request.Waitall(requests)
+        for k in range(len(offsets)):
+            buf.add_(0, n, scratch, at=k * n)
+    return data
