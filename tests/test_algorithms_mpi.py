@@ -144,7 +144,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'local_sgd', 'wagma'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'local_sgd', 'sgp', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -157,7 +157,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "local_sgd", "wagma"}
+    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "local_sgd", "sgp", "wagma"}
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -269,3 +269,27 @@ def test_dpsgd_mixes_with_the_two_ring_neighbours(comm):
     P, r = WORLD.size, WORLD.rank
     expected = r if P == 1 else (r + (r - 1) % P + (r + 1) % P) / 3
     assert torch.allclose(_flat_params(model), torch.full((3,), float(expected)))
+
+
+@pytest.mark.parametrize("peers", [1, 2])
+def test_sgp_conserves_mass_and_reaches_the_initial_average(comm, peers):
+    model = _mlp(seed=WORLD.rank)
+    total = torch.stack(WORLD.allgather(_flat_params(model))).sum(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    algo = create("sgp", model, opt, comm, peers=peers)
+    x, y = _batches(1)[0]
+    rounds = max(1, (WORLD.size - 1).bit_length())
+    for step in range(30):   # two peers on 2 or 4 ranks contract by 1/3 a step
+        algo.zero_grad()
+        _train_step(model, x, y)
+        algo.step()
+        # Mass conservation: the sum over ranks of x = w z never changes.
+        mass = torch.stack(WORLD.allgather(_flat_params(model) * algo.weight.item())).sum(0)
+        torch.testing.assert_close(mass, total, rtol=1e-5, atol=1e-5)
+        if peers == 1 and POW2 and step == rounds - 1:
+            # d steps of the one-peer exponential graph average exactly.
+            for z in WORLD.allgather(_flat_params(model)):
+                torch.testing.assert_close(z, total / WORLD.size, rtol=1e-5, atol=1e-6)
+    assert algo.weight.item() == 1.0          # a regular graph keeps w = 1
+    for z in WORLD.allgather(_flat_params(model)):
+        torch.testing.assert_close(z, total / WORLD.size, rtol=1e-5, atol=1e-5)

@@ -8,12 +8,13 @@ from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .dpsgd import DPSGD
 from .local_sgd import LocalSGD
+from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "LocalSGD", "WagmaSGD", "create"]
+__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, DPSGD, LocalSGD, WagmaSGD)}
+ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, DPSGD, LocalSGD, SGP, WagmaSGD)}
 
 
 def create(name, model, optimizer, comm, **options) -> Algorithm:

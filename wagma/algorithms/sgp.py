@@ -1,0 +1,75 @@
+"""Stochastic Gradient Push (Assran et al., ICML 2019): push-sum on a time-varying exponential graph."""
+
+import torch
+
+from collectives.neighbors import neighbor_sum
+
+from .base import Algorithm
+
+__all__ = ["SGP"]
+
+
+class SGP(Algorithm):
+    """Push-sum gossip over the directed exponential graph, 1 or 2 peers per step.
+
+    Each rank keeps a push-sum weight w (1 at the start) and its model as the
+    de-biased z = x / w, at which gradients are taken.  Step t: the local
+    optimizer updates z; then x = w z and w are pushed along the graph of
+    step t: rank r sends (x, w) / (peers + 1) to ranks (r + 2**k) mod P for
+    k = (t * peers + j) mod ceil(log2 P), j < peers, keeps the same share,
+    and adds what it receives; finally z = x / w.  This is the update of the
+    authors' implementation (optimizer on z, then gossip), which differs from
+    the paper's x - lr * grad(z) only while w != 1.
+
+    On this graph every rank receives exactly as many messages as it sends,
+    so the mixing is doubly stochastic and w stays 1 (exactly, in floating
+    point); it is carried anyway, so the algorithm stays push-sum if the
+    graph is made irregular.  The sum of x over ranks is kept (mass
+    conservation), and with one peer on P = 2**d ranks, d consecutive steps
+    average exactly.  Buffers (BatchNorm statistics) stay local.
+
+    Args:
+        peers: 1 or 2 out-peers per step.
+    """
+
+    name = "sgp"
+
+    def __init__(self, model, optimizer, comm, *, peers=1):
+        super().__init__(model, optimizer, comm, peers=peers)
+        self.peers = peers
+        self.weight = torch.ones(1, dtype=torch.float64)
+        self._rounds = max(1, (comm.size - 1).bit_length())  # ceil(log2 P)
+
+    def _check_options(self, *, peers):
+        if peers not in (1, 2) or isinstance(peers, bool):
+            return f"peers must be 1 or 2, got {peers!r}"
+        return None
+
+    def out_peer_offsets(self, t):
+        """The offsets 2**k of step t's out-peers."""
+        return tuple(1 << ((t * self.peers + j) % self._rounds) for j in range(self.peers))
+
+    def _step(self):
+        self.optimizer.step()
+        if self.comm.size == 1:
+            return
+        # Receiving from r - 2**k is sending to r + 2**k.
+        receive_from = tuple(-o for o in self.out_peer_offsets(self.steps))
+        share = 1.0 / (self.peers + 1)
+        w = self.weight.item()
+        for tensor in self.flat.params.values():
+            tensor.mul_(w * share)                       # x / (peers + 1)
+            neighbor_sum(tensor, comm=self.comm, offsets=receive_from, check=False)
+        self.weight.mul_(share)
+        neighbor_sum(self.weight, comm=self.comm, offsets=receive_from, check=False)
+        for tensor in self.flat.params.values():
+            tensor.div_(self.weight.item())              # z = x / w
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["weight"] = self.weight.item()
+        return state
+
+    def load_state_dict(self, state: dict):
+        super().load_state_dict(state)
+        self.weight.fill_(state["weight"])
