@@ -12,6 +12,9 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+    HierarchicalModelAverager,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 from collectives import Communicator
@@ -144,7 +147,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'local_sgd', 'sgp', 'wagma'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'hierarchical_sgd', "
+                                         "'local_sgd', 'sgp', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -157,7 +161,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "local_sgd", "sgp", "wagma"}
+    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "hierarchical_sgd", "local_sgd",
+                               "sgp", "wagma"}
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -293,3 +298,40 @@ def test_sgp_conserves_mass_and_reaches_the_initial_average(comm, peers):
     assert algo.weight.item() == 1.0          # a regular graph keeps w = 1
     for z in WORLD.allgather(_flat_params(model)):
         torch.testing.assert_close(z, total / WORLD.size, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:When the maximum period:UserWarning")
+def test_hierarchical_sgd_matches_hierarchical_model_averager(torch_distributed, comm):
+    P = WORLD.size
+    levels = {2: 2 if P % 2 == 0 else 1, 6: P} if P > 1 else {2: 1}
+    ours, reference = _mlp(seed=WORLD.rank), _mlp(seed=WORLD.rank)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    averager = HierarchicalModelAverager(levels, warmup_steps=3)
+    with create("hierarchical_sgd", ours, opt, comm, period_group_size_dict=levels,
+                warmup_steps=3) as algo:
+        for step, (x, y) in enumerate(_batches(13)):
+            algo.zero_grad()
+            _train_step(ours, x, y)
+            algo.step()
+            ref_opt.zero_grad()
+            _train_step(reference, x, y)
+            if step < 3:                      # warm-up: synchronous gradient averaging
+                for p in reference.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= P
+            ref_opt.step()
+            averager.average_parameters(reference.parameters())
+    for p, q in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_hierarchical_sgd_refuses_bad_levels(comm):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="the last group size in period_group_size_dict "
+                                         "must be the world size"):
+        create("hierarchical_sgd", model, opt, comm, period_group_size_dict={2: WORLD.size + 1})
+    with pytest.raises(ValueError, match="periods must be increasing"):
+        create("hierarchical_sgd", model, opt, comm,
+               period_group_size_dict={4: 1, 2: WORLD.size})

@@ -7,14 +7,16 @@ from collectives.agreement import agree
 from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .dpsgd import DPSGD
+from .hierarchical_sgd import HierarchicalSGD
 from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
+__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, DPSGD, LocalSGD, SGP, WagmaSGD)}
+ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, DPSGD, HierarchicalSGD, LocalSGD, SGP,
+                                          WagmaSGD)}
 
 
 def create(name, model, optimizer, comm, **options) -> Algorithm:
