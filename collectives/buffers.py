@@ -205,29 +205,30 @@ class Workspace:
 
 
 class StagingArea:
-    """Pinned host tensors reused across calls, one per (dtype, numel).
+    """Pinned host tensors reused across calls, pooled by (dtype, numel).
 
     Pinned allocations cost milliseconds, far more than a small collective,
-    so a communicator keeps the host copies of its device buffers.
+    so a communicator keeps the host copies of its device buffers; several
+    buffers of one shape may be staged at once (each gets its own).
     """
 
     def __init__(self):
-        self._tensors = {}
+        self._free = {}
 
-    def host_copy(self, tensor):
+    def acquire(self, tensor):
         """A pinned host tensor holding a copy of the CUDA ``tensor``."""
         torch = _torch_or_none()
-        key = (tensor.dtype, tensor.numel())
-        host = self._tensors.get(key)
-        if host is None:
-            host = torch.empty(tensor.numel(), dtype=tensor.dtype,
-                               pin_memory=True)
-            self._tensors[key] = host
+        free = self._free.setdefault((tensor.dtype, tensor.numel()), [])
+        host = free.pop() if free else torch.empty(
+            tensor.numel(), dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor.reshape(-1))
         return host
 
+    def release(self, host):
+        self._free.setdefault((host.dtype, host.numel()), []).append(host)
+
     def clear(self):
-        self._tensors.clear()
+        self._free.clear()
 
 
 @contextlib.contextmanager
@@ -252,9 +253,12 @@ def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
         torch.cuda.current_stream(data.device).synchronize()
         yield _TorchBuffer(data, workspace)
         return
-    host = staging.host_copy(data)
-    yield _TorchBuffer(host, workspace)
-    data.view(-1).copy_(host)
+    host = staging.acquire(data)
+    try:
+        yield _TorchBuffer(host, workspace)
+        data.view(-1).copy_(host)
+    finally:
+        staging.release(host)
 
 
 def empty_like(data):

@@ -120,21 +120,23 @@ class Communicator:
             requests.append(self.data.Isend(send, dest, tag))
         if while_waiting is not None:
             while_waiting()
-        self._wait(requests)
+        self.wait_all(requests)
 
     def send(self, send, dest: int, tag: int):
         """Blocking send on the data channel (skipped when empty)."""
         self._check_open()
         if len(send):
-            self._wait([self.data.Isend(send, dest, tag)])
+            self.wait_all([self.data.Isend(send, dest, tag)])
 
     def recv(self, recv, source: int, tag: int):
         """Blocking receive on the data channel (skipped when empty)."""
         self._check_open()
         if len(recv):
-            self._wait([self.data.Irecv(recv, source, tag)])
+            self.wait_all([self.data.Irecv(recv, source, tag)])
 
-    def _wait(self, requests):
+    def wait_all(self, requests):
+        """Complete ``requests``, spinning in ``MPI_Waitall`` or, with
+        ``yield_while_waiting``, testing with a back-off."""
         if not self.yield_while_waiting:
             MPI.Request.Waitall(requests)
             return

@@ -147,8 +147,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'allreduce_sgd', 'dpsgd', 'hierarchical_sgd', "
-                                         "'local_sgd', 'sgp', 'wagma'"):
+    with pytest.raises(ValueError, match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
+                                         "'hierarchical_sgd', 'local_sgd', 'sgp', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -161,8 +161,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"allreduce_sgd", "dpsgd", "hierarchical_sgd", "local_sgd",
-                               "sgp", "wagma"}
+    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "hierarchical_sgd",
+                               "local_sgd", "sgp", "wagma"}
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -335,3 +335,32 @@ def test_hierarchical_sgd_refuses_bad_levels(comm):
     with pytest.raises(ValueError, match="periods must be increasing"):
         create("hierarchical_sgd", model, opt, comm,
                period_group_size_dict={4: 1, 2: WORLD.size})
+
+
+EVEN = WORLD.size == 1 or WORLD.size % 2 == 0
+
+
+@pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
+def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
+    model = _mlp(seed=WORLD.rank)
+    total = torch.stack(WORLD.allgather(_flat_params(model))).sum(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    algo = create("adpsgd", model, opt, comm)
+    x, y = _batches(1)[0]
+    for _ in range(200):   # 100 rounds of right-left exchanges on the ring
+        algo.zero_grad()
+        _train_step(model, x, y)
+        algo.step()
+    algo.close()           # every requested exchange done, on every rank
+    final = WORLD.allgather(_flat_params(model))
+    torch.testing.assert_close(torch.stack(final).sum(0), total, rtol=1e-5, atol=1e-5)
+    for f in final:
+        torch.testing.assert_close(f, total / WORLD.size, rtol=1e-4, atol=1e-4)
+    assert algo.gossip is None
+
+
+@pytest.mark.skipif(WORLD.size < 3 or EVEN, reason="needs an odd number of ranks > 1")
+def test_adpsgd_refuses_an_odd_world(comm):
+    model = _mlp()
+    with pytest.raises(ValueError, match="adpsgd needs an even number of ranks"):
+        create("adpsgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)

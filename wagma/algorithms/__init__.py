@@ -4,6 +4,7 @@ import inspect
 
 from collectives.agreement import agree
 
+from .adpsgd import ADPSGD
 from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .dpsgd import DPSGD
@@ -12,10 +13,10 @@ from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
+__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (AllreduceSGD, DPSGD, HierarchicalSGD, LocalSGD, SGP,
+ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, HierarchicalSGD, LocalSGD, SGP,
                                           WagmaSGD)}
 
 

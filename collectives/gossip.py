@@ -1,0 +1,178 @@
+"""Asynchronous pairwise averaging on a bipartite ring (AD-PSGD's communication thread)."""
+
+import contextlib
+import threading
+
+from mpi4py import MPI
+
+from .backoff import Backoff
+from .buffers import copy_into, empty_like
+from .comm import Communicator
+
+__all__ = ["PairwiseGossip"]
+
+_REQUEST, _REPLY, _DONE = 51, 52, 53
+
+
+class PairwiseGossip:
+    """Pairwise model averaging with ring neighbours, on a communication thread.
+
+    Even ranks are *active*: each :meth:`request` makes their thread average
+    once with a ring neighbour (right, left, right, ... in turn).  Odd ranks
+    are *passive*: their thread serves the requests of both neighbours, one
+    at a time.  Every exchange pairs an active and a passive rank, so no cycle
+    of waits can form (AD-PSGD, Lian et al., ICML 2018, section 4); P must be
+    even (or 1, where nothing is exchanged).
+
+    One exchange of ranks i (active) and j (passive), over every buffer:
+    i copies its buffers (``x_i``) and sends them; j receives them, then,
+    under ``lock``, copies its own (``x_j``) and adds ``(x_i - x_j) / 2``, and
+    replies with the copy; i, under ``lock``, adds ``(x_j - x_i) / 2``.  Each side applies the
+    difference to its *current* buffers, so a local update that happened
+    meanwhile is kept, and the sum over the two ranks is unchanged: the
+    averaging is atomic against the owner's updates (which must hold ``lock``).
+
+    Lifecycle: :meth:`open` (collective), :meth:`request` per local step
+    (active ranks; a no-op on passive ones), :meth:`close` (collective: active
+    threads finish every requested exchange and tell their neighbours they
+    are done; passive threads serve until both neighbours are done).
+
+    Args:
+        comm: the MPI communicator (``MPI_THREAD_MULTIPLE`` needed).
+        buffers: the same list of contiguous numpy arrays or torch tensors on
+            every rank (the flat parameter buffers).
+        lock: the lock that the owner holds while it modifies ``buffers``.
+    """
+
+    def __init__(self, comm, buffers, *, lock):
+        self._raw, self.buffers, self.lock = comm, list(buffers), lock
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if size > 1 and size % 2:
+            raise ValueError(f"pairwise gossip needs an even number of ranks (active even, "
+                             f"passive odd ranks on a ring), got {size}")
+        self.active = rank % 2 == 0
+        self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
+        self.exchanges = 0
+        self._requested = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._error = None
+        self._thread = None
+
+    def open(self):
+        self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
+                                  yield_while_waiting=True)
+        self._sent = [empty_like(b) for b in self.buffers]
+        self._received = [empty_like(b) for b in self.buffers]
+        if self.neighbours:
+            self._thread = threading.Thread(
+                target=self._guarded(self._act if self.active else self._serve),
+                name=f"gossip-{self._comm.rank}", daemon=True)
+            self._thread.start()
+        return self
+
+    def request(self):
+        """Ask for one more exchange (active ranks); returns at once."""
+        self._raise_if_failed()
+        if self.active and self.neighbours:
+            with self._cond:
+                self._requested += 1
+                self._cond.notify()
+
+    def close(self):
+        """Finish all requested exchanges everywhere, then join (collective)."""
+        if self._thread is not None:
+            with self._cond:
+                self._closing = True
+                self._cond.notify()
+            self._thread.join()
+            self._thread = None
+        self._comm.close()
+        self._raise_if_failed()
+
+    # -- the communication thread --------------------------------------------
+
+    def _guarded(self, loop):
+        def run():
+            try:
+                loop()
+            except BaseException as exc:  # handed to the owner
+                self._error = exc
+        return run
+
+    def _raise_if_failed(self):
+        if self._error is not None:
+            raise RuntimeError(f"gossip thread of rank {self._raw.Get_rank()} failed: "
+                               f"{self._error!r}") from self._error
+
+    def _act(self):
+        while True:
+            with self._cond:
+                while self.exchanges == self._requested and not self._closing:
+                    self._cond.wait()
+                if self.exchanges == self._requested:
+                    break
+            self._exchange(self.neighbours[self.exchanges % len(self.neighbours)])
+            self.exchanges += 1
+        # Sent after every request: MPI keeps the order of one sender's messages.
+        for peer in self.neighbours:
+            self._comm.data.Send([b"", MPI.BYTE], peer, _DONE)
+
+    def _exchange(self, peer):
+        """Active side: send every buffer, receive the partner's copies."""
+        with self.lock:
+            for sent, buffer in zip(self._sent, self.buffers):
+                copy_into(sent, buffer)
+        with contextlib.ExitStack() as stack:
+            requests = []
+            for sent, received in zip(self._sent, self._received):
+                s = stack.enter_context(self._comm.open_buffer(sent))
+                r = stack.enter_context(self._comm.open_buffer(received))
+                requests.append(self._comm.data.Irecv(r.msg(0, r.numel), peer, _REPLY))
+                requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REQUEST))
+            self._comm.wait_all(requests)
+        self._apply_half_difference()
+
+    def _serve(self):
+        """Passive side: serve requests until every neighbour is done."""
+        done, status, backoff = set(), MPI.Status(), Backoff()
+        while len(done) < len(self.neighbours):
+            message = self._comm.data.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            if message is None:
+                backoff.sleep()
+                continue
+            backoff.reset()
+            peer = status.Get_source()
+            if status.Get_tag() == _DONE:
+                message.Recv([bytearray(0), MPI.BYTE])
+                done.add(peer)
+            else:
+                self._serve_one(message, peer)
+                self.exchanges += 1
+
+    def _serve_one(self, first, peer):
+        with contextlib.ExitStack() as stack:
+            for k, received in enumerate(self._received):
+                r = stack.enter_context(self._comm.open_buffer(received))
+                if k == 0:
+                    first.Recv(r.msg(0, r.numel))
+                else:
+                    self._comm.recv(r.msg(0, r.numel), peer, _REQUEST)
+        with self.lock:
+            for sent, buffer in zip(self._sent, self.buffers):
+                copy_into(sent, buffer)
+        self._apply_half_difference()
+        with contextlib.ExitStack() as stack:
+            requests = []
+            for sent in self._sent:
+                s = stack.enter_context(self._comm.open_buffer(sent))
+                requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REPLY))
+            self._comm.wait_all(requests)
+
+    def _apply_half_difference(self):
+        """buffer += (received - sent) / 2, under the owner's lock."""
+        with self.lock:
+            for buffer, sent, received in zip(self.buffers, self._sent, self._received):
+                received -= sent
+                received *= 0.5
+                buffer += received

@@ -1,0 +1,50 @@
+"""AD-PSGD (Lian et al., ICML 2018): asynchronous pairwise gossip on a bipartite ring."""
+
+import threading
+
+from collectives.gossip import PairwiseGossip
+
+from .base import Algorithm
+
+__all__ = ["ADPSGD"]
+
+
+class ADPSGD(Algorithm):
+    """Asynchronous decentralized SGD: no rank ever waits for the others.
+
+    The compute thread steps the local optimizer; a communication thread per
+    rank averages the model with one ring neighbour at a time
+    (:class:`~collectives.gossip.PairwiseGossip`): even ranks start an
+    exchange after each of their steps, odd ranks serve their neighbours'
+    requests.  An exchange replaces both models x_i, x_j by their average,
+    applied as a difference to each side's current model, atomically against
+    the local update (one lock around ``optimizer.step()`` and the averaging),
+    so the sum of the models over ranks is unchanged by communication.
+    Needs an even number of ranks.  :meth:`close` finishes every requested
+    exchange on every rank.  Buffers (BatchNorm statistics) stay local.
+    """
+
+    name = "adpsgd"
+
+    def __init__(self, model, optimizer, comm):
+        super().__init__(model, optimizer, comm)
+        self.lock = threading.Lock()
+        self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()),
+                                     lock=self.lock).open()
+
+    def _check_options(self):
+        if self.comm.size > 1 and self.comm.size % 2:
+            return (f"adpsgd needs an even number of ranks (active even, passive odd "
+                    f"ranks on a ring), got {self.comm.size}")
+        return None
+
+    def _step(self):
+        with self.lock:
+            self.optimizer.step()
+        self.gossip.request()
+
+    def close(self):
+        """Finish every requested exchange on every rank (collective)."""
+        if self.gossip is not None:
+            self.gossip.close()
+            self.gossip = None
