@@ -32,20 +32,34 @@ class PairwiseGossip:
     meanwhile is kept, and the sum over the two ranks is unchanged: the
     averaging is atomic against the owner's updates (which must hold ``lock``).
 
-    Lifecycle: :meth:`open` (collective), :meth:`request` per local step
-    (active ranks; a no-op on passive ones), :meth:`close` (collective: active
+    Lifecycle: :meth:`open` (collective), :meth:`step_done` after every local
+    step, :meth:`close` (collective: active
     threads finish every requested exchange and tell their neighbours they
     are done; passive threads serve until both neighbours are done).
+
+    Staleness is bounded on both sides: after its k-th local step
+    (:meth:`step_done`) a rank waits until it has taken part in at least
+    k - ``max_pending`` exchanges, an active rank counting those it asked for,
+    a passive rank those it served.  So a compute loop faster than the network
+    cannot run ahead of the averaging without limit (with 1, the exchange
+    requested after step t overlaps step t + 1).  Each passive rank has two
+    active neighbours that each alternate between their two passive
+    neighbours, so it is served once per step on average; ranks must run the
+    same number of steps.
 
     Args:
         comm: the MPI communicator (``MPI_THREAD_MULTIPLE`` needed).
         buffers: the same list of contiguous numpy arrays or torch tensors on
             every rank (the flat parameter buffers).
         lock: the lock that the owner holds while it modifies ``buffers``.
+        max_pending: requested exchanges that may be outstanding, >= 1.
     """
 
-    def __init__(self, comm, buffers, *, lock):
+    def __init__(self, comm, buffers, *, lock, max_pending=1):
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
         self._raw, self.buffers, self.lock = comm, list(buffers), lock
+        self.max_pending = max_pending
         size, rank = comm.Get_size(), comm.Get_rank()
         if size > 1 and size % 2:
             raise ValueError(f"pairwise gossip needs an even number of ranks (active even, "
@@ -53,6 +67,7 @@ class PairwiseGossip:
         self.active = rank % 2 == 0
         self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
         self.exchanges = 0
+        self._steps = 0
         self._requested = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -71,13 +86,21 @@ class PairwiseGossip:
             self._thread.start()
         return self
 
-    def request(self):
-        """Ask for one more exchange (active ranks); returns at once."""
+    def step_done(self):
+        """After a local step: an active rank asks for one more exchange; any
+        rank then waits until it is at most ``max_pending`` exchanges behind
+        its steps."""
         self._raise_if_failed()
-        if self.active and self.neighbours:
-            with self._cond:
+        if not self.neighbours:
+            return
+        with self._cond:
+            self._steps += 1
+            if self.active:
                 self._requested += 1
-                self._cond.notify()
+                self._cond.notify_all()
+            while self.exchanges < self._steps - self.max_pending and self._error is None:
+                self._cond.wait()
+        self._raise_if_failed()
 
     def close(self):
         """Finish all requested exchanges everywhere, then join (collective)."""
@@ -97,7 +120,9 @@ class PairwiseGossip:
             try:
                 loop()
             except BaseException as exc:  # handed to the owner
-                self._error = exc
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
         return run
 
     def _raise_if_failed(self):
@@ -113,7 +138,9 @@ class PairwiseGossip:
                 if self.exchanges == self._requested:
                     break
             self._exchange(self.neighbours[self.exchanges % len(self.neighbours)])
-            self.exchanges += 1
+            with self._cond:
+                self.exchanges += 1
+                self._cond.notify_all()
         # Sent after every request: MPI keeps the order of one sender's messages.
         for peer in self.neighbours:
             self._comm.data.Send([b"", MPI.BYTE], peer, _DONE)
@@ -148,7 +175,9 @@ class PairwiseGossip:
                 done.add(peer)
             else:
                 self._serve_one(message, peer)
-                self.exchanges += 1
+                with self._cond:
+                    self.exchanges += 1
+                    self._cond.notify_all()
 
     def _serve_one(self, first, peer):
         with contextlib.ExitStack() as stack:

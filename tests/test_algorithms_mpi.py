@@ -6,6 +6,7 @@ rank 0 and shared over MPI) runs the references in the same processes.
 
 import copy
 import socket
+import time
 
 import pytest
 import torch
@@ -148,7 +149,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
-                                         "'hierarchical_sgd', 'local_sgd', 'sgp', 'wagma'"):
+                                         "'eager_sgd', 'hierarchical_sgd', 'local_sgd', "
+                                         "'sgp', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -161,8 +163,8 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "hierarchical_sgd",
-                               "local_sgd", "sgp", "wagma"}
+    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd",
+                               "hierarchical_sgd", "local_sgd", "sgp", "wagma"}
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -364,3 +366,20 @@ def test_adpsgd_refuses_an_odd_world(comm):
     model = _mlp()
     with pytest.raises(ValueError, match="adpsgd needs an even number of ranks"):
         create("adpsgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+
+
+@needs_pow2
+@pytest.mark.parametrize("quorum", ["solo", "majority"])
+def test_eager_sgd_keeps_replicas_identical(comm, quorum):
+    model = _mlp(seed=WORLD.rank)   # different on every rank: rank 0's is broadcast
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with create("eager_sgd", model, opt, comm, quorum=quorum) as algo:
+        for step, (x, y) in enumerate(_batches(12)):
+            algo.zero_grad()
+            _train_step(model, x, y)
+            if WORLD.rank == step % WORLD.size:
+                time.sleep(0.02)    # a different late rank at every step
+            algo.step()
+    final = WORLD.allgather(_flat_params(model))
+    assert all(torch.equal(f, final[0]) for f in final)
+    assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))   # it trained

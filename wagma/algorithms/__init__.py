@@ -8,15 +8,16 @@ from .adpsgd import ADPSGD
 from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .dpsgd import DPSGD
+from .eager_sgd import EagerSGD
 from .hierarchical_sgd import HierarchicalSGD
 from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
+__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, HierarchicalSGD, LocalSGD, SGP,
+ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, HierarchicalSGD, LocalSGD, SGP,
                                           WagmaSGD)}
 
 

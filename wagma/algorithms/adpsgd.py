@@ -20,7 +20,12 @@ class ADPSGD(Algorithm):
     applied as a difference to each side's current model, atomically against
     the local update (one lock around ``optimizer.step()`` and the averaging),
     so the sum of the models over ranks is unchanged by communication.
-    Needs an even number of ranks.  :meth:`close` finishes every requested
+    Staleness is bounded: after its k-th step a rank waits until it has taken
+    part in k - 1 exchanges (actives ask for one per step, passives are
+    served one per step on average), so the exchange of step t overlaps step
+    t + 1, and a compute loop faster than the network cannot leave the
+    averaging arbitrarily far behind.  Needs an even number of ranks, all
+    running the same number of steps.  :meth:`close` finishes every requested
     exchange on every rank.  Buffers (BatchNorm statistics) stay local.
     """
 
@@ -41,7 +46,7 @@ class ADPSGD(Algorithm):
     def _step(self):
         with self.lock:
             self.optimizer.step()
-        self.gossip.request()
+        self.gossip.step_done()
 
     def close(self):
         """Finish every requested exchange on every rank (collective)."""

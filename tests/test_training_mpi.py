@@ -1,0 +1,90 @@
+"""Every algorithm trains a small model on real data (scikit-learn's digits), under mpiexec.
+
+Each rank sees only the digits of the classes c with c mod P == rank (a
+non-IID split), and the average of the replicas (the model decentralized
+methods are evaluated on) is scored on all classes.  Every algorithm must
+end below half its starting loss and, with more than one rank, below half
+the loss of a control run in which the replicas never average (each learns
+only its own classes): so the test fails when averaging is broken.
+Measured on 2 / 4 / 8 ranks (start 2.33): control 0.94 / 2.23 / 2.42,
+algorithms 0.10 to 0.97, the slowest D-PSGD on a ring of 8.
+"""
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+from sklearn.datasets import load_digits
+
+from collectives import Communicator
+from wagma.algorithms import create
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+P = WORLD.size
+POW2 = P & (P - 1) == 0
+EVEN = P == 1 or P % 2 == 0
+STEPS = 150
+
+
+def _data():
+    digits = load_digits()
+    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(digits.target)
+    mine = (y % P) == WORLD.rank
+    return x, y, x[mine], y[mine]
+
+
+def _options():
+    levels = {2: 2, 6: P} if P % 2 == 0 and P > 2 else {2: P}
+    yield "allreduce_sgd", {}
+    yield "local_sgd", {"period": 2}
+    yield "hierarchical_sgd", {"period_group_size_dict": levels}
+    yield "dpsgd", {}
+    yield "sgp", {"peers": 1}
+    if POW2:
+        yield "wagma", {"group_size": min(2, P), "tau": 4}
+        yield "eager_sgd", {"quorum": "majority"}
+    if EVEN:
+        yield "adpsgd", {}
+
+
+def _train(name, options):
+    """Final and initial loss, on all classes, of the average of the replicas."""
+    x, y, mine_x, mine_y = _data()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    loss_fn = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        start = loss_fn(model(x), y).item()
+    g = torch.Generator().manual_seed(WORLD.rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with Communicator(WORLD) as comm:
+        with create(name, model, optimizer, comm, **options) as algo:
+            for _ in range(STEPS):
+                batch = torch.randint(0, len(mine_y), (32,), generator=g)
+                algo.zero_grad()
+                loss_fn(model(mine_x[batch]), mine_y[batch]).backward()
+                algo.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy(WORLD.allreduce(p.numpy(), op=MPI.SUM)) / P)
+        return loss_fn(model(x), y).item(), start
+
+
+@pytest.fixture(scope="module")
+def control_loss():
+    """The loss of the replicas' average when they never average."""
+    final, _ = _train("local_sgd", {"period": 10 * STEPS})
+    return final
+
+
+@pytest.mark.parametrize("name, options", list(_options()), ids=[n for n, _ in _options()])
+def test_trains_well_below_the_start_and_the_control(name, options, control_loss):
+    final, start = _train(name, options)
+    assert final < 0.5 * start, f"{name}: loss {start:.3f} -> {final:.3f}"
+    if P > 1:
+        assert final < 0.5 * control_loss, (
+            f"{name}: loss {final:.3f}, not clearly below {control_loss:.3f} "
+            f"without averaging")
