@@ -383,3 +383,33 @@ def test_eager_sgd_keeps_replicas_identical(comm, quorum):
     final = WORLD.allgather(_flat_params(model))
     assert all(torch.equal(f, final[0]) for f in final)
     assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))   # it trained
+
+
+def test_parameters_on_two_devices_are_refused_on_every_rank(comm):
+    model = _mlp()
+    if WORLD.rank == WORLD.size - 1:
+        model[2].bias = torch.nn.Parameter(torch.zeros(3, device="meta"))
+    with pytest.raises(ValueError, match="model parameters must all be on one device, "
+                                         "got cpu, meta"):
+        create("local_sgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, options", [
+    ("allreduce_sgd", {}), ("local_sgd", {"period": 2}), ("dpsgd", {}), ("sgp", {}),
+    ("wagma", {"group_size": 1, "tau": 2}), ("eager_sgd", {}), ("adpsgd", {}),
+    ("hierarchical_sgd", {"period_group_size_dict": {2: WORLD.size}}),
+])
+def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
+    if (name in ("wagma", "eager_sgd") and not POW2) or (name == "adpsgd" and not EVEN):
+        pytest.skip(f"{name} does not run on {WORLD.size} ranks")
+    model = _mlp(seed=WORLD.rank).cuda()
+    algo = create(name, model, torch.optim.SGD(model.parameters(), lr=0.1), comm, **options)
+    for x, y in _batches(4):
+        algo.zero_grad()
+        _train_step(model, x.cuda(), y.cuda())
+        algo.step()
+    algo.close()
+    assert all(t.is_cuda for t in algo.flat.params.values())
+    assert all(p.is_cuda and torch.isfinite(p).all() for p in model.parameters())
