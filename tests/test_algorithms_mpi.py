@@ -413,3 +413,14 @@ def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
     algo.close()
     assert all(t.is_cuda for t in algo.flat.params.values())
     assert all(p.is_cuda and torch.isfinite(p).all() for p in model.parameters())
+
+
+@needs_pow2
+@pytest.mark.parametrize("options, text", [
+    ({"group_size": 3}, "group_size must be a power of two"),
+    ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
+])
+def test_wagma_bad_options_raise_on_every_rank(comm, options, text):
+    model = _mlp()
+    with pytest.raises(ValueError, match=text):
+        create("wagma", model, torch.optim.SGD(model.parameters(), lr=0.1), comm, **options)
