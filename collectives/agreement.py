@@ -5,7 +5,7 @@ import zlib
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["agree"]
+__all__ = ["agree", "check_arguments"]
 
 
 def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
@@ -59,6 +59,15 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
             raise ValueError(
                 f"{collective}: {name} must be the same on every rank, "
                 f"got {shown}")
+
+
+def check_arguments(comm, collective: str, problem, exc_type, check: bool, **fields):
+    """:func:`agree` when ``check``; otherwise raise this rank's problem, if
+    any, on this rank alone (for callers that know the arguments agree)."""
+    if check:
+        agree(comm, collective, problem, exc_type, **fields)
+    elif problem:
+        raise exc_type(f"{collective}: {problem}")
 
 
 def _ranks(ranks: list[int]) -> str:

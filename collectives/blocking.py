@@ -1,6 +1,6 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
-from .agreement import agree
+from .agreement import check_arguments
 from .buffers import describe
 from .partition import block_offsets
 from .halving_doubling import (
@@ -94,11 +94,8 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     if algorithm == "auto" and collective == "allreduce" and not info.problem:
         algorithm = choose_allreduce(data.nbytes, comm.size)
     problem = reduction_problem(info, algorithm, algorithms, op)
-    if check:
-        agree(comm, collective, problem, info.error, numel=info.numel,
-              dtype=info.dtype, algorithm=algorithm, op=op)
-    elif problem:
-        raise info.error(f"{collective}: {problem}")
+    check_arguments(comm, collective, problem, info.error, check, numel=info.numel,
+                    dtype=info.dtype, algorithm=algorithm, op=op)
     return algorithms[algorithm], info.numel
 
 
@@ -197,11 +194,8 @@ def broadcast(data, *, comm, root=0, check=True):
     problem = info.problem or (
         None if isinstance(root, int) and 0 <= root < comm.size
         else f"root must be a rank in range({comm.size}), got {root!r}")
-    if check:
-        agree(comm, "broadcast", problem, info.error, numel=info.numel,
-              dtype=info.dtype, root=root)
-    elif problem:
-        raise info.error(f"broadcast: {problem}")
+    check_arguments(comm, "broadcast", problem, info.error, check, numel=info.numel,
+                    dtype=info.dtype, root=root)
     with comm.open_buffer(data) as buf:
         comm.data.Bcast(buf.msg(0, buf.numel), root)
     return data

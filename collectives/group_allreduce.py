@@ -1,6 +1,6 @@
 """Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
 
-from .agreement import agree
+from .agreement import check_arguments
 from .blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
 from .buffers import describe
 from .groups import ButterflyGrouping
@@ -131,12 +131,9 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         algorithm = choose_group_allreduce(data.nbytes)
     problem = problem or reduction_problem(
         info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
-    if check:
-        agree(comm, "group_allreduce", problem, error, numel=info.numel,
-              dtype=info.dtype, algorithm=algorithm, op=op,
-              group_size=group_size, t=t)
-    elif problem:
-        raise error(f"group_allreduce: {problem}")
+    check_arguments(comm, "group_allreduce", problem, error, check, numel=info.numel,
+                    dtype=info.dtype, algorithm=algorithm, op=op,
+                    group_size=group_size, t=t)
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)

@@ -2,7 +2,7 @@
 
 from mpi4py import MPI
 
-from .agreement import agree
+from .agreement import check_arguments
 from .buffers import describe
 
 __all__ = ["neighbor_sum"]
@@ -33,11 +33,8 @@ def neighbor_sum(data, *, comm, offsets=(-1, 1), check=True):
         None if offsets and all(isinstance(o, int) and not isinstance(o, bool)
                                 for o in offsets)
         else f"offsets must be a non-empty sequence of ints, got {offsets!r}")
-    if check:
-        agree(comm, "neighbor_sum", problem, info.error, numel=info.numel,
-              dtype=info.dtype, offsets=offsets)
-    elif problem:
-        raise info.error(f"neighbor_sum: {problem}")
+    check_arguments(comm, "neighbor_sum", problem, info.error, check,
+                    numel=info.numel, dtype=info.dtype, offsets=offsets)
     p, r = comm.size, comm.rank
     with comm.open_buffer(data) as buf:
         n = buf.numel

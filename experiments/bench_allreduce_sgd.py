@@ -5,7 +5,6 @@
 
 import argparse
 import os
-import socket
 import time
 
 import h5py
@@ -18,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from collectives import Communicator
 from collectives.bench.provenance import run_attributes
 from wagma.algorithms import create
+from wagma.torch_distributed import init_gloo
 
 __all__ = ["main", "mlp"]
 
@@ -56,9 +56,7 @@ def main(argv=None):
         parser.error("--steps >= 1, --warmup >= 0, --width >= 1 and --depth >= 1 needed")
     world = MPI.COMM_WORLD
     torch.set_num_threads(1)  # ranks share the cores; one compute thread each
-    port = world.bcast(_free_port() if world.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=world.rank, world_size=world.size)
+    init_gloo(world)
     torch.manual_seed(0)
     ours_model, ddp_model = mlp(args.width, args.depth), mlp(args.width, args.depth)
     params = sum(p.numel() for p in ours_model.parameters())
@@ -98,12 +96,6 @@ def main(argv=None):
             f["step_seconds"] = seconds
             f["step_seconds"].attrs["axes"] = "implementation (ours, ddp_gloo), step; max over ranks"
         print(f"wrote {out}")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ rank 0 and shared over MPI) runs the references in the same processes.
 """
 
 import copy
-import socket
 import time
 
 import pytest
@@ -20,23 +19,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from collectives import Communicator
 from wagma.algorithms import ALGORITHMS, create
+from wagma.torch_distributed import init_gloo
 
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def torch_distributed():
-    port = WORLD.bcast(_free_port() if WORLD.rank == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=WORLD.rank, world_size=WORLD.size)
+    init_gloo(WORLD)
     yield
     dist.destroy_process_group()
 
@@ -117,29 +109,35 @@ def test_allreduce_sgd_matches_ddp(torch_distributed, comm, bucket_cap_mb):
     assert all(torch.equal(g, gathered[0]) for g in gathered)
 
 
+def _resumable_run(comm, make, batches, state=None):
+    """Train on ``batches`` with the algorithm ``make(model, optimizer)``,
+    after restoring ``state`` if given; returns the model and the new state."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    algo = make(model, opt)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        algo.load_state_dict(state["algorithm"])
+    for x, y in batches:
+        algo.zero_grad()
+        _train_step(model, x, y)
+        algo.step()
+    algo.close()
+    return model, {"model": copy.deepcopy(model.state_dict()),
+                   "optimizer": copy.deepcopy(opt.state_dict()),
+                   "algorithm": algo.state_dict()}
+
+
 def test_state_dict_round_trip_continues_identically(comm):
-    def run(steps, state=None):
-        model = _mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        algo = create("local_sgd", model, opt, comm, period=3)
-        if state is not None:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            algo.load_state_dict(state["algorithm"])
-        for x, y in steps:
-            algo.zero_grad()
-            _train_step(model, x, y)
-            algo.step()
-        state = {"model": copy.deepcopy(model.state_dict()),
-                 "optimizer": copy.deepcopy(opt.state_dict()),
-                 "algorithm": algo.state_dict()}
-        return model, state
+    def make(model, opt):
+        return create("local_sgd", model, opt, comm, period=3)
 
     batches = _batches(10)
-    straight, _ = run(batches)
-    _, halfway = run(batches[:4])               # stops between two averagings
+    straight, _ = _resumable_run(comm, make, batches)
+    _, halfway = _resumable_run(comm, make, batches[:4])   # between two averagings
     assert halfway["algorithm"]["steps"] == 4
-    resumed, _ = run(batches[4:], halfway)
+    resumed, _ = _resumable_run(comm, make, batches[4:], halfway)
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
 
@@ -217,28 +215,14 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch):
 
 @needs_pow2
 def test_wagma_resumes_its_schedule(comm):
-    def run(batches, state=None):
-        model = _mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        algo = create("wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4,
+    def make(model, opt):
+        return create("wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4,
                       wait_avoiding=False, group_averaging=True)
-        if state:
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            algo.load_state_dict(state["algorithm"])
-        for x, y in batches:
-            algo.zero_grad()
-            _train_step(model, x, y)
-            algo.step()
-        algo.close()
-        return model, {"model": copy.deepcopy(model.state_dict()),
-                       "optimizer": copy.deepcopy(opt.state_dict()),
-                       "algorithm": algo.state_dict()}
 
     batches = _batches(9)
-    straight, _ = run(batches)
-    _, halfway = run(batches[:5])
-    resumed, _ = run(batches[5:], halfway)
+    straight, _ = _resumable_run(comm, make, batches)
+    _, halfway = _resumable_run(comm, make, batches[:5])
+    resumed, _ = _resumable_run(comm, make, batches[5:], halfway)
     assert torch.equal(_flat_params(straight), _flat_params(resumed))
 
 
