@@ -208,9 +208,14 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch):
     assert all(torch.equal(f, final[0]) for f in final)     # consensus
     if switch == "group_averaging":          # mass-conserving: exactly the average
         torch.testing.assert_close(final[0], average, rtol=1e-6, atol=1e-6)
-    else:                                    # stale steps mix convexly only
+    else:
+        # A stale step, (sum + W'_t) / (S + 1), mixes convexly but does not keep
+        # the sum: the consensus stays inside the initial models' range and
+        # near their average (measured: 1-9% of their spread on 4 and 8 ranks).
         low, high = torch.stack(initial).min(0).values, torch.stack(initial).max(0).values
         assert bool(((final[0] >= low - 1e-6) & (final[0] <= high + 1e-6)).all())
+        if WORLD.size > 1:
+            assert (final[0] - average).abs().mean() < 0.25 * (high - low).mean()
 
 
 @needs_pow2
