@@ -1,0 +1,72 @@
+"""Replay a StragglAR schedule on sets of contributions and reject any mistake."""
+
+from .schedule import Schedule
+
+__all__ = ["ScheduleError", "verify"]
+
+
+class ScheduleError(ValueError):
+    """A schedule does not compute a correct allreduce; the message says where."""
+
+
+def verify(schedule: Schedule) -> Schedule:
+    """Check ``schedule`` by replaying it on sets of contributions.
+
+    Each rank's copy of each chunk is the set of ranks whose contributions it
+    sums (None where the ReduceScatter left no usable data).  Rejected: a
+    transfer naming a rank or chunk out of range, a rank that sends twice or
+    receives twice in one round, a reduction of sets that overlap (double
+    counting) or with no data on either side, a copy of a chunk the sender
+    does not hold fully reduced, and a final state in which some rank lacks
+    some chunk fully reduced.
+
+    Returns:
+        ``schedule``, so that ``verify(generate(n))`` reads naturally.
+
+    Raises:
+        ScheduleError: naming the round, the transfer and the rule broken.
+    """
+    n, s = schedule.n, schedule.straggler
+    everyone = frozenset(range(n))
+    others = everyone - {s}
+    state = [[None] * schedule.num_chunks for _ in range(n)]
+    for chunk in range(schedule.num_chunks):
+        state[schedule.owner(chunk)][chunk] = others
+        state[s][chunk] = frozenset({s})
+    for r, transfers in enumerate(schedule.rounds):
+        senders, receivers = set(), set()
+        updates = []
+        for t in transfers:
+            where = f"round {r}, transfer {t}"
+            if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst):
+                raise ScheduleError(f"{where}: ranks must be two distinct ranks in range({n})")
+            if not 0 <= t.chunk < schedule.num_chunks:
+                raise ScheduleError(f"{where}: chunk must be in range({schedule.num_chunks})")
+            if t.src in senders:
+                raise ScheduleError(f"{where}: rank {t.src} sends twice in one round")
+            if t.dst in receivers:
+                raise ScheduleError(f"{where}: rank {t.dst} receives twice in one round")
+            senders.add(t.src)
+            receivers.add(t.dst)
+            sent, held = state[t.src][t.chunk], state[t.dst][t.chunk]
+            if t.reduce:
+                if sent is None or held is None:
+                    raise ScheduleError(f"{where}: reduces a chunk that "
+                                        f"rank {t.src if sent is None else t.dst} holds no data of")
+                if sent & held:
+                    raise ScheduleError(f"{where}: double counting: contributions of ranks "
+                                        f"{sorted(sent & held)} would be added twice")
+                updates.append((t.dst, t.chunk, sent | held))
+            else:
+                if sent != everyone:
+                    raise ScheduleError(f"{where}: copies a chunk rank {t.src} does not hold "
+                                        f"fully reduced")
+                updates.append((t.dst, t.chunk, everyone))
+        for rank, chunk, value in updates:
+            state[rank][chunk] = value
+    for rank in range(n):
+        for chunk in range(schedule.num_chunks):
+            if state[rank][chunk] != everyone:
+                raise ScheduleError(f"after {len(schedule.rounds)} rounds rank {rank} does not "
+                                    f"hold chunk {chunk} fully reduced")
+    return schedule
