@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .agreement import agree
 from .backoff import Backoff
-from .blocking import OPS, allreduce
+from .blocking import allreduce, reduction_problem
 from .buffers import describe
 from .comm import Communicator
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
@@ -134,13 +134,14 @@ class WaitAvoidingGroupAllreduce:
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
         self._history = history
+        self._like_info = describe(like)
         self._problem = self._check_arguments(comm.Get_size())
         self._state = "new"
         self._main = self._progress = self._engine = None
 
     def _check_arguments(self, world_size):
         """``(message, exception type)`` for the first bad argument, or None."""
-        info = describe(self._like)
+        info = self._like_info
         if info.problem:
             return info.problem, info.error
         try:
@@ -150,17 +151,13 @@ class WaitAvoidingGroupAllreduce:
         if self.tau is not None and (isinstance(self.tau, bool) or
                                      not isinstance(self.tau, int) or self.tau < 1):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
-        if self.op not in OPS:
-            return f"op must be one of {', '.join(map(repr, OPS))}, got {self.op!r}", ValueError
-        if self.op == "avg" and info.dtype.startswith("int"):
-            return f"op 'avg' needs a floating-point buffer, got {info.dtype}", ValueError
+        problem = reduction_problem(info, self.algorithm,
+                                    (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
+        if problem:
+            return problem, ValueError
         if self.activation not in ACTIVATIONS:
             return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
                     f"got {self.activation!r}"), ValueError
-        choices = (*GROUP_ALLREDUCE_ALGORITHMS, "auto")
-        if self.algorithm not in choices:
-            return (f"algorithm must be one of {', '.join(map(repr, choices))}, "
-                    f"got {self.algorithm!r}"), ValueError
         if not isinstance(self._history, int) or self._history < 0:
             return f"history must be an int >= 0, got {self._history!r}", ValueError
         if isinstance(self.first_iteration, bool) or not isinstance(
@@ -185,7 +182,7 @@ class WaitAvoidingGroupAllreduce:
             raise RuntimeError(f"open() on a {self._state} WaitAvoidingGroupAllreduce")
         self._main = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
         problem, error = self._problem or (None, ValueError)
-        info = describe(self._like)
+        info = self._like_info
         try:
             agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
@@ -319,7 +316,7 @@ class WaitAvoidingGroupAllreduce:
             call = "allreduce" if self.is_group_version(t) else "sync_allreduce"
             raise ValueError(f"iteration {t} is {kind} (tau={self.tau}): "
                              f"call {call}()")
-        info, like = describe(buffer), describe(self._like)
+        info, like = describe(buffer), self._like_info
         if info.problem or (info.numel, info.dtype) != (like.numel, like.dtype):
             raise ValueError(f"buffer must be contiguous with {like.numel} elements "
                              f"of {like.dtype} like the one given at construction, "

@@ -52,8 +52,7 @@ class AllreduceSGD(Algorithm):
 
     def __init__(self, model, optimizer, comm, *, bucket_cap_mb=25.0):
         super().__init__(model, optimizer, comm, bucket_cap_mb=bucket_cap_mb)
-        for tensor in (*self.flat.params.values(), *self.flat.buffers.values()):
-            broadcast(tensor, comm=self.comm, root=0)
+        self._broadcast_from_root()
         self.buckets = self._make_buckets(int(bucket_cap_mb * 1e6))
         self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets)
                            for p in params}

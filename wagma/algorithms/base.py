@@ -4,7 +4,7 @@ import zlib
 
 import torch
 
-from collectives import Communicator
+from collectives import Communicator, broadcast
 from collectives.agreement import agree
 
 from ..flat import FlatParameters
@@ -52,6 +52,11 @@ class Algorithm:
               options=sorted(options.items()),
               parameters=zlib.crc32(repr(layout).encode()))
         self.flat = FlatParameters(model)
+
+    def _broadcast_from_root(self):
+        """Start every rank from rank 0's parameters and buffers (collective)."""
+        for tensor in (*self.flat.params.values(), *self.flat.buffers.values()):
+            broadcast(tensor, comm=self.comm, root=0)
 
     def _check_model_and_optimizer(self):
         if not isinstance(self.model, torch.nn.Module):

@@ -1,6 +1,6 @@
 """Eager-SGD (Li et al., PPoPP 2020): gradient averaging with solo or majority partial allreduces."""
 
-from collectives import broadcast, majority_allreduce, solo_allreduce
+from collectives import majority_allreduce, solo_allreduce
 
 from .base import Algorithm
 
@@ -37,8 +37,7 @@ class EagerSGD(Algorithm):
 
     def __init__(self, model, optimizer, comm, *, quorum="majority"):
         super().__init__(model, optimizer, comm, quorum=quorum)
-        for tensor in (*self.flat.params.values(), *self.flat.buffers.values()):
-            broadcast(tensor, comm=self.comm, root=0)
+        self._broadcast_from_root()
         self.quorum = quorum
         self.stale_steps = 0
         self._collectives = None
