@@ -20,6 +20,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "broadcast",
+    "choice_problem",
     "choose_allreduce",
     "reduce_scatter",
     "reduction_problem",
@@ -65,7 +66,8 @@ def choose_allreduce(nbytes: int, size: int) -> str:
     return "rhd" if size & (size - 1) == 0 else "ring"
 
 
-def _check_choice(name, value, choices):
+def choice_problem(name, value, choices):
+    """None if ``value`` is one of ``choices``, else a sentence naming both."""
     if value in choices:
         return None
     return f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
@@ -78,8 +80,8 @@ def reduction_problem(info, algorithm, algorithms, op):
     must be a key of ``algorithms`` and ``op`` one of :data:`OPS`.
     """
     return (info.problem
-            or _check_choice("algorithm", algorithm, tuple(algorithms))
-            or _check_choice("op", op, OPS)
+            or choice_problem("algorithm", algorithm, tuple(algorithms))
+            or choice_problem("op", op, OPS)
             or (op == "avg" and info.dtype.startswith("int")
                 and f"op 'avg' needs a floating-point buffer, got {info.dtype}")
             or None)
