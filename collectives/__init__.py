@@ -1,10 +1,11 @@
-"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group allreduce."""
+"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group allreduce, StragglAR."""
 
 from .blocking import allgather, allreduce, broadcast, reduce_scatter
 from .comm import Communicator
 from .group_allreduce import group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
 from .partition import block_offsets
+from .stragglar.runtime import StragglerAwareAllreduce, stragglar_allreduce
 from .wait_avoiding import (
     GroupResult,
     WaitAvoidingGroupAllreduce,
@@ -17,6 +18,7 @@ __all__ = [
     "GroupResult",
     "WaitAvoidingGroupAllreduce",
     "Communicator",
+    "StragglerAwareAllreduce",
     "allgather",
     "allreduce",
     "block_offsets",
@@ -27,4 +29,5 @@ __all__ = [
     "majority_allreduce",
     "reduce_scatter",
     "solo_allreduce",
+    "stragglar_allreduce",
 ]

@@ -2,9 +2,9 @@
 
 import sys
 
-from . import allreduce, wagma
+from . import allreduce, stragglar, wagma
 
-BENCHMARKS = {"allreduce": allreduce.main, "wagma": wagma.main}
+BENCHMARKS = {"allreduce": allreduce.main, "stragglar": stragglar.main, "wagma": wagma.main}
 
 
 def main(argv=None):

@@ -1,5 +1,6 @@
 """StragglAR (Devraj et al.): straggler-aware allreduce schedules, their verifier and cost model."""
 
+from .generator import generate, lower_bound
 from .cost import broadcast_time, rhd_time, ring_time, stragglar_time
 from .schedule import Schedule, Transfer
 from .verify import ScheduleError, verify
@@ -9,6 +10,8 @@ __all__ = [
     "ScheduleError",
     "Transfer",
     "broadcast_time",
+    "generate",
+    "lower_bound",
     "rhd_time",
     "ring_time",
     "stragglar_time",
