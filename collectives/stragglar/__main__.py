@@ -1,17 +1,19 @@
-"""``python -m collectives.stragglar {schedule,cost} ...``: schedules and the cost model.
+"""``python -m collectives.stragglar {schedule,cost,rounds} ...``: schedules and the cost model.
 
 ``schedule -n 8 [--straggler R] [--json] [--plot FILE.png]`` generates and
 verifies a schedule and prints it as rounds by ranks (or as JSON).
 ``cost [--n ...] [--size-gib 1] [--alpha-us 3] [--bandwidth-gibs 450]
 [--plot FILE.png]`` prints the alpha-beta times of Ring, RHD, Broadcast and
-StragglAR and StragglAR's speedups (the StragglAR paper's Figure 6b).
+StragglAR and StragglAR's speedups (the StragglAR paper's Figure 6b).  ``rounds
+[--max-n 256]`` prints the round count of every even n against the lower
+bound as a markdown table.
 """
 
 import argparse
 import sys
 
 from .cost import broadcast_time, rhd_time, ring_time, stragglar_time
-from .generator import generate
+from .generator import generate, lower_bound
 from .plots import plot_schedule, plot_speedup, schedule_grid
 from .verify import verify
 
@@ -38,17 +40,13 @@ def _schedule(args):
     if args.json:
         print(schedule.to_json())
     else:
-        print(f"{schedule!r}; lower bound {_lower_bound(args.n)} rounds; verified")
+        print(f"{schedule!r}; lower bound {lower_bound(args.n)} rounds; verified")
         print("cell: chunk received in that round (+: reduced with the straggler's "
               "exchange, .: nothing); * marks the straggler")
         print(schedule_text(schedule))
     if args.plot:
         plot_schedule(schedule, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
-
-
-def _lower_bound(n):
-    return n + (n - 1).bit_length() - 2
 
 
 def cost_table(ns, size, alpha, beta):
@@ -87,6 +85,16 @@ def _cost(args):
         print(f"wrote {args.plot}")
 
 
+def _rounds(args):
+    """Round counts of the generator against the lower bound for even n."""
+    print("| n | lower bound | rounds | excess | method |")
+    print("|---:|---:|---:|---:|---|")
+    for n in range(2, args.max_n + 1, 2):
+        rounds, bound = len(generate(n).rounds), lower_bound(n)
+        method = "Algorithm 1" if n & (n - 1) == 0 else "deadline-first greedy"
+        print(f"| {n} | {bound} | {rounds} | {rounds - bound} | {method} |")
+
+
 def _even_range(text):
     return ",".join(str(n) for n in range(4, 257, 2)) if text == "even" else text
 
@@ -109,10 +117,14 @@ def main(argv=None):
     cost.add_argument("--bandwidth-gibs", type=float, default=450.0,
                       help="1/beta in GiB/s (the paper: H100 NVLink, 450)")
     cost.add_argument("--plot", default=None, help="write the speedup figure here")
+    table = sub.add_parser("rounds", help="round counts for every even n, markdown")
+    table.add_argument("--max-n", type=int, default=256)
     args = parser.parse_args(argv)
     try:
         if args.command == "schedule":
             _schedule(args)
+        elif args.command == "rounds":
+            _rounds(args)
         else:
             args.n = _even_range(args.n)
             _cost(args)
