@@ -27,6 +27,7 @@ from collectives.blocking import (
     REDUCE_SCATTER_ALGORITHMS,
 )
 from collectives.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
 
@@ -41,28 +42,10 @@ def _counts(k):
     return sorted({0, 1, max(k - 1, 0), k + 1, 7, 1001, 786_433})
 
 
-def _first_ranks(k):
-    """A Communicator over the first k world ranks (None on the others)."""
-    raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
-    if raw == MPI.COMM_NULL:
-        yield None
-        return
-    comm = Communicator(raw)
-    yield comm
-    comm.close()
-    raw.Free()
-
-
 @pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
 def sub(request):
     """A Communicator over the first k world ranks, for every k in SIZES."""
-    yield from _first_ranks(request.param)
-
-
-def _member(sub):
-    if sub is None:
-        pytest.skip("this rank is outside the sub-communicator")
-    return sub
+    yield from first_ranks(request.param)
 
 
 def _random(n, dtype, seed):
@@ -95,7 +78,7 @@ def _assert_same_everywhere(data, comm):
 @pytest.mark.parametrize("algorithm", [*ALLREDUCE_ALGORITHMS, "auto"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_allreduce_equals_mpi_allreduce(sub, algorithm, dtype):
-    comm = _member(sub)
+    comm = member(sub)
     for n in _counts(comm.size):
         x = _random(n, dtype, seed=(comm.rank, n))
         ref = _reference(x, comm)
@@ -106,7 +89,7 @@ def test_allreduce_equals_mpi_allreduce(sub, algorithm, dtype):
 
 @pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
 def test_allreduce_average(sub, algorithm):
-    comm = _member(sub)
+    comm = member(sub)
     x = _random(1001, np.float64, seed=comm.rank)
     ref = _reference(x, comm) / comm.size
     allreduce(x, comm=comm, algorithm=algorithm, op="avg")
@@ -120,7 +103,7 @@ def test_allreduce_average(sub, algorithm):
 def test_allreduce_half_precision_tensors(sub, algorithm, dtype):
     # Small integers: every partial sum is exact in 8 significand bits, so the
     # result must equal MPI's float32 Allreduce exactly whatever the order.
-    comm = _member(sub)
+    comm = member(sub)
     values = _random(1001, np.int32, seed=comm.rank) % 9 - 4
     x = torch.tensor(values, dtype=dtype)
     ref = _reference(values.astype(np.float32), comm)
@@ -130,7 +113,7 @@ def test_allreduce_half_precision_tensors(sub, algorithm, dtype):
 
 @pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
 def test_tensor_and_array_give_bitwise_equal_results(sub, algorithm):
-    comm = _member(sub)
+    comm = member(sub)
     x = _random(4099, np.float32, seed=comm.rank)
     t = torch.from_numpy(x.copy())
     allreduce(x, comm=comm, algorithm=algorithm)
@@ -141,7 +124,7 @@ def test_tensor_and_array_give_bitwise_equal_results(sub, algorithm):
 @pytest.mark.parametrize("algorithm", REDUCE_SCATTER_ALGORITHMS)
 @pytest.mark.parametrize("op", ["sum", "avg"])
 def test_reduce_scatter_equals_mpi_allreduce_block(sub, algorithm, op):
-    comm = _member(sub)
+    comm = member(sub)
     for n in _counts(comm.size):
         x = _random(n, np.float64, seed=(comm.rank, n))
         ref = _reference(x, comm) / (comm.size if op == "avg" else 1)
@@ -153,7 +136,7 @@ def test_reduce_scatter_equals_mpi_allreduce_block(sub, algorithm, op):
 
 @pytest.mark.parametrize("algorithm", ALLGATHER_ALGORITHMS)
 def test_allgather_collects_every_block(sub, algorithm):
-    comm = _member(sub)
+    comm = member(sub)
     for n in _counts(comm.size):
         off = block_offsets(n, comm.size)
         x = np.full(n, -1, dtype=np.int64)
@@ -166,12 +149,12 @@ def test_allgather_collects_every_block(sub, algorithm):
 @pytest.fixture(scope="module", params=POW2_SIZES, ids=lambda k: f"ranks{k}")
 def pow2(request):
     """A Communicator over the first k world ranks, k a power of two."""
-    yield from _first_ranks(request.param)
+    yield from first_ranks(request.param)
 
 
 @pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
 def test_group_allreduce_equals_mpi_allreduce_within_group(pow2, algorithm):
-    comm = _member(pow2)
+    comm = member(pow2)
     group_size = 1
     while group_size <= comm.size:
         for t in (0, 1, 2, 5, 2**40 + 3):
@@ -192,7 +175,7 @@ def test_group_allreduce_equals_mpi_allreduce_within_group(pow2, algorithm):
 
 
 def test_group_allreduce_average(pow2):
-    comm = _member(pow2)
+    comm = member(pow2)
     group_size = comm.size
     x = _random(513, np.float64, seed=comm.rank)
     ref = _reference(x, comm) / group_size
@@ -225,7 +208,7 @@ def test_communicator_channels_are_private():
 @pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
 def test_cuda_tensors_give_the_host_result(sub, algorithm):
     # Staged through pinned host memory, or handed to a CUDA-aware MPI.
-    comm = _member(sub)
+    comm = member(sub)
     host = _random(100_003, np.float32, seed=comm.rank)
     device = torch.from_numpy(host.copy()).cuda()
     allreduce(host, comm=comm, algorithm=algorithm)
@@ -236,7 +219,7 @@ def test_cuda_tensors_give_the_host_result(sub, algorithm):
 @pytest.mark.parametrize("offsets", [(-1, 1), (1,), (2, -3, 0)])
 def test_neighbor_sum_equals_the_gathered_sum(sub, offsets):
     from collectives.neighbors import neighbor_sum
-    comm = _member(sub)
+    comm = member(sub)
     x = _random(1001, np.float64, seed=comm.rank)
     everyone = comm.control.allgather(x.copy())
     expected = x + sum(everyone[(comm.rank + o) % comm.size] for o in offsets)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from collectives import Communicator, StragglerAwareAllreduce, stragglar_allreduce
+from collectives import StragglerAwareAllreduce, stragglar_allreduce
 from collectives.stragglar import Schedule, generate
 from collectives.stragglar.runtime import STRAGGLER_AWARE_ALGORITHMS
+from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
 
@@ -25,21 +26,7 @@ SIZES = [k for k in (2, 4, 6, 8) if k <= WORLD.size]
 @pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
 def sub(request):
     """A Communicator over the first k world ranks (None on the others)."""
-    k = request.param
-    raw = WORLD.Split(0 if WORLD.rank < k else MPI.UNDEFINED, WORLD.rank)
-    if raw == MPI.COMM_NULL:
-        yield None
-        return
-    comm = Communicator(raw)
-    yield comm
-    comm.close()
-    raw.Free()
-
-
-def _member(sub):
-    if sub is None:
-        pytest.skip("this rank is outside the sub-communicator")
-    return sub
+    yield from first_ranks(request.param)
 
 
 def _stragglers(n):
@@ -65,7 +52,7 @@ def _reference(x, comm):
 @pytest.mark.parametrize("algorithm", STRAGGLER_AWARE_ALGORITHMS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_equals_mpi_allreduce(sub, algorithm, dtype):
-    comm = _member(sub)
+    comm = member(sub)
     for straggler in _stragglers(comm.size):
         for numel in _counts(comm.size):
             x = _integers(numel, dtype, seed=comm.rank * 1000 + numel + straggler)
@@ -80,7 +67,7 @@ def test_equals_mpi_allreduce(sub, algorithm, dtype):
 def test_late_straggler_random_floats_bitwise_equal_on_all_ranks(sub, algorithm):
     """The straggler enters 30 ms late; random floats (rounding depends on
     the order of additions) must still come out bitwise equal everywhere."""
-    comm = _member(sub)
+    comm = member(sub)
     straggler = comm.size - 1
     x = np.random.default_rng(comm.rank).standard_normal(100_003)
     expected = _reference(x, comm)
@@ -96,7 +83,7 @@ def test_late_straggler_random_floats_bitwise_equal_on_all_ranks(sub, algorithm)
 
 
 def test_torch_tensors_and_one_shot_function(sub):
-    comm = _member(sub)
+    comm = member(sub)
     x = torch.arange(5 * comm.size + 3, dtype=torch.float32) + comm.rank
     expected = torch.from_numpy(_reference(x.numpy(), comm))
     assert stragglar_allreduce(x, comm=comm, straggler=comm.size // 2) is x
@@ -109,7 +96,7 @@ def test_torch_tensors_and_one_shot_function(sub):
 
 
 def test_explicit_schedule_and_bad_arguments(sub):
-    comm = _member(sub)
+    comm = member(sub)
     n = comm.size
     x = _integers(64, np.float64, comm.rank)
     expected = _reference(x, comm)
