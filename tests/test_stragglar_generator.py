@@ -65,3 +65,10 @@ def test_json_round_trip():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(**kwargs)
+
+
+def test_the_round_counts_the_readme_reports_for_small_n():
+    """Excess over the lower bound: none at 6 and 10, one round at 12 and 14."""
+    excess = {n: len(generate(n).rounds) - lower_bound(n) for n in (6, 10, 12, 14)}
+    assert excess == {6: 0, 10: 0, 12: 1, 14: 1}
+    assert len(deadline_rounds(10)) == 13 > len(generate(10).rounds)

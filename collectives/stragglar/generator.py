@@ -8,6 +8,8 @@ fully reduced chunk.  A chunk is *active* from the round after it is fully
 reduced until every non-straggler holds it.
 """
 
+import random
+
 from .schedule import Schedule, Transfer
 from .verify import verify
 
@@ -24,8 +26,8 @@ def generate(n: int, straggler: int | None = None) -> Schedule:
     """A verified schedule for ``n`` ranks with ``straggler`` late.
 
     Power-of-two n: :func:`power_of_two_rounds`, exactly n + log2 n - 2
-    rounds (the lower bound).  Other n >= 2: :func:`deadline_rounds`, a
-    deadline-first greedy that is valid for any n but not optimal (README,
+    rounds (the lower bound).  Other n >= 2: :func:`best_deadline_rounds`,
+    a deadline-first greedy that is valid for any n but not optimal (README,
     "StragglAR", lists the round counts).
 
     Args:
@@ -41,7 +43,7 @@ def generate(n: int, straggler: int | None = None) -> Schedule:
     if isinstance(straggler, bool) or not isinstance(straggler, int) \
             or not 0 <= straggler < n:
         raise ValueError(f"straggler must be a rank in range({n}), got {straggler!r}")
-    rounds = power_of_two_rounds(n) if n & (n - 1) == 0 else deadline_rounds(n)
+    rounds = power_of_two_rounds(n) if n & (n - 1) == 0 else best_deadline_rounds(n)
     return verify(Schedule(n, straggler, _relabel(rounds, n, straggler)))
 
 
@@ -127,7 +129,7 @@ def _phase_two(r, L, m, holders, transfers):
         holders[chunk] += ranks
 
 
-def deadline_rounds(n: int) -> list:
+def deadline_rounds(n: int, seed: int | None = None) -> list:
     """A deadline-first greedy for any n >= 2 (used where n is not a power of two).
 
     With L = ceil(log2 n), chunk c is due after round c + L (the last one,
@@ -140,7 +142,9 @@ def deadline_rounds(n: int) -> list:
     gets then, so it is offered a chunk only when the chunk is due in the
     next round, and otherwise last; among the rest, ranks holding the fewest
     active chunks first (their send slot is the least contended).  Senders
-    are likewise taken fewest-active-chunks first.
+    are likewise taken fewest-active-chunks first.  Remaining ties go by
+    rank, or, with ``seed``, by a random order drawn from it (see
+    :func:`best_deadline_rounds`).
 
     The paper's appendix C instead matches ranks by maximum-weight matching
     (weight 2 for a mutual need, 1 for a one-way need) and swaps chunks;
@@ -156,7 +160,9 @@ def deadline_rounds(n: int) -> list:
     copies = [0] * m
     rounds = []
     r = 0
+    rng = None if seed is None else random.Random(seed)
     while r < m or any(h != full for h in have[:m]):
+        tie = list(range(n)) if rng is None else [rng.random() for _ in range(n)]
         transfers = _exchange(r, straggler) if r < m else []
         sending, receiving = ({r, straggler}, {r, straggler}) if r < m else (set(), set())
         active = [c for c in range(min(r, m)) if copies[c] < m]
@@ -166,10 +172,10 @@ def deadline_rounds(n: int) -> list:
         for c in active:
             bit = 1 << c
             holders = sorted((u for u in range(n) if have[u] & bit and u not in sending),
-                             key=load.__getitem__)
+                             key=lambda u: (load[u], tie[u]))
             due_next = c + L - (c == m - 1) <= r + 1
             lacking = sorted((v for v in range(m) if not have[v] & bit and v not in receiving),
-                             key=lambda v: (not due_next and v in window, load[v], v))
+                             key=lambda v: (not due_next and v in window, load[v], tie[v]))
             for u, v in zip(holders, lacking):
                 transfers.append(Transfer(u, v, c, False))
                 sending.add(u)
@@ -185,3 +191,25 @@ def deadline_rounds(n: int) -> list:
         rounds.append(transfers)
         r += 1
     return rounds
+
+
+#: Up to this n, :func:`best_deadline_rounds` tries seeded tie-breaks.
+RESTART_MAX_N = 64
+RESTARTS = 64
+
+
+def best_deadline_rounds(n: int) -> list:
+    """The shortest of :func:`deadline_rounds` with ties by rank and, for
+    n <= :data:`RESTART_MAX_N`, with ties drawn from seeds 0..RESTARTS-1
+    (stopping at the lower bound).  Deterministic.  Measured: the restarts
+    reach the lower bound at n = 10 (12 rounds) and save one round at 14,
+    22 and 30 (17, 26, 36)."""
+    best = deadline_rounds(n)
+    if n <= RESTART_MAX_N:
+        for seed in range(RESTARTS):
+            if len(best) == lower_bound(n):
+                break
+            candidate = deadline_rounds(n, seed)
+            if len(candidate) < len(best):
+                best = candidate
+    return best
