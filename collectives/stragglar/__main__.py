@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from .cost import broadcast_time, rhd_time, ring_time, stragglar_time
-from .generator import generate, lower_bound
+from .generator import generate, lower_bound, plan
 from .plots import plot_schedule, plot_speedup, schedule_grid
 from .verify import verify
 
@@ -90,9 +90,9 @@ def _rounds(args):
     print("| n | lower bound | rounds | excess | method |")
     print("|---:|---:|---:|---:|---|")
     for n in range(2, args.max_n + 1, 2):
-        rounds, bound = len(generate(n).rounds), lower_bound(n)
-        method = "Algorithm 1" if n & (n - 1) == 0 else "deadline-first greedy"
-        print(f"| {n} | {bound} | {rounds} | {rounds - bound} | {method} |")
+        rounds, method = plan(n)
+        bound = lower_bound(n)
+        print(f"| {n} | {bound} | {len(rounds)} | {len(rounds) - bound} | {method} |")
 
 
 def _even_range(text):

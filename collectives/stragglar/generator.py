@@ -1,215 +1,568 @@
-"""Generate StragglAR schedules (StragglAR paper, Algorithm 1 and appendix C).
+"""Generate StragglAR schedules: Algorithm 1 for powers of two, periodic templates otherwise.
 
-Internally the non-stragglers are 0..n-2 (the g-th holds chunk g after the
-ReduceScatter) and the straggler is n - 1; :func:`generate` relabels the
-ranks for any other straggler.  In round r < n - 1 non-straggler r and the
-straggler exchange chunk r and both reduce it; every other transfer copies a
-fully reduced chunk.  A chunk is *active* from the round after it is fully
-reduced until every non-straggler holds it.
+The problem (Devraj et al., "StragglAR", section 3; the model checked by
+:func:`~collectives.stragglar.verify.verify`): n ranks, straggler S and
+m = n - 1 non-stragglers, a buffer of m chunks.  Before round 0 the g-th
+non-straggler holds chunk g reduced over the non-stragglers.  In round
+r < m that rank and S exchange chunk r and both reduce it; every other
+transfer copies a fully reduced chunk to a rank that lacks it; each rank
+sends at most one and receives at most one message per round.
+
+Lower bound (any n): chunk m - 1 is fully reduced in round m - 1 on two
+ranks and at most doubles per round, so n + ceil(log2 n) - 2 rounds.
+
+* n a power of two: the paper's Algorithm 1, exactly n + log2 n - 2 rounds
+  (Lemma 1, Lemma 2, Theorem 1).
+* any other n (odd n included): a periodic template for rounds 0..m-1 and a
+  flow-based plan for the last ceil(log2 n) - 1 rounds; it meets the lower
+  bound for every n tried (all n from 3 to 300, see
+  ``results/stragglar_rounds.md``).  The paper's appendix C instead runs a
+  maximum-weight matching per round and needs up to ~log2 n more rounds.
+
+All schedules are built for straggler n - 1 and relabelled; the output is
+deterministic.
 """
 
 import random
+from collections import deque
 
 from .schedule import Schedule, Transfer
-from .verify import verify
 
-__all__ = ["generate", "lower_bound"]
+__all__ = ["generate", "lower_bound", "plan"]
 
-
-def lower_bound(n: int) -> int:
-    """n + ceil(log2 n) - 2: the last chunk is fully reduced in round n - 2,
-    on two ranks, and the number of its holders can at most double per round."""
-    return n + (n - 1).bit_length() - 2
+#: Attempts (seeds) of the endgame planner before it is given one more round.
+_TRIES = 20
 
 
 def generate(n: int, straggler: int | None = None) -> Schedule:
-    """A verified schedule for ``n`` ranks with ``straggler`` late.
+    """The StragglAR schedule for ``n`` ranks and ``straggler`` (default n - 1).
 
-    Power-of-two n: :func:`power_of_two_rounds`, exactly n + log2 n - 2
-    rounds (the lower bound).  Other n >= 2: :func:`best_deadline_rounds`,
-    a deadline-first greedy that is valid for any n but not optimal (README,
-    "StragglAR", lists the round counts).
-
-    Args:
-        n: the number of ranks, an int >= 2.
-        straggler: the late rank, in range(n) (default n - 1).
+    Built for straggler n - 1 by :func:`plan`, then relabelled: the g-th
+    non-straggler keeps chunk g (:meth:`Schedule.owner`).
 
     Raises:
-        ValueError: naming the parameter and the accepted values.
+        ValueError: ``n`` is not an int >= 2 or ``straggler`` is not a rank.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an int >= 2, got {n!r}")
-    straggler = n - 1 if straggler is None else straggler
-    if isinstance(straggler, bool) or not isinstance(straggler, int) \
-            or not 0 <= straggler < n:
+    if straggler is None:
+        straggler = n - 1
+    if isinstance(straggler, bool) or not isinstance(straggler, int) or not 0 <= straggler < n:
         raise ValueError(f"straggler must be a rank in range({n}), got {straggler!r}")
-    rounds = power_of_two_rounds(n) if n & (n - 1) == 0 else best_deadline_rounds(n)
-    return verify(Schedule(n, straggler, _relabel(rounds, n, straggler)))
+    rounds, _ = plan(n)
+    return Schedule(n, straggler, _relabel(rounds, n, straggler))
+
+
+def lower_bound(n: int) -> int:
+    """n + ceil(log2 n) - 2: no schedule for n >= 2 ranks has fewer rounds."""
+    return n + (n - 1).bit_length() - 2
+
+
+def plan(n: int) -> tuple[list, str]:
+    """Rounds of ``(src, dst, chunk, reduce)`` for straggler n - 1, and the method's name."""
+    if n & (n - 1) == 0:
+        return _algorithm1(n), "Algorithm 1"
+    m, span = n - 1, (n - 1).bit_length()
+    template = _template(m, span) if span + 1 < m else None
+    if template is None:    # n = 3, 5: too few ranks for a template
+        return _finish([set() for _ in range(n)], 0, lower_bound(n) - 1, m), "flow planner"
+    steady, have = _steady_rounds(m, *template)
+    rounds = _finish(have, m, lower_bound(n) - 1, m)
+    return steady + rounds, "template + flow endgame"
 
 
 def _relabel(rounds, n, straggler):
-    """Map internal rank g (non-stragglers 0..n-2, straggler n-1) to real ranks."""
-    real = [g if g < straggler else g + 1 for g in range(n - 1)] + [straggler]
-    return [[Transfer(real[t.src], real[t.dst], t.chunk, t.reduce) for t in r]
-            for r in rounds]
+    """Map straggler n - 1 to ``straggler`` and the g-th non-straggler to its rank."""
+    rank = [g if g < straggler else g + 1 for g in range(n - 1)] + [straggler]
+    return [[Transfer(rank[u], rank[v], c, red) for u, v, c, red in r] for r in rounds]
 
 
-def _exchange(r, straggler):
-    """Round r's pair of reductions between non-straggler r and the straggler."""
-    return [Transfer(r, straggler, r, True), Transfer(straggler, r, r, True)]
+# --- Powers of two: Algorithm 1 ---------------------------------------------
 
+def _algorithm1(n):
+    """Algorithm 1 of the paper, for n = 2**k, in n + k - 2 rounds.
 
-def power_of_two_rounds(n: int) -> list:
-    """Algorithm 1 for n = 2**L: n + L - 2 rounds, every active chunk
-    doubling in every round.
+    ``active`` maps each active chunk (fully reduced, not yet everywhere) to
+    the non-stragglers holding it.  Phase 1 (rounds 1..k-1, Lemma 1): every
+    holder copies its chunk to a rank without one; rank r-1 sends c_{r-1}
+    to rank r-1+k, the others fill ranks > 2(k-1) in order, so that after
+    round k-1 every non-straggler holds exactly one active chunk.  Phase 2
+    (rounds r >= k, Lemma 2): P = holders of the oldest chunk c_{r-k}
+    except rank r, Q = holders of the others (plus the straggler, holding
+    c_{n-2}, from round n-1 on); matched P-Q pairs exchange their chunks.
 
-    Phase 1 (rounds 1..L-1, Lemma 1): every holder of an active chunk sends
-    it to a rank that holds none, so that before round L chunk j is on
-    2**(L-1-j) ranks and every non-straggler holds exactly one active chunk.
-    The holder of the newest chunk c_{r-1} sends it to rank r - 1 + L, the
-    others take ranks 2L - 1.. from the top: ranks L..2L-2 thus get the
-    chunk that is oldest in the round they meet the straggler.
-
-    Phase 2 (rounds r >= L, Lemma 2): P = the holders of c_{r-L}, the chunk
-    due this round, without rank r; Q = the holders of the other active
-    chunks, oldest first, with the straggler (holding c_{n-2}) from round
-    n - 1 on.  |P| = |Q| and P[i] and Q[i] swap their active chunks, so
-    c_{r-L} completes and every other chunk doubles.  Reading of the
-    critical-window rule: the ranks r + 1..r + L - 1 of P (those that meet
-    the straggler next) are matched first, with the *oldest* other chunks
-    of Q, so that the chunk they get is the one due when their turn comes
-    and the invariant r in P_r holds (the paper: "matching l with ranks
-    possessing the second-oldest active chunk always works").
+    Reading of the critical-window rule: line 15 of the listing is garbled
+    in our copy, and a literal transcription of it fails (17 rounds at
+    n = 8, no termination from n = 32).  We follow the proof of Lemma 2
+    instead: a P-rank g with r < g < r + k (it meets the straggler within k
+    rounds) must not take a chunk newer than c_{g-k}, else it would not hold
+    the oldest chunk when its turn comes; giving every such g the
+    second-oldest chunk c_{r-k+1} satisfies this, and there are n/4 >= k - 1
+    holders of it, so the window is matched first, with the oldest chunks.
     """
-    L = n.bit_length() - 1
-    m, straggler = n - 1, n - 1
-    holders = {}
-    free = list(range(2 * L - 1, m))
+    k = n.bit_length() - 1
+    m = s = n - 1
+    active = {}
+    free = list(range(2 * k - 1, m))
     rounds = []
-    for r in range(n + L - 2):
-        transfers = _exchange(r, straggler) if r < m else []
-        if 0 < r < L:
-            _phase_one(r, L, holders, free, transfers)
-        elif r >= L:
-            _phase_two(r, L, m, holders, transfers)
+    for r in range(n + k - 2):
+        if r < k:
+            copies = _phase1(r, k, active, free)
+        else:
+            copies = _phase2(r, k, m, s, active)
+        for _, dst, c, _ in copies:
+            if dst != s:
+                active[c].append(dst)
+        if r - k in active:
+            del active[r - k]
+        exchange = []
         if r < m:
-            holders[r] = [r]
-        rounds.append(transfers)
+            active[r] = [r]
+            exchange = [(r, s, r, True), (s, r, r, True)]
+        rounds.append(exchange + copies)
     return rounds
 
 
-def _phase_one(r, L, holders, free, transfers):
-    grown = {}
-    for chunk in sorted(holders):
-        for h in holders[chunk]:
-            dst = r - 1 + L if chunk == r - 1 else free.pop()
-            transfers.append(Transfer(h, dst, chunk, False))
-            grown.setdefault(chunk, []).append(dst)
-    for chunk, ranks in grown.items():
-        holders[chunk] += ranks
+def _phase1(r, k, active, free):
+    """Round r < k: every holder sends its chunk to a rank without one."""
+    copies = []
+    for c, holders in sorted(active.items()):
+        for h in holders:
+            dst = h + k if h == c == r - 1 else free.pop()
+            copies.append((h, dst, c, False))
+    return copies
 
 
-def _phase_two(r, L, m, holders, transfers):
-    due = r - L
-    window = range(r + 1, min(r + L, m))
-    P = [g for g in holders[due] if g != r]
-    P = sorted(g for g in P if g in window) + [g for g in P if g not in window]
-    Q = [(chunk, g) for chunk in sorted(holders) if chunk != due for g in holders[chunk]]
+def _phase2(r, k, m, s, active):
+    """Round r >= k: P sends the oldest chunk to Q, Q sends its chunk back."""
+    oldest = r - k
+    window = range(r + 1, min(r + k, m))
+    p = [g for g in active[oldest] if g != r]
+    p.sort(key=lambda g: (g not in window, g))
+    q = [(g, c) for c, holders in sorted(active.items()) if c != oldest for g in holders]
     if r >= m:
-        Q.append((m - 1, m))
-    assert len(P) == len(Q), f"Algorithm 1 invariant broken in round {r}"
-    grown = {}
-    for p, (chunk, q) in zip(P, Q):
-        if q != m:
-            transfers.append(Transfer(p, q, due, False))
-        transfers.append(Transfer(q, p, chunk, False))
-        grown.setdefault(chunk, []).append(p)
-    del holders[due]
-    for chunk, ranks in grown.items():
-        holders[chunk] += ranks
+        q.append((s, m - 1))
+    copies = []
+    for pg, (qg, c) in zip(p, q, strict=True):
+        if qg != s:
+            copies.append((pg, qg, oldest, False))
+        copies.append((qg, pg, c, False))
+    return copies
 
 
-def deadline_rounds(n: int, seed: int | None = None) -> list:
-    """A deadline-first greedy for any n >= 2 (used where n is not a power of two).
+# --- Other n: the periodic template -----------------------------------------
+#
+# Write A = ceil(log2 n) + 1.  Chunk c is copied at ages 1..A (rounds
+# c+1..c+A), the same way for every c up to a shift of all ranks by c
+# (mod m): "offset x" is rank c + x.  Offset x receives the chunk at age
+# A - d[x] (d[0] = A: offset 0 reduces it at age 0) and may send it at the
+# later ages.  In round t the rank g sits at "slot" y = g - t + A (mod m),
+# one slot lower each round, and for the chunk of age a plays offset
+# x = y - (A - a).  So:
+#
+# * rank at slot y receives the chunk whose x has x + d[x] = y: every rank
+#   receives once per round iff x -> x + d[x] is a permutation, i.e. d is a
+#   juggling siteswap; the rank at slot A (the straggler's partner) gets
+#   the chunk it reduces;
+# * rank at slot y holds, still spreading, the chunks with x <= y < x + d[x]
+#   ("cells" (x, e = y - x)); their number is the siteswap's ball count,
+#   here 2 (Algorithm 1 is the one-ball case, one active chunk per rank,
+#   possible only for n = 2**k); it sends one selected cell, none at slot A;
+# * per age the senders must equal the receivers in number.
+#
+# Ages 1..A-E double every chunk (every holder sends: "deep" cells e >= E
+# are all selected, so no two may meet in a slot); the last E ages finish
+# it.  Counting sends and receives shows the steady state is saturated
+# and the first rounds lose exactly 2**ceil(log2 n) - n transfers, the
+# whole slack of the lower bound; the endgame must then be exact too.
 
-    With L = ceil(log2 n), chunk c is due after round c + L (the last one,
-    which the straggler helps spread, after round n - 3 + L): the deadlines
-    of Algorithm 1.  Each round, active chunks are served oldest first:
-    every holder that is still free to send passes the chunk to a
-    non-straggler that lacks it and is still free to receive.  Receivers are
-    chosen by the critical-window rule of Algorithm 1, read as: a rank that
-    meets the straggler within the next L - 1 rounds cannot forward what it
-    gets then, so it is offered a chunk only when the chunk is due in the
-    next round, and otherwise last; among the rest, ranks holding the fewest
-    active chunks first (their send slot is the least contended).  Senders
-    are likewise taken fewest-active-chunks first.  Remaining ties go by
-    rank, or, with ``seed``, by a random order drawn from it (see
-    :func:`best_deadline_rounds`).
 
-    The paper's appendix C instead matches ranks by maximum-weight matching
-    (weight 2 for a mutual need, 1 for a one-way need) and swaps chunks;
-    our transcription of it needed more rounds than this greedy for every
-    even n we tried (17 vs 15 at n = 12, 254 vs 147 at n = 130) and took
-    28 s at n = 130, so it is not used.  Neither reaches the lower bound in
-    general: README, "StragglAR", lists the counts for every even n <= 256.
+def _template(m, span):
+    """Heights and selected cells of a template for m non-stragglers, or None.
+
+    Searches depth E of the finishing ages, then t (threes thrown inside
+    compositions), the profile (how many offsets finish at each of the last
+    E ages), then b (standalone 2-throws); the first candidate whose siteswap
+    is valid and whose cells can be selected wins.
     """
-    m, straggler = n - 1, n - 1
-    L = (n - 1).bit_length()
-    full = (1 << m) - 1
-    have = [0] * n
-    copies = [0] * m
-    rounds = []
-    r = 0
-    rng = None if seed is None else random.Random(seed)
-    while r < m or any(h != full for h in have[:m]):
-        tie = list(range(n)) if rng is None else [rng.random() for _ in range(n)]
-        transfers = _exchange(r, straggler) if r < m else []
-        sending, receiving = ({r, straggler}, {r, straggler}) if r < m else (set(), set())
-        active = [c for c in range(min(r, m)) if copies[c] < m]
-        active_mask = sum(1 << c for c in active)
-        load = [(h & active_mask).bit_count() for h in have]
-        window = range(r + 1, min(r + L, m))
-        for c in active:
-            bit = 1 << c
-            holders = sorted((u for u in range(n) if have[u] & bit and u not in sending),
-                             key=lambda u: (load[u], tie[u]))
-            due_next = c + L - (c == m - 1) <= r + 1
-            lacking = sorted((v for v in range(m) if not have[v] & bit and v not in receiving),
-                             key=lambda v: (not due_next and v in window, load[v], tie[v]))
-            for u, v in zip(holders, lacking):
-                transfers.append(Transfer(u, v, c, False))
-                sending.add(u)
-                receiving.add(v)
-        for t in transfers:
-            if not have[t.dst] >> t.chunk & 1 and t.dst != straggler:
-                copies[t.chunk] += 1
-            have[t.dst] |= 1 << t.chunk
-        if r < m:
-            if not have[r] >> r & 1:
-                copies[r] += 1
-            have[r] |= 1 << r
-        rounds.append(transfers)
-        r += 1
-    return rounds
+    a_max = span + 1
+    for e_depth in (2, 3, 4):
+        profiles = list(_profiles(m, span, e_depth))
+        for threes_inside in range(4):
+            for counts in profiles:
+                found = _try_profile(m, a_max, e_depth, counts, threes_inside)
+                if found:
+                    return found
+    return None
 
 
-#: Up to this n, :func:`best_deadline_rounds` tries seeded tie-breaks.
-RESTART_MAX_N = 64
-RESTARTS = 64
+def _profiles(m, span, e_depth):
+    """Counts {height: offsets} with doubling ages 1..A-E and E finishing ages.
+
+    Heights A-1..E (ages 1..A-E) have 1, 2, 4, ... offsets: every holder
+    copies the chunk every round.  Heights below E are chosen so that all
+    m - 1 offsets receive once, heights sum to 2m (two balls), and at each
+    age the receivers do not outnumber the holders.
+    """
+    a_max = span + 1
+    doubling = {a_max - a: 2 ** (a - 1) for a in range(1, a_max - e_depth + 1)}
+    rest = m - 1 - sum(doubling.values())
+    weight = 2 * m - a_max - sum(h * c for h, c in doubling.items())
+    if rest < 0 or weight < 0:
+        return
+
+    def fill(e, holders, rest, weight, counts):
+        if e == 0:
+            if weight == 0 and rest <= holders:
+                yield {**doubling, **counts, 0: rest}
+            return
+        for c in range(min(holders, rest, weight // e), -1, -1):
+            yield from fill(e - 1, holders + c, rest - c, weight - e * c, {**counts, e: c})
+
+    yield from fill(e_depth - 1, 1 + sum(doubling.values()), rest, weight, {})
 
 
-def best_deadline_rounds(n: int) -> list:
-    """The shortest of :func:`deadline_rounds` with ties by rank and, for
-    n <= :data:`RESTART_MAX_N`, with ties drawn from seeds 0..RESTARTS-1
-    (stopping at the lower bound).  Deterministic.  Measured: the restarts
-    reach the lower bound at n = 10 (12 rounds) and save one round at 14,
-    22 and 30 (17, 26, 36)."""
-    best = deadline_rounds(n)
-    if n <= RESTART_MAX_N:
-        for seed in range(RESTARTS):
-            if len(best) == lower_bound(n):
-                break
-            candidate = deadline_rounds(n, seed)
-            if len(candidate) < len(best):
-                best = candidate
+def _try_profile(m, a_max, e_depth, counts, threes_inside):
+    """Try the b values of one profile; return ``(d, cells, a_max)`` or None."""
+    if threes_inside and (e_depth < 3 or counts.get(3, 0) < threes_inside):
+        return None
+    leaders = [a_max] + sorted((h for h, c in counts.items() if h >= 3 for _ in range(c)),
+                               reverse=True)
+    del leaders[len(leaders) - threes_inside:]
+    best = _max_gaps(leaders, e_depth)
+    if best is None:
+        return None
+    total = sum(leaders)
+    twos = counts.get(2, 0)
+    for b in range(min(twos, sum(best) + m - total), max(0, len(leaders) + m - total) - 1, -1):
+        d = _chain(m, leaders, best, total + b - m, threes_inside, twos - b, b, e_depth)
+        if d is None or len({(x + h) % m for x, h in enumerate(d)}) != m:
+            continue
+        cells = _select_cells(d, a_max, e_depth)
+        if cells is not None:
+            return d, cells, a_max
+    return None
+
+
+def _max_gaps(leaders, e_depth):
+    """Gaps j_i maximizing their sum, for the leader chain of :func:`_chain`.
+
+    Leader i is thrown j_i beats before leader i-1's ball lands again;
+    1 <= j_i <= min(E, h_i - 1), j_0 <= E - 1 (slot A is not deep) and
+    j_{i-1} + j_i <= h_i (the composition in between is not negative).
+    Dynamic programme around the cycle; None if no gaps fit.
+    """
+    caps = [min(e_depth, h - 1) for h in leaders]
+    caps[0] = min(caps[0], e_depth - 1)
+    best = None
+    for first in range(1, caps[0] + 1):
+        layer = {first: (first, [first])}
+        for h, cap in zip(leaders[1:], caps[1:]):
+            layer = {j: max((s + j, gaps + [j]) for prev, (s, gaps) in layer.items()
+                            if prev + j <= h)
+                     for j in range(1, cap + 1)
+                     if any(prev + j <= h for prev in layer)}
+        for last, (s, gaps) in layer.items():
+            if last + first <= leaders[0] and (best is None or s > sum(best)):
+                best = gaps
     return best
+
+
+def _chain(m, leaders, best, target, threes, twos, blocks, e_depth):
+    """A two-ball siteswap of period m as a chain of leaders, or None.
+
+    Leaders (every height >= 3 but ``threes`` of the 3s) alternate between
+    the two balls: leader i is thrown at beat s_i, and the other ball,
+    after landing, fills beats up to s_{i+1} = s_i + h_i - j_i with a
+    "composition" of short throws (1, "2 0", "3 0 0"); gaps j_i <= E keep
+    the deep parts of consecutive leaders apart.  The gaps ``best`` are
+    lowered to sum to ``target``, growing the compositions where the
+    short throws must go; ``blocks`` throws of 2 are inserted where both
+    balls land on consecutive beats.
+    """
+    k = len(leaders)
+    gaps = list(best)
+    excess = sum(gaps) - target
+    room = [leaders[(i + 1) % k] - gaps[i] - gaps[(i + 1) % k] for i in range(k)]
+    fill = [[] for _ in range(k)]
+
+    def lower(i):
+        gaps[i] -= 1
+        room[i - 1] += 1
+        room[i] += 1
+
+    for size, count in ((3, threes), (2, twos)):
+        for _ in range(count):
+            i = max(range(k), key=room.__getitem__)
+            while room[i] < size:
+                grow = [g for g in (i, (i + 1) % k) if gaps[g] > 1]
+                if not grow or not excess:
+                    return None
+                lower(grow[0])
+                excess -= 1
+            fill[i] += [size] + [0] * (size - 1)
+            room[i] -= size
+    for i in sorted(range(k), key=lambda i: -leaders[i]) * e_depth:
+        if excess and gaps[i] > 1:
+            lower(i)
+            excess -= 1
+    ground = [i for i in range(k) if gaps[i] == 1]
+    if excess or (blocks and not ground):
+        return None
+    d = []
+    for i in range(k):
+        d += [leaders[i]] + [0] * (gaps[i - 1] - 1) + fill[i - 1] + [1] * room[i - 1]
+        if blocks and i == ground[0]:
+            d += [2] * blocks
+    return d if len(d) == m else None
+
+
+def _select_cells(d, a_max, e_depth):
+    """The cell each slot sends, ``{slot: (x, e)}``, or None.
+
+    Every slot must carry exactly two cells, at most one of them deep
+    (e >= E), and slot A none deep.  Deep cells are sent; of the others one
+    per slot is picked (none at slot A) so that, for every e, as many cells
+    (x, e) send as offsets receive at that age (d[x] = e, x != 0).
+    """
+    m = len(d)
+    quota = {e: 0 for e in range(a_max)}
+    for h in d[1:]:
+        quota[h] += 1
+    chosen, open_slots = {}, []
+    for y in range(m):
+        cells = [((y - e) % m, e) for e in range(a_max) if e < d[(y - e) % m]]
+        deep = [cell for cell in cells if cell[1] >= e_depth]
+        if len(cells) != 2 or len(deep) > 1 or (deep and y == a_max % m):
+            return None
+        if deep:
+            chosen[y] = deep[0]
+            quota[deep[0][1]] -= 1
+        elif y != a_max % m:
+            open_slots.append(cells)
+    if any(quota[e] for e in range(e_depth, a_max)):
+        return None
+    picks = _pick_one_each([(a[1], b[1]) for a, b in open_slots],
+                           {e: quota[e] for e in range(e_depth)})
+    if picks is None:
+        return None
+    for cells, e in zip(open_slots, picks):
+        chosen[sum(cells[0]) % m] = next(cell for cell in cells if cell[1] == e)
+    return chosen
+
+
+def _pick_one_each(options, quota):
+    """Pick one class of each pair in ``options`` meeting ``quota`` exactly, or None.
+
+    A b-matching of pairs to at most four classes: place each pair, moving
+    earlier picks along a shortest chain of classes when both are full.
+    """
+    if len(options) != sum(quota.values()):
+        return None
+    left = dict(quota)
+    picks = [None] * len(options)
+    holding = {}                      # (picked, other) -> indices
+    for i, pair in enumerate(options):
+        free = [e for e in pair if left[e] > 0]
+        if free:
+            _take(i, free[0], pair, picks, holding, left)
+            continue
+        path = _class_path(pair, left, holding)
+        if path is None:
+            return None
+        for src, dst in reversed(path[1:]):
+            j = holding[(src, dst)].pop()
+            _take(j, dst, options[j], picks, holding, left)
+            left[src] += 1
+        _take(i, path[0], pair, picks, holding, left)
+    return picks
+
+
+def _take(i, e, pair, picks, holding, left):
+    picks[i] = e
+    left[e] -= 1
+    holding.setdefault((e, pair[0] + pair[1] - e), []).append(i)
+
+
+def _class_path(pair, left, holding):
+    """Classes [c0, (c0, c1), (c1, c2), ...] from a class of ``pair`` to one with room."""
+    prev = {e: None for e in pair}
+    queue = deque(pair)
+    while queue:
+        src = queue.popleft()
+        for (picked, other), idx in holding.items():
+            if picked == src and idx and other not in prev:
+                prev[other] = src
+                if left[other] > 0:
+                    path = [other]
+                    while prev[path[-1]] is not None:
+                        path.append(prev[path[-1]])
+                    path.reverse()
+                    return [path[0]] + list(zip(path, path[1:]))
+                queue.append(other)
+    return None
+
+
+def _steady_rounds(m, d, cells, a_max):
+    """Rounds 0..m-1 of the template, and what every rank then holds.
+
+    Returns the rounds and ``have``: per rank (the straggler last) the set
+    of chunks it holds fully reduced after round m - 1.
+    """
+    receivers = {a: [x for x in range(1, m) if d[x] == a_max - a] for a in range(1, a_max + 1)}
+    senders = {a: [] for a in range(1, a_max + 1)}
+    for y in sorted(cells):
+        x, e = cells[y]
+        senders[a_max - e].append(x)
+    rounds = [[(t, m, t, True), (m, t, t, True)] for t in range(m)]
+    have = [{g} for g in range(m)] + [set(range(m))]
+    for a in range(1, a_max + 1):
+        for c in range(m - a):
+            for xs, xr in zip(senders[a], receivers[a], strict=True):
+                dst = (c + xr) % m
+                rounds[c + a].append(((c + xs) % m, dst, c, False))
+                have[dst].add(c)
+    return rounds, have
+
+
+# --- The flow planner (endgame, tiny n) -------------------------------------
+
+def _finish(have, start, last, m):
+    """Rounds from ``start`` on that leave every chunk on every rank.
+
+    Plans to finish by round ``last``; after ``_TRIES`` failed seeds it
+    allows one more round, and so on (with enough rounds the planner always
+    finishes: every round serves a rank that lacks something).
+    """
+    while True:
+        for seed in range(_TRIES):
+            rounds = _plan_rounds(have, start, last, m, random.Random(seed))
+            if rounds is not None:
+                return rounds
+        last += 1
+
+
+def _plan_rounds(have, start, last, m, rnd):
+    """Rounds ``start``.. from holdings ``have`` (per rank, straggler last), or None.
+
+    None if the chunks are not everywhere after round ``last``.  Rounds
+    before m also carry the straggler's exchange.
+    """
+    holders = {c: {g for g, h in enumerate(have) if c in h} for c in range(min(start, m))}
+    missing = [set(range(m)) - have[g] - {g} for g in range(m)]
+    rounds = []
+    for t in range(start, last + 1):
+        copies = _round_copies(t, last, m, holders, missing, rnd)
+        if copies is None:
+            return None
+        for src, dst, c in copies:
+            holders[c].add(dst)
+            missing[dst].discard(c)
+        exchange = []
+        if t < m:
+            holders[t] = {t, m}
+            exchange = [(t, m, t, True), (m, t, t, True)]
+        rounds.append(exchange + [(u, v, c, False) for u, v, c in copies])
+        if t >= m - 1 and not any(missing):
+            return rounds
+    return None
+
+
+def _round_copies(t, last, m, holders, missing, rnd):
+    """The copies ``(src, dst, chunk)`` of round t, or None if ``last`` is out of reach.
+
+    A chunk lacked by M ranks and held by h reaches at most h * 2**left
+    ranks in the ``left`` rounds up to ``last``, so at least
+    ceil((M - h (2**(left-1) - 1)) / 2**(left-1)) ranks must get it now.
+    Those minimums are placed first (scarcest chunks first, senders with
+    the fewest chunks first); then every other rank is served along
+    augmenting paths that never take a chunk below its minimum.  A rank
+    lacking as many chunks as it has rounds left must be served.
+    """
+    left = last - t + 1
+    busy = t if t < m else None
+    live = [c for c in holders if any(c in missing[g] for g in range(m))]
+    send = {c: [g for g in holders[c] if g != busy and (g < m or t >= m)] for c in live}
+    need = {}
+    for c in live:
+        lacking = sum(c in missing[g] for g in range(m))
+        need[c] = max(0, -(-(lacking - len(holders[c]) * (2 ** (left - 1) - 1)) // 2 ** (left - 1)))
+    options = {g: [c for c in live if c in missing[g]] for g in range(m) if g != busy}
+    for lists in (options, send):
+        for values in lists.values():
+            rnd.shuffle(values)
+    match = _Match(need)
+    _place_minimums(match, live, send, options, rnd)
+    if any(match.flow[c] < need[c] for c in live):
+        return None
+    order = [g for g in options if g not in match.chunk]
+    rnd.shuffle(order)
+    for g in order:
+        match.augment(g, options, send)
+    for g in options:
+        rounds_left = left - (1 if t < g < m else 0)
+        if g not in match.chunk and len(missing[g]) >= rounds_left:
+            return None
+    return [(match.sender[v], v, c) for v, c in match.chunk.items()]
+
+
+def _place_minimums(match, live, send, options, rnd):
+    """Give each chunk its minimum of receivers, scarcest chunk first."""
+    load = {}
+    for c in live:
+        for g in send[c]:
+            load[g] = load.get(g, 0) + 1
+    for c in sorted(live, key=lambda c: -match.need[c] / max(1, len(send[c]))):
+        srcs = sorted((g for g in send[c] if g not in match.receiver), key=load.__getitem__)
+        dsts = [g for g, opts in options.items() if c in opts and g not in match.chunk]
+        rnd.shuffle(dsts)
+        for u, v in list(zip(srcs, dsts))[:match.need[c]]:
+            match.assign(u, v, c)
+
+
+class _Match:
+    """Receivers matched to a chunk and a sender, and each chunk's count."""
+
+    def __init__(self, need):
+        self.need = need
+        self.chunk = {}      # receiver -> chunk
+        self.sender = {}     # receiver -> sender
+        self.receiver = {}   # sender -> receiver
+        self.flow = dict.fromkeys(need, 0)
+
+    def assign(self, u, v, c):
+        """Sender u copies chunk c to v, taking u from whomever it served."""
+        old = self.receiver.get(u)
+        if old is not None:
+            self.flow[self.chunk.pop(old)] -= 1
+            del self.sender[old]
+        self.chunk[v], self.sender[v], self.receiver[u] = c, u, v
+        self.flow[c] += 1
+
+    def augment(self, v0, options, send):
+        """Serve v0 along a shortest augmenting path; False if there is none.
+
+        A step gives receiver v chunk c from sender u; if u served w, w
+        needs a new sender, unless that would take w's chunk below its
+        minimum (then the step is not taken).
+        """
+        prev = {v0: None}
+        queue = deque([v0])
+        while queue:
+            v = queue.popleft()
+            for c in options[v]:
+                for u in send[c]:
+                    w = self.receiver.get(u)
+                    if w is None:
+                        path = [(v, c, u)]
+                        while prev[path[-1][0]] is not None:
+                            path.append(prev[path[-1][0]])
+                        for step in reversed(path):
+                            self.assign(step[2], step[0], step[1])
+                        return True
+                    kept = self.chunk[w]
+                    if w in prev or (kept != c and self.flow[kept] <= self.need[kept]):
+                        continue
+                    prev[w] = (v, c, u)
+                    queue.append(w)
+        return False
