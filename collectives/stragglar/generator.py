@@ -15,9 +15,10 @@ ranks and at most doubles per round, so n + ceil(log2 n) - 2 rounds.
   (Lemma 1, Lemma 2, Theorem 1).
 * any other n (odd n included): a periodic template for rounds 0..m-1 and a
   flow-based plan for the last ceil(log2 n) - 1 rounds; it meets the lower
-  bound for every n tried (all n from 3 to 300, see
-  ``results/stragglar_rounds.md``).  The paper's appendix C instead runs a
-  maximum-weight matching per round and needs up to ~log2 n more rounds.
+  bound for every n tried (verified for all n from 3 to 300 and spot checks
+  up to 1100, see ``results/stragglar_rounds.md``; round counts at the bound
+  up to 2050).  The paper's appendix C instead runs a maximum-weight
+  matching per round and needs up to ~log2 n more rounds.
 
 All schedules are built for straggler n - 1 and relabelled; the output is
 deterministic.
@@ -65,9 +66,10 @@ def plan(n: int) -> tuple[list, str]:
     m, span = n - 1, (n - 1).bit_length()
     template = _template(m, span) if span + 1 < m else None
     if template is None:    # n = 3, 5: too few ranks for a template
-        return _finish([set() for _ in range(n)], 0, lower_bound(n) - 1, m), "flow planner"
-    steady, have = _steady_rounds(m, *template)
-    rounds = _finish(have, m, lower_bound(n) - 1, m)
+        lacking = [set(range(m)) - {g} for g in range(m)]
+        return _finish(lacking, 0, lower_bound(n) - 1, m), "flow planner"
+    steady, lacking = _steady_rounds(m, *template)
+    rounds = _finish(lacking, m, lower_bound(n) - 1, m)
     return steady + rounds, "template + flow endgame"
 
 
@@ -111,8 +113,7 @@ def _algorithm1(n):
         else:
             copies = _phase2(r, k, m, s, active)
         for _, dst, c, _ in copies:
-            if dst != s:
-                active[c].append(dst)
+            active[c].append(dst)
         if r - k in active:
             del active[r - k]
         exchange = []
@@ -183,11 +184,14 @@ def _template(m, span):
     Searches depth E of the finishing ages, then t (threes thrown inside
     compositions), the profile (how many offsets finish at each of the last
     E ages), then b (standalone 2-throws); the first candidate whose siteswap
-    is valid and whose cells can be selected wins.
+    is valid and whose cells can be selected wins.  Profiles are tried in a
+    seeded random order: for E = 4 most of them work, but not the first
+    few of the natural order, and there are thousands.
     """
     a_max = span + 1
     for e_depth in (2, 3, 4):
         profiles = list(_profiles(m, span, e_depth))
+        random.Random(m).shuffle(profiles)
         for threes_inside in range(4):
             for counts in profiles:
                 found = _try_profile(m, a_max, e_depth, counts, threes_inside)
@@ -326,108 +330,104 @@ def _select_cells(d, a_max, e_depth):
     (x, e) send as offsets receive at that age (d[x] = e, x != 0).
     """
     m = len(d)
-    quota = {e: 0 for e in range(a_max)}
+    quota = dict.fromkeys(range(a_max), 0)
     for h in d[1:]:
         quota[h] += 1
-    chosen, open_slots = {}, []
+    chosen, open_slots = {}, {}
     for y in range(m):
-        cells = [((y - e) % m, e) for e in range(a_max) if e < d[(y - e) % m]]
-        deep = [cell for cell in cells if cell[1] >= e_depth]
+        cells = [e for e in range(a_max) if e < d[(y - e) % m]]
+        deep = [e for e in cells if e >= e_depth]
         if len(cells) != 2 or len(deep) > 1 or (deep and y == a_max % m):
             return None
         if deep:
-            chosen[y] = deep[0]
-            quota[deep[0][1]] -= 1
+            chosen[y] = ((y - deep[0]) % m, deep[0])
+            quota[deep[0]] -= 1
         elif y != a_max % m:
-            open_slots.append(cells)
+            open_slots.setdefault(tuple(cells), []).append(y)
     if any(quota[e] for e in range(e_depth, a_max)):
         return None
-    picks = _pick_one_each([(a[1], b[1]) for a, b in open_slots],
-                           {e: quota[e] for e in range(e_depth)})
-    if picks is None:
+    first = _split_pairs({pair: len(ys) for pair, ys in open_slots.items()},
+                         {e: quota[e] for e in range(e_depth)})
+    if first is None:
         return None
-    for cells, e in zip(open_slots, picks):
-        chosen[sum(cells[0]) % m] = next(cell for cell in cells if cell[1] == e)
+    for pair, ys in open_slots.items():
+        for i, y in enumerate(ys):
+            e = pair[0] if i < first[pair] else pair[1]
+            chosen[y] = ((y - e) % m, e)
     return chosen
 
 
-def _pick_one_each(options, quota):
-    """Pick one class of each pair in ``options`` meeting ``quota`` exactly, or None.
-
-    A b-matching of pairs to at most four classes: place each pair, moving
-    earlier picks along a shortest chain of classes when both are full.
-    """
-    if len(options) != sum(quota.values()):
+def _split_pairs(pairs, quota):
+    """How many slots of each pair ``(e1, e2)`` pick e1, so that every e is
+    picked ``quota[e]`` times, or None: a maximum flow on a graph of at most
+    ten nodes (pair types and classes e < E <= 4)."""
+    if sum(pairs.values()) != sum(quota.values()):
         return None
-    left = dict(quota)
-    picks = [None] * len(options)
-    holding = {}                      # (picked, other) -> indices
-    for i, pair in enumerate(options):
-        free = [e for e in pair if left[e] > 0]
-        if free:
-            _take(i, free[0], pair, picks, holding, left)
-            continue
-        path = _class_path(pair, left, holding)
-        if path is None:
-            return None
-        for src, dst in reversed(path[1:]):
-            j = holding[(src, dst)].pop()
-            _take(j, dst, options[j], picks, holding, left)
-            left[src] += 1
-        _take(i, path[0], pair, picks, holding, left)
-    return picks
+    residual = {"source": dict(pairs), "sink": dict.fromkeys(quota, 0)}
+    for e, count in quota.items():
+        residual[e] = {"sink": count} | {pair: 0 for pair in pairs if e in pair}
+    for pair, count in pairs.items():
+        residual[pair] = {"source": 0, pair[0]: count, pair[1]: count}
+    total = 0
+    while (path := _augmenting_path(residual, "source", "sink")) is not None:
+        push = min(residual[u][v] for u, v in path)
+        for u, v in path:
+            residual[u][v] -= push
+            residual[v][u] += push
+        total += push
+    if total != sum(pairs.values()):
+        return None
+    return {pair: count - residual[pair][pair[0]] for pair, count in pairs.items()}
 
 
-def _take(i, e, pair, picks, holding, left):
-    picks[i] = e
-    left[e] -= 1
-    holding.setdefault((e, pair[0] + pair[1] - e), []).append(i)
-
-
-def _class_path(pair, left, holding):
-    """Classes [c0, (c0, c1), (c1, c2), ...] from a class of ``pair`` to one with room."""
-    prev = {e: None for e in pair}
-    queue = deque(pair)
+def _augmenting_path(residual, source, sink):
+    """The edges of a shortest source-sink path with capacity left, or None."""
+    prev = {source: None}
+    queue = deque([source])
     while queue:
-        src = queue.popleft()
-        for (picked, other), idx in holding.items():
-            if picked == src and idx and other not in prev:
-                prev[other] = src
-                if left[other] > 0:
-                    path = [other]
-                    while prev[path[-1]] is not None:
-                        path.append(prev[path[-1]])
-                    path.reverse()
-                    return [path[0]] + list(zip(path, path[1:]))
-                queue.append(other)
+        u = queue.popleft()
+        for v, capacity in residual[u].items():
+            if capacity and v not in prev:
+                prev[v] = u
+                if v == sink:
+                    path = []
+                    while prev[v] is not None:
+                        path.append((prev[v], v))
+                        v = prev[v]
+                    return path
+                queue.append(v)
     return None
 
 
 def _steady_rounds(m, d, cells, a_max):
-    """Rounds 0..m-1 of the template, and what every rank then holds.
+    """Rounds 0..m-1 of the template, and what every rank then lacks.
 
-    Returns the rounds and ``have``: per rank (the straggler last) the set
-    of chunks it holds fully reduced after round m - 1.
+    Returns the rounds and ``missing``: per non-straggler the chunks it
+    still lacks after round m - 1 (offset x gets chunk c in round
+    c + a_max - d[x], so only the last ``a_max`` chunks can be missing).
     """
     receivers = {a: [x for x in range(1, m) if d[x] == a_max - a] for a in range(1, a_max + 1)}
     senders = {a: [] for a in range(1, a_max + 1)}
     for y in sorted(cells):
         x, e = cells[y]
         senders[a_max - e].append(x)
-    rounds = [[(t, m, t, True), (m, t, t, True)] for t in range(m)]
-    have = [{g} for g in range(m)] + [set(range(m))]
-    for a in range(1, a_max + 1):
-        for c in range(m - a):
-            for xs, xr in zip(senders[a], receivers[a], strict=True):
-                dst = (c + xr) % m
-                rounds[c + a].append(((c + xs) % m, dst, c, False))
-                have[dst].add(c)
-    return rounds, have
+    pairs = {a: list(zip(senders[a], receivers[a], strict=True)) for a in senders}
+    rounds = []
+    for t in range(m):
+        rounds.append([(t, m, t, True), (m, t, t, True)] + [
+            ((c + xs) % m, (c + xr) % m, c, False)
+            for a in range(1, min(t, a_max) + 1) for c in [t - a] for xs, xr in pairs[a]])
+    missing = [set() for _ in range(m)]
+    for c in range(max(0, m - a_max), m):
+        for x in range(1, m):
+            if c + a_max - d[x] > m - 1:
+                missing[(c + x) % m].add(c)
+    return rounds, missing
 
 
 # --- The flow planner (endgame, tiny n) -------------------------------------
 
-def _finish(have, start, last, m):
+def _finish(lacking, start, last, m):
     """Rounds from ``start`` on that leave every chunk on every rank.
 
     Plans to finish by round ``last``; after ``_TRIES`` failed seeds it
@@ -436,28 +436,33 @@ def _finish(have, start, last, m):
     """
     while True:
         for seed in range(_TRIES):
-            rounds = _plan_rounds(have, start, last, m, random.Random(seed))
+            rounds = _plan_rounds(lacking, start, last, m, random.Random(seed))
             if rounds is not None:
                 return rounds
         last += 1
 
 
-def _plan_rounds(have, start, last, m, rnd):
-    """Rounds ``start``.. from holdings ``have`` (per rank, straggler last), or None.
+def _plan_rounds(lacking, start, last, m, rnd):
+    """Rounds ``start``.. given the chunks each non-straggler lacks, or None.
 
     None if the chunks are not everywhere after round ``last``.  Rounds
-    before m also carry the straggler's exchange.
+    before m also carry the straggler's exchange.  ``holders`` keeps only
+    the reduced chunks some rank still lacks (the straggler among the
+    holders).
     """
-    holders = {c: {g for g, h in enumerate(have) if c in h} for c in range(min(start, m))}
-    missing = [set(range(m)) - have[g] - {g} for g in range(m)]
+    missing = [set(chunks) for chunks in lacking]
+    holders = {c: {g for g in range(m) if c not in missing[g]} | {m}
+               for c in set().union(*missing) if c < start}
     rounds = []
     for t in range(start, last + 1):
         copies = _round_copies(t, last, m, holders, missing, rnd)
         if copies is None:
             return None
-        for src, dst, c in copies:
+        for _, dst, c in copies:
             holders[c].add(dst)
             missing[dst].discard(c)
+            if len(holders[c]) == m + 1:
+                del holders[c]
         exchange = []
         if t < m:
             holders[t] = {t, m}
@@ -481,24 +486,21 @@ def _round_copies(t, last, m, holders, missing, rnd):
     """
     left = last - t + 1
     busy = t if t < m else None
-    live = [c for c in holders if any(c in missing[g] for g in range(m))]
-    send = {c: [g for g in holders[c] if g != busy and (g < m or t >= m)] for c in live}
-    need = {}
-    for c in live:
-        lacking = sum(c in missing[g] for g in range(m))
-        need[c] = max(0, -(-(lacking - len(holders[c]) * (2 ** (left - 1) - 1)) // 2 ** (left - 1)))
-    options = {g: [c for c in live if c in missing[g]] for g in range(m) if g != busy}
+    send = {c: [g for g in h if g != busy and (g < m or t >= m)] for c, h in holders.items()}
+    need = {c: max(0, -(-(m + 1 - 2 ** (left - 1) * len(h)) // 2 ** (left - 1)))
+            for c, h in holders.items()}
+    options = {g: [c for c in holders if c in missing[g]] for g in range(m) if g != busy}
     for lists in (options, send):
         for values in lists.values():
             rnd.shuffle(values)
-    match = _Match(need)
-    _place_minimums(match, live, send, options, rnd)
-    if any(match.flow[c] < need[c] for c in live):
+    match = _Match(need, send)
+    _place_minimums(match, options, rnd)
+    if any(match.flow[c] < need[c] for c in holders):
         return None
     order = [g for g in options if g not in match.chunk]
     rnd.shuffle(order)
     for g in order:
-        match.augment(g, options, send)
+        match.augment(g, options)
     for g in options:
         rounds_left = left - (1 if t < g < m else 0)
         if g not in match.chunk and len(missing[g]) >= rounds_left:
@@ -506,14 +508,14 @@ def _round_copies(t, last, m, holders, missing, rnd):
     return [(match.sender[v], v, c) for v, c in match.chunk.items()]
 
 
-def _place_minimums(match, live, send, options, rnd):
+def _place_minimums(match, options, rnd):
     """Give each chunk its minimum of receivers, scarcest chunk first."""
     load = {}
-    for c in live:
-        for g in send[c]:
+    for senders in match.send.values():
+        for g in senders:
             load[g] = load.get(g, 0) + 1
-    for c in sorted(live, key=lambda c: -match.need[c] / max(1, len(send[c]))):
-        srcs = sorted((g for g in send[c] if g not in match.receiver), key=load.__getitem__)
+    for c in sorted(match.send, key=lambda c: -match.need[c] / max(1, len(match.send[c]))):
+        srcs = sorted((g for g in match.send[c] if g not in match.receiver), key=load.__getitem__)
         dsts = [g for g, opts in options.items() if c in opts and g not in match.chunk]
         rnd.shuffle(dsts)
         for u, v in list(zip(srcs, dsts))[:match.need[c]]:
@@ -521,10 +523,16 @@ def _place_minimums(match, live, send, options, rnd):
 
 
 class _Match:
-    """Receivers matched to a chunk and a sender, and each chunk's count."""
+    """Receivers matched to a chunk and a sender, and each chunk's count.
 
-    def __init__(self, need):
-        self.need = need
+    ``send[c]`` lists the ranks that can send chunk c this round.  A sender,
+    once busy, stays busy (it may only switch receivers), so a cursor per
+    chunk finds free senders in amortized constant time.
+    """
+
+    def __init__(self, need, send):
+        self.need, self.send = need, send
+        self.cursor = dict.fromkeys(send, 0)
         self.chunk = {}      # receiver -> chunk
         self.sender = {}     # receiver -> sender
         self.receiver = {}   # sender -> receiver
@@ -539,30 +547,42 @@ class _Match:
         self.chunk[v], self.sender[v], self.receiver[u] = c, u, v
         self.flow[c] += 1
 
-    def augment(self, v0, options, send):
-        """Serve v0 along a shortest augmenting path; False if there is none.
+    def free_sender(self, c):
+        """A rank that can send chunk c and sends nothing yet, or None."""
+        senders, i = self.send[c], self.cursor[c]
+        while i < len(senders) and senders[i] in self.receiver:
+            i += 1
+        self.cursor[c] = i
+        return senders[i] if i < len(senders) else None
+
+    def augment(self, v0, options):
+        """Serve v0 along a shortest augmenting path, if there is one.
 
         A step gives receiver v chunk c from sender u; if u served w, w
         needs a new sender, unless that would take w's chunk below its
-        minimum (then the step is not taken).
+        minimum (then the step is not taken).  Each chunk is expanded once.
         """
         prev = {v0: None}
+        expanded = set()
         queue = deque([v0])
         while queue:
             v = queue.popleft()
             for c in options[v]:
-                for u in send[c]:
-                    w = self.receiver.get(u)
-                    if w is None:
-                        path = [(v, c, u)]
-                        while prev[path[-1][0]] is not None:
-                            path.append(prev[path[-1][0]])
-                        for step in reversed(path):
-                            self.assign(step[2], step[0], step[1])
-                        return True
+                u = self.free_sender(c)
+                if u is not None:
+                    path = [(v, c, u)]
+                    while prev[path[-1][0]] is not None:
+                        path.append(prev[path[-1][0]])
+                    for step_v, step_c, step_u in reversed(path):
+                        self.assign(step_u, step_v, step_c)
+                    return
+            for c in options[v]:
+                if c in expanded:
+                    continue
+                expanded.add(c)
+                for u in self.send[c]:
+                    w = self.receiver[u]
                     kept = self.chunk[w]
-                    if w in prev or (kept != c and self.flow[kept] <= self.need[kept]):
-                        continue
-                    prev[w] = (v, c, u)
-                    queue.append(w)
-        return False
+                    if w not in prev and (kept == c or self.flow[kept] > self.need[kept]):
+                        prev[w] = (v, c, u)
+                        queue.append(w)
