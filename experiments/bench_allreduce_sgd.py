@@ -7,7 +7,6 @@ import argparse
 import os
 import time
 
-import h5py
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -15,7 +14,7 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel
 
 from collectives import Communicator
-from collectives.bench.provenance import run_attributes
+from collectives.bench.provenance import results_file, run_attributes
 from wagma.algorithms import create
 from wagma.torch_distributed import init_gloo
 
@@ -86,16 +85,12 @@ def main(argv=None):
               f"bucket {args.bucket_cap_mb:g} MB, median of {args.steps} steps")
         print(f"  step time ours {ours:.1f} ms, DDP {theirs:.1f} ms, "
               f"DDP / ours = {theirs / ours:.2f}")
-        out = args.out or os.path.join("results", f"allreduce_sgd_vs_ddp_n{world.size}.h5")
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with h5py.File(out, "w") as f:
-            f.attrs.update(attrs)
+        with results_file(args.out, f"allreduce_sgd_vs_ddp_n{world.size}.h5", attrs) as f:
             f.attrs.update(parameters=params, batch=args.batch, width=args.width,
                            depth=args.depth, bucket_cap_mb=args.bucket_cap_mb,
                            torch_version=str(torch.__version__), torch_threads=1)
             f["step_seconds"] = seconds
             f["step_seconds"].attrs["axes"] = "implementation (ours, ddp_gloo), step; max over ranks"
-        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,12 @@
 import argparse
 import os
 
-import h5py
 import numpy as np
 from mpi4py import MPI
 
 from ..blocking import ALLREDUCE_ALGORITHMS, allreduce
 from ..comm import Communicator
-from .provenance import run_attributes
+from .provenance import results_file, run_attributes
 
 __all__ = ["main", "measure"]
 
@@ -92,10 +91,7 @@ def main(argv=None):
             print(f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
                   f"{attrs['mpi_library']}")
             print(_table(names, sizes, times))
-            out = args.out or os.path.join("results", f"allreduce_n{comm.size}.h5")
-            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-            with h5py.File(out, "w") as f:
-                f.attrs.update(attrs)
+            with results_file(args.out, f"allreduce_n{comm.size}.h5", attrs) as f:
                 f.attrs.update(dtype="float32", reps=args.reps,
                                warmup=args.warmup, timing="max over ranks, "
                                "barrier to return, seconds")
@@ -103,4 +99,3 @@ def main(argv=None):
                 f["implementations"] = np.array(names, dtype="S")
                 f["seconds"] = times
                 f["seconds"].attrs["axes"] = "implementation, size, repetition"
-            print(f"wrote {out}")

@@ -1,15 +1,17 @@
 """What a benchmark file records about the run that made it."""
 
+import contextlib
 import datetime
 import os
 import platform
 import subprocess
 
+import h5py
 import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["run_attributes"]
+__all__ = ["results_file", "run_attributes"]
 
 
 def _git_commit() -> str:
@@ -40,3 +42,19 @@ def run_attributes(comm) -> dict:
         "git_commit": _git_commit(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
+
+
+@contextlib.contextmanager
+def results_file(out, default_name: str, attrs: dict):
+    """Write a benchmark's HDF5 file: ``out``, or ``results/default_name``.
+
+    Creates the folder, opens the file for writing with ``attrs`` (from
+    :func:`run_attributes`) as its attributes, yields it, and once it is
+    closed prints where it went.
+    """
+    path = out or os.path.join("results", default_name)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.attrs.update(attrs)
+        yield f
+    print(f"wrote {path}")

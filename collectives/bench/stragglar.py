@@ -21,7 +21,6 @@ import argparse
 import os
 import time
 
-import h5py
 import numpy as np
 from mpi4py import MPI
 
@@ -29,7 +28,7 @@ from ..blocking import allreduce
 from ..comm import Communicator
 from ..stragglar import broadcast_time, generate, rhd_time, ring_time, stragglar_time
 from ..stragglar.runtime import StragglerAwareAllreduce
-from .provenance import run_attributes
+from .provenance import results_file, run_attributes
 
 __all__ = ["main"]
 
@@ -208,10 +207,7 @@ def _report(args, attrs, straggler, scan, sweep, alpha, beta):
     print(f"\nstraggler delay {args.delay_ms:g} ms; median of {args.reps}; time after "
           f"the straggler's arrival (alpha-beta model) and total from the others' entry")
     print(_size_table(args.sizes, scan, model))
-    out = args.out or os.path.join("results", f"stragglar_n{n}.h5")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with h5py.File(out, "w") as f:
-        f.attrs.update(attrs)
+    with results_file(args.out, f"stragglar_n{n}.h5", attrs) as f:
         f.attrs.update(dtype="float32", reps=args.reps, warmup=args.warmup,
                        straggler=straggler, rounds=rounds, alpha_s=alpha, beta_s_per_byte=beta,
                        timing="seconds; total: from the non-stragglers' entry (after a "
@@ -239,4 +235,3 @@ def _report(args, attrs, straggler, scan, sweep, alpha, beta):
             f["sweep_seconds"].attrs["axes"] = ("implementation, delay, repetition, "
                                                 "(total, after_arrival)")
             f.attrs["critical_delay_s"] = np.nan if found is None else found
-    print(f"wrote {out}")

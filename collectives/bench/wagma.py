@@ -5,14 +5,13 @@ import os
 import resource
 import time
 
-import h5py
 import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
 from ..group_allreduce import group_allreduce
 from ..wait_avoiding import WaitAvoidingGroupAllreduce
-from .provenance import run_attributes
+from .provenance import results_file, run_attributes
 
 __all__ = ["main"]
 
@@ -152,10 +151,7 @@ def _report(size, group_size, args, attrs, steps, idle):
               + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}")
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
           f"(largest over ranks, {args.idle_seconds:g} s idle)")
-    out = args.out or os.path.join("results", f"wagma_n{size}.h5")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with h5py.File(out, "w") as f:
-        f.attrs.update(attrs)
+    with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
         f.attrs.update(size_bytes=int(args.size_mib * MIB), group_size=group_size,
                        iterations=args.iterations, warmup=args.warmup,
                        delay_ms=args.delay_ms,
@@ -173,4 +169,3 @@ def _report(size, group_size, args, attrs, steps, idle):
             if "delayed" not in g:
                 g["delayed"] = delays
                 g["delayed"].attrs["axes"] = "step, rank"
-    print(f"wrote {out}")
