@@ -239,16 +239,26 @@ def test_wagma_refuses_both_switches(comm):
                group_size=1, wait_avoiding=True, group_averaging=True)
 
 
-def test_dpsgd_reaches_the_initial_average_with_zero_learning_rate(comm):
+def _averaging_only(comm, name, steps, **options):
+    """``steps`` steps of algorithm ``name`` with learning rate 0 from a
+    different model on every rank, so that only the averaging moves the
+    parameters.  Returns the model, the algorithm and every rank's initial
+    parameters."""
     model = _mlp(seed=WORLD.rank)
-    average = torch.stack(WORLD.allgather(_flat_params(model))).mean(0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    algo = create("dpsgd", model, opt, comm)
+    initial = WORLD.allgather(_flat_params(model))
+    algo = create(name, model, torch.optim.SGD(model.parameters(), lr=0.0), comm, **options)
     x, y = _batches(1)[0]
-    for _ in range(120):   # ring of 8: the error shrinks by 0.81 per step
+    for _ in range(steps):
         algo.zero_grad()
         _train_step(model, x, y)
         algo.step()
+    return model, algo, initial
+
+
+def test_dpsgd_reaches_the_initial_average_with_zero_learning_rate(comm):
+    # Ring of 8: the error shrinks by 0.81 per step.
+    model, _, initial = _averaging_only(comm, "dpsgd", 120)
+    average = torch.stack(initial).mean(0)
     for final in WORLD.allgather(_flat_params(model)):
         torch.testing.assert_close(final, average, rtol=1e-5, atol=1e-5)
 
@@ -333,15 +343,9 @@ EVEN = WORLD.size == 1 or WORLD.size % 2 == 0
 
 @pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
 def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
-    model = _mlp(seed=WORLD.rank)
-    total = torch.stack(WORLD.allgather(_flat_params(model))).sum(0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    algo = create("adpsgd", model, opt, comm)
-    x, y = _batches(1)[0]
-    for _ in range(200):   # 100 rounds of right-left exchanges on the ring
-        algo.zero_grad()
-        _train_step(model, x, y)
-        algo.step()
+    # 200 steps: 100 rounds of right-left exchanges on the ring.
+    model, algo, initial = _averaging_only(comm, "adpsgd", 200)
+    total = torch.stack(initial).sum(0)
     algo.close()           # every requested exchange done, on every rank
     final = WORLD.allgather(_flat_params(model))
     torch.testing.assert_close(torch.stack(final).sum(0), total, rtol=1e-5, atol=1e-5)
