@@ -5,6 +5,15 @@ import numpy as np
 __all__ = ["plot_schedule", "plot_speedup", "schedule_grid"]
 
 
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, imported on first use
+    (it is slow to import and only the plotting commands need it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def schedule_grid(schedule) -> np.ndarray:
     """[round, rank] -> the chunk the rank receives in that round, -1 for none.
 
@@ -22,10 +31,7 @@ def plot_schedule(schedule, path: str):
     """Rounds by ranks, like Figure 4a of the StragglAR paper: each cell
     shows the chunk a rank receives in a round and from whom; hatched cells
     are the exchanges with the straggler (reductions)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     grid = schedule_grid(schedule)
     rounds, n = grid.shape
     fig, ax = plt.subplots(figsize=(max(4, 0.55 * n + 1.5), max(3, 0.4 * rounds + 1.2)))
@@ -53,10 +59,7 @@ def plot_schedule(schedule, path: str):
 
 def plot_speedup(ns, speedups: dict, path: str, title: str):
     """Speedup of StragglAR over each baseline against n (Figure 6b)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for name, values in speedups.items():
         ax.plot(ns, values, marker=".", label=f"over {name}")

@@ -181,8 +181,9 @@ class StragglerAwareAllreduce:
             self.comm.exchange(whole, order[1 - me], scratch.msg(0, buf.numel),
                                order[1 - me], _TAG_BROADCAST)
             buf.add_(0, buf.numel, scratch)
-            if self._scale() is not None:
-                buf.scale_(0, buf.numel, self._scale())
+            scale = self._scale()
+            if scale is not None:
+                buf.scale_(0, buf.numel, scale)
         span = 2
         while span < n:
             if me < span and me + span < n:
