@@ -1,0 +1,201 @@
+"""Load-imbalance models: who is slow at each step, by how much, the same on every rank.
+
+A model is parsed from a spec string (the ``--imbalance`` option of
+``experiments.train`` and of the simulator) and answers, for any step ``t``,
+a vector of ``P`` seconds.  The draw for step ``t`` comes from a generator
+seeded with ``(seed, t)`` alone, so every rank computes the same vector
+without communicating, a resumed run draws what the uninterrupted run would
+have drawn, and the simulator replays the exact delays of a measured run.
+
+Two kinds (``Imbalance.kind``):
+
+``"delay"``
+    seconds added to a rank's compute time at that step:
+
+    * ``random:k=2,ms=320`` - k ranks, chosen uniformly without replacement
+      at every step, are each delayed ``ms`` (WAGMA-SGD section 5.2: two
+      random ranks, 320 ms);
+    * ``bernoulli:p=0.01,ms=1000`` - every rank stalls with probability p,
+      independently at each step (the hierarchical-SGD post's emulation:
+      1 % of steps, 1 s);
+    * ``straggler:rank=0,ms=100`` - one rank is late by ``ms`` at every step
+      (StragglAR's persistent straggler).
+
+``"compute"``
+    the compute time itself at that step (a real forward/backward pass is
+    padded up to it; emulated compute sleeps exactly that long):
+
+    * ``lognormal:median_ms=2000,sigma=1.0[,min_ms=..,max_ms=..]`` - heavy
+      tailed, like the episode times of WAGMA's RL experiment (1.7 s to
+      43.5 s, median under 2 s);
+    * ``uniform:min_ms=10,max_ms=40``;
+    * ``trace:PATH`` - times in ms from a file (``.npy``, or text with one
+      row per step, whitespace- or comma-separated).  A 2-D trace
+      ``(steps, ranks)`` is replayed: rank r at step t takes
+      ``trace[t % steps, r % ranks]``.  A 1-D trace is an empirical
+      distribution: every (step, rank) draws one of its values, seeded.
+
+``none`` injects nothing (kind ``"delay"``, all zeros).
+"""
+
+import math
+import os
+
+import numpy as np
+
+__all__ = ["FORMS", "Imbalance", "parse_imbalance"]
+
+#: The accepted spec forms, for error messages and ``--help``.
+FORMS = ("none", "random:k=K,ms=MS", "bernoulli:p=P,ms=MS", "straggler:rank=R,ms=MS",
+         "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]", "uniform:min_ms=MS,max_ms=MS",
+         "trace:PATH")
+
+
+class Imbalance:
+    """Per-step, per-rank seconds from one imbalance model.
+
+    Attributes:
+        spec: the spec string it was parsed from.
+        kind: ``"delay"`` (added to compute) or ``"compute"`` (the compute time).
+        ranks: P, the number of ranks it draws for.
+        seed: the seed of every draw.
+    """
+
+    def __init__(self, spec, kind, ranks, seed, draw):
+        self.spec, self.kind, self.ranks, self.seed = spec, kind, ranks, seed
+        self._draw = draw
+
+    def seconds(self, step: int) -> np.ndarray:
+        """The ``(P,)`` seconds of step ``step``; identical on every rank."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        rng = np.random.default_rng([self.seed, step])
+        return np.asarray(self._draw(rng, step), dtype=np.float64)
+
+    def table(self, steps: int, first: int = 0) -> np.ndarray:
+        """Seconds of steps ``first .. first + steps - 1``, shape ``(steps, P)``."""
+        return np.stack([self.seconds(t) for t in range(first, first + steps)]) if steps \
+            else np.zeros((0, self.ranks))
+
+    def __repr__(self):
+        return f"Imbalance({self.spec!r}, kind={self.kind!r}, ranks={self.ranks}, seed={self.seed})"
+
+
+def _bad(spec, why):
+    return ValueError(f"--imbalance {spec!r}: {why}; accepted forms: {', '.join(FORMS)}")
+
+
+def _fields(spec, body, required, optional=()):
+    """``k=2,ms=320`` as floats, checking the names."""
+    fields = {}
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _bad(spec, f"expected name=value, got {item!r}")
+        try:
+            fields[key.strip()] = float(value)
+        except ValueError:
+            raise _bad(spec, f"{key.strip()} must be a number, got {value!r}") from None
+    missing = [k for k in required if k not in fields]
+    unknown = [k for k in fields if k not in (*required, *optional)]
+    if missing or unknown:
+        raise _bad(spec, f"needs {', '.join(required)}"
+                   + (f" (optional: {', '.join(optional)})" if optional else "")
+                   + (f"; missing {', '.join(missing)}" if missing else "")
+                   + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+    return fields
+
+
+def _ms(spec, fields, name, minimum=0.0):
+    value = fields[name]
+    if not math.isfinite(value) or value < minimum:
+        raise _bad(spec, f"{name} must be a number >= {minimum:g}, got {value:g}")
+    return value / 1e3
+
+
+def _read_trace(spec, path):
+    if not os.path.isfile(path):
+        raise _bad(spec, f"trace file {path!r} does not exist")
+    try:
+        trace = np.load(path) if path.endswith(".npy") else \
+            np.loadtxt(path, delimiter="," if path.endswith(".csv") else None, ndmin=1)
+    except (OSError, ValueError) as exc:
+        raise _bad(spec, f"cannot read trace file {path!r}: {exc}") from None
+    trace = np.asarray(trace, dtype=np.float64)
+    if trace.ndim not in (1, 2) or trace.size == 0 or not np.all(np.isfinite(trace)) \
+            or np.any(trace < 0):
+        raise _bad(spec, f"trace file {path!r} must hold a non-empty 1-D or 2-D array of "
+                         f"times >= 0 in ms, got shape {trace.shape}")
+    return trace / 1e3
+
+
+def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
+    """The :class:`Imbalance` that ``spec`` names, for ``ranks`` ranks.
+
+    Raises:
+        ValueError: an unknown form, a missing or unknown field, a value out
+            of range (k > P, rank >= P, p outside [0, 1], negative times), or
+            an unreadable trace; the message names ``--imbalance`` and lists
+            the accepted forms.  Pure and deterministic, so every rank raises
+            the same error before any communication.
+    """
+    if not isinstance(spec, str):
+        raise _bad(spec, "must be a string")
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
+    form, _, body = spec.strip().partition(":")
+    zeros = np.zeros(ranks)
+    if form == "none" and not body:
+        return Imbalance(spec, "delay", ranks, seed, lambda rng, t: zeros)
+    if form == "random":
+        f = _fields(spec, body, ("k", "ms"))
+        k, delay = f["k"], _ms(spec, f, "ms")
+        if k != int(k) or not 0 <= k <= ranks:
+            raise _bad(spec, f"k must be an integer in [0, {ranks}] (the number of ranks), got {k:g}")
+
+        def draw(rng, t):
+            out = np.zeros(ranks)
+            out[rng.choice(ranks, int(k), replace=False)] = delay
+            return out
+        return Imbalance(spec, "delay", ranks, seed, draw)
+    if form == "bernoulli":
+        f = _fields(spec, body, ("p", "ms"))
+        p, delay = f["p"], _ms(spec, f, "ms")
+        if not 0 <= p <= 1:
+            raise _bad(spec, f"p must be in [0, 1], got {p:g}")
+        return Imbalance(spec, "delay", ranks, seed, lambda rng, t: (rng.random(ranks) < p) * delay)
+    if form == "straggler":
+        f = _fields(spec, body, ("rank", "ms"))
+        rank, delay = f["rank"], _ms(spec, f, "ms")
+        if rank != int(rank) or not 0 <= rank < ranks:
+            raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}], got {rank:g}")
+        late = np.zeros(ranks)
+        late[int(rank)] = delay
+        return Imbalance(spec, "delay", ranks, seed, lambda rng, t: late)
+    if form == "lognormal":
+        f = _fields(spec, body, ("median_ms", "sigma"), ("min_ms", "max_ms"))
+        median = _ms(spec, f, "median_ms", minimum=1e-9)
+        sigma = f["sigma"]
+        if not sigma >= 0:
+            raise _bad(spec, f"sigma must be >= 0, got {sigma:g}")
+        lo = _ms(spec, f, "min_ms") if "min_ms" in f else 0.0
+        hi = _ms(spec, f, "max_ms") if "max_ms" in f else math.inf
+        if lo > hi:
+            raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
+        return Imbalance(spec, "compute", ranks, seed,
+                         lambda rng, t: np.clip(rng.lognormal(math.log(median), sigma, ranks), lo, hi))
+    if form == "uniform":
+        f = _fields(spec, body, ("min_ms", "max_ms"))
+        lo, hi = _ms(spec, f, "min_ms"), _ms(spec, f, "max_ms")
+        if lo > hi:
+            raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
+        return Imbalance(spec, "compute", ranks, seed, lambda rng, t: rng.uniform(lo, hi, ranks))
+    if form == "trace" and body:
+        trace = _read_trace(spec, body)
+        if trace.ndim == 2:
+            columns = np.arange(ranks) % trace.shape[1]
+            return Imbalance(spec, "compute", ranks, seed,
+                             lambda rng, t: trace[t % trace.shape[0], columns])
+        return Imbalance(spec, "compute", ranks, seed,
+                         lambda rng, t: trace[rng.integers(0, trace.size, ranks)])
+    raise _bad(spec, f"unknown form {form!r}")
