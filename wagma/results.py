@@ -1,0 +1,350 @@
+"""One HDF5 file per training run: what it is, how it is written, how it is read.
+
+Schema (``attrs["schema"] == "wagma-run/1"``):
+
+Root attributes
+    ``schema``, ``kind`` (``"measured"``; the simulator writes
+    ``"simulated"``), ``status`` (``"running"`` while the run writes,
+    ``"stopped"`` when it checkpointed and left to be resumed,
+    ``"failed"``, ``"complete"``), ``config`` (the full configuration as
+    JSON), ``algorithm``, ``ranks`` (P), ``group_size`` (S; 0 where the
+    algorithm has none), ``tau`` (0 where none), ``imbalance`` (the spec),
+    ``compute`` (``"real"`` or ``"emulate"``), ``model``, ``dataset``,
+    ``parameters`` (count), ``batch_size`` (per rank), ``seed``,
+    ``steps_planned`` (per rank), ``steps_per_epoch``, ``resumed_at``
+    (steps at which resumed segments began) and the provenance of
+    :func:`collectives.bench.provenance.run_attributes` (host names, MPI
+    library, git commit, start time...) plus ``torch_version``.
+
+``steps/<field>``: float64 ``[rank, step]``, NaN where nothing arrived
+    ``step_time``     seconds from the end of the rank's previous step to the end
+                      of this one, on the training clock
+    ``compute_time``  forward and backward (or the emulated sleep), including
+                      the injected delay
+    ``delay``         the injected part of ``compute_time``
+    ``comm_time``     seconds in the algorithm's ``step()``: the optimizer update
+                      and whatever communication the main thread does or waits for
+    ``wait_time``     ``comm_time`` minus the optimizer's update: waiting for
+                      peers, transfers not overlapped, the averaging arithmetic
+    ``loss``          the training loss of the rank's batch (NaN when emulated)
+    ``stale``         1 when the rank's contribution was stale (WAGMA-SGD,
+                      eager-SGD: a group version started without it), else 0
+    ``clock``         the training clock at the end of the step: seconds since
+                      the run's common start, evaluation and checkpoints excluded,
+                      continued across resumed segments
+    attribute ``steps.attrs["written"]``: every rank's rows are present for
+    steps ``0 .. written - 1``.
+
+``eval/<field>``: one row per evaluation of the averaged model
+    ``step``, ``epoch``, ``clock`` (the latest rank's training clock),
+    ``accuracy``, ``loss``; ``replica_accuracy`` ``[eval, rank]`` when each
+    replica is evaluated too (else NaN).
+
+``summary`` attributes (complete runs): ``throughput`` (samples/s over all
+    ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
+    ``final_accuracy``, ``best_accuracy``, ``mean_wait_time``,
+    ``stale_fraction``; :func:`summarize` recomputes them from the datasets
+    for any file, a partial one included.
+
+Rank 0 writes; the other ranks send their rows as they go (a
+:class:`~collectives.collect.RootCollector`, which never makes a rank wait
+for another).  While the run lasts the file is ``NAME.partial.h5``, opened,
+appended to and closed again at most every ``flush_seconds``, so a run that
+dies keeps what it measured up to the last flush in a readable file; at the
+end it is renamed to ``NAME.h5`` in one ``os.replace``.
+"""
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+from collectives.collect import RootCollector
+
+__all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "load_run", "partial_path", "summarize",
+           "write_run"]
+
+SCHEMA = "wagma-run/1"
+STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock")
+EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
+_CHUNK = 256
+
+
+def partial_path(path: str) -> str:
+    """Where a run writes ``path`` while it is not finished."""
+    stem = path[:-3] if path.endswith(".h5") else path
+    return stem + ".partial.h5"
+
+
+def _attr(value):
+    """An HDF5-storable attribute value (dicts and None as JSON)."""
+    if isinstance(value, (dict, list, tuple)) and not (
+            isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)):
+        return json.dumps(value)
+    return "null" if value is None else value
+
+
+class _FileWriter:
+    """The root's side: appends rows and evaluations to the partial file."""
+
+    def __init__(self, path, attrs, ranks, resume_step):
+        self.path, self.partial, self.ranks = path, partial_path(path), ranks
+        self.next_step = np.zeros(ranks, dtype=np.int64)
+        self._rows, self._evals = [], []
+        os.makedirs(os.path.dirname(os.path.abspath(self.partial)), exist_ok=True)
+        if resume_step is not None and os.path.exists(self.partial):
+            self._reopen(resume_step)
+        else:
+            self._create(attrs, resume_step or 0)
+
+    def _create(self, attrs, first_step):
+        with h5py.File(self.partial, "w") as f:
+            f.attrs.update({k: _attr(v) for k, v in attrs.items()})
+            f.attrs.update(schema=SCHEMA, status="running",
+                           resumed_at=np.array([first_step] if first_step else [], dtype=np.int64))
+            steps = f.create_group("steps")
+            for name in STEP_FIELDS:
+                steps.create_dataset(name, shape=(self.ranks, first_step), maxshape=(self.ranks, None),
+                                     dtype="f8", chunks=(self.ranks, _CHUNK), fillvalue=np.nan)
+            steps.attrs["written"] = first_step
+            ev = f.create_group("eval")
+            for name in EVAL_FIELDS:
+                ev.create_dataset(name, shape=(0,), maxshape=(None,), dtype="f8", chunks=(_CHUNK,))
+            ev.create_dataset("replica_accuracy", shape=(0, self.ranks), maxshape=(None, self.ranks),
+                              dtype="f8", chunks=(_CHUNK, self.ranks), fillvalue=np.nan)
+        self.next_step[:] = first_step
+
+    def _reopen(self, step):
+        """Continue an interrupted run's file from its checkpoint at ``step``."""
+        with h5py.File(self.partial, "a") as f:
+            for name in STEP_FIELDS:
+                ds = f["steps"][name]
+                ds.resize(min(ds.shape[1], step), axis=1)
+            f["steps"].attrs["written"] = min(int(f["steps"].attrs["written"]), step)
+            keep = int(np.sum(f["eval"]["step"][:] <= step))
+            for name in (*EVAL_FIELDS, "replica_accuracy"):
+                f["eval"][name].resize(keep, axis=0)
+            f.attrs["resumed_at"] = np.append(f.attrs["resumed_at"], step).astype(np.int64)
+            f.attrs["status"] = "running"
+        self.next_step[:] = step
+
+    def add_rows(self, rank, rows):
+        self._rows.append((rank, rows))
+
+    def add_eval(self, values, replica_accuracy):
+        self._evals.append(([values[k] for k in EVAL_FIELDS], replica_accuracy))
+
+    def flush(self, status=None, summary=None):
+        if not (self._rows or self._evals or status or summary):
+            return
+        with h5py.File(self.partial, "a") as f:
+            steps = f["steps"]
+            if self._rows:
+                end = max(int(rows[:, 0].max()) + 1 for _, rows in self._rows)
+                if end > steps[STEP_FIELDS[0]].shape[1]:
+                    for name in STEP_FIELDS:
+                        steps[name].resize(end, axis=1)
+                for rank, rows in self._rows:
+                    # One rank's rows arrive in order and consecutively.
+                    lo, hi = int(rows[0, 0]), int(rows[-1, 0]) + 1
+                    for i, name in enumerate(STEP_FIELDS, start=1):
+                        steps[name][rank, lo:hi] = rows[:, i]
+                    self.next_step[rank] = max(self.next_step[rank], hi)
+                steps.attrs["written"] = int(self.next_step.min())
+            if self._evals:
+                ev, n = f["eval"], f["eval"]["step"].shape[0]
+                for name in (*EVAL_FIELDS, "replica_accuracy"):
+                    ev[name].resize(n + len(self._evals), axis=0)
+                for i, (values, replicas) in enumerate(self._evals):
+                    for name, value in zip(EVAL_FIELDS, values):
+                        ev[name][n + i] = value
+                    if replicas is not None:
+                        ev["replica_accuracy"][n + i] = replicas
+            if summary:
+                f.require_group("summary").attrs.update({k: _attr(v) for k, v in summary.items()})
+            if status:
+                f.attrs["status"] = status
+        self._rows, self._evals = [], []
+
+
+class RunRecorder:
+    """Every rank's per-step measurements, into one run file written by rank 0.
+
+    Collective to construct and to :meth:`close`; :meth:`record` never
+    communicates synchronously (rows leave in blocks of ``post_every``).
+
+    Args:
+        comm: an ``mpi4py.MPI.Intracomm`` over the run's ranks.
+        path: the final file name (``.h5``); the partial one is
+            :func:`partial_path` of it.
+        attrs: root attributes (the configuration and provenance).
+        resume_step: continue the partial file of an interrupted run from
+            this step (rows at and after it are dropped), or start a new
+            file whose first ``resume_step`` columns are empty; None for a
+            fresh run.
+        flush_seconds: how often rank 0 rewrites the partial file at most.
+        post_every: steps a rank buffers before sending them.
+    """
+
+    def __init__(self, comm, path, attrs, *, resume_step=None, flush_seconds=2.0, post_every=8):
+        self.ranks = comm.Get_size()
+        self.collector = RootCollector(comm, 1 + len(STEP_FIELDS))
+        self.writer = _FileWriter(path, attrs, self.ranks, resume_step) \
+            if self.collector.is_root else None
+        self.flush_seconds, self.post_every = flush_seconds, post_every
+        self._buffer, self._last_flush = [], time.monotonic()
+
+    @property
+    def path(self):
+        return self.writer.path if self.writer else None
+
+    def record(self, step: int, **values):
+        """This rank's measurements of ``step`` (the :data:`STEP_FIELDS`)."""
+        self._buffer.append([step, *(values[k] for k in STEP_FIELDS)])
+        if len(self._buffer) >= self.post_every:
+            self.collector.post(np.array(self._buffer))
+            self._buffer = []
+        if self.writer:
+            self._drain()
+            if time.monotonic() - self._last_flush >= self.flush_seconds:
+                self.flush()
+
+    def record_eval(self, replica_accuracy=None, **values):
+        """On rank 0: one evaluation (the :data:`EVAL_FIELDS`)."""
+        if self.writer:
+            self.writer.add_eval(values, replica_accuracy)
+
+    def _drain(self):
+        for rank, rows in self.collector.poll():
+            self.writer.add_rows(rank, rows)
+
+    def flush(self):
+        """Rank 0: write what has arrived (local; the others: nothing)."""
+        if self.writer:
+            self._drain()
+            self.writer.flush()
+            self._last_flush = time.monotonic()
+
+    def close(self, status: str):
+        """Collective: gather every rank's remaining rows, write the
+        :func:`summarize` figures and ``status``; ``"complete"`` renames the
+        file to its final name.  Returns the path written (rank 0) or None."""
+        if self._buffer:
+            self.collector.post(np.array(self._buffer))
+            self._buffer = []
+        for rank, rows in self.collector.finish():
+            self.writer.add_rows(rank, rows)
+        self.collector.close()
+        if not self.writer:
+            return None
+        self.writer.flush()
+        self.writer.flush(status=status, summary=summarize(load_run(self.writer.partial)))
+        if status != "complete":
+            return self.writer.partial
+        os.replace(self.writer.partial, self.writer.path)
+        return self.writer.path
+
+    def abandon(self, status: str = "failed"):
+        """After an error, without communicating: rank 0 writes what has
+        arrived and marks the partial file with ``status``."""
+        if self.writer:
+            self._drain()
+            self.writer.flush(status=status)
+
+
+def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
+              status: str = "complete"):
+    """Write a whole run file at once (the simulator's results, test fixtures).
+
+    ``steps``: every :data:`STEP_FIELDS` name -> a ``(P, T)`` array;
+    ``evals``: :data:`EVAL_FIELDS` names (and optionally
+    ``replica_accuracy``, ``(E, P)``) -> arrays of one length.  The summary
+    is :func:`summarize`'s.
+    """
+    missing = [k for k in STEP_FIELDS if k not in steps]
+    if missing:
+        raise ValueError(f"steps is missing {', '.join(missing)}")
+    ranks, count = np.shape(steps["clock"])
+    writer = _FileWriter(path, attrs, ranks, None)
+    table = np.stack([np.asarray(steps[k], dtype=np.float64) for k in STEP_FIELDS], axis=-1)
+    for rank in range(ranks):
+        writer.add_rows(rank, np.column_stack([np.arange(count), table[rank]]))
+    evals = evals or {}
+    for i in range(len(evals.get("step", ()))):
+        replicas = evals["replica_accuracy"][i] if "replica_accuracy" in evals else None
+        writer.add_eval({k: evals[k][i] for k in EVAL_FIELDS}, replicas)
+    writer.flush()
+    run = load_run(writer.partial)
+    writer.flush(status=status, summary=summarize(run))
+    os.replace(writer.partial, path)
+
+
+@dataclass
+class Run:
+    """A run file's content: attributes, the written steps, evaluations, summary."""
+
+    path: str
+    attrs: dict
+    steps: dict = field(default_factory=dict)       # field -> (P, written) array
+    eval: dict = field(default_factory=dict)        # field -> (E,) array
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def config(self) -> dict:
+        return json.loads(self.attrs.get("config", "{}"))
+
+
+def _plain(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def load_run(path: str) -> Run:
+    """Read a run file (complete or partial) into memory; the summary is
+    :func:`summarize`'s, with the stored one's values where present."""
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: not a run file of schema {SCHEMA!r} "
+                             f"(got {f.attrs.get('schema')!r})")
+        attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        written = int(f["steps"].attrs["written"])
+        steps = {k: f["steps"][k][:, :written] for k in STEP_FIELDS}
+        evals = {k: f["eval"][k][:] for k in f["eval"]}
+        stored = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else {}
+    run = Run(path, attrs, steps, evals)
+    run.summary = {**summarize(run), **stored}
+    return run
+
+
+def summarize(run: Run, skip: int = 0) -> dict:
+    """Throughput and accuracy figures of a run, from its datasets.
+
+    Throughput counts every rank's samples of steps ``skip .. written - 1``
+    over the time from the latest rank's end of step ``skip - 1`` (the run's
+    start when ``skip`` is 0) to the latest rank's end of the last step, on
+    the training clock: what a user waits for, evaluation excluded.
+    """
+    clock = run.steps["clock"]
+    ranks, written = clock.shape
+    batch = int(run.attrs.get("batch_size", 0))
+    out = {"steps": written, "samples": ranks * batch * written}
+    if written > skip:
+        start = float(np.nanmax(clock[:, skip - 1])) if skip else 0.0
+        elapsed = float(np.nanmax(clock[:, -1])) - start
+        out["train_time"] = float(np.nanmax(clock[:, -1]))
+        if elapsed > 0:
+            out["steps_per_second"] = (written - skip) / elapsed
+            out["throughput"] = ranks * batch * (written - skip) / elapsed
+        out["mean_wait_time"] = float(np.nanmean(run.steps["wait_time"]))
+        out["stale_fraction"] = float(np.nanmean(run.steps["stale"]))
+    accuracy = run.eval.get("accuracy", np.zeros(0))
+    if accuracy.size and np.any(np.isfinite(accuracy)):
+        out["final_accuracy"] = float(accuracy[-1])
+        out["best_accuracy"] = float(np.nanmax(accuracy))
+    return out
