@@ -80,7 +80,10 @@ def partial_path(path: str) -> str:
 
 
 def _attr(value):
-    """An HDF5-storable attribute value (dicts and None as JSON)."""
+    """An HDF5-storable attribute value (dicts and None as JSON; str
+    subclasses such as ``torch.__version__`` as plain str)."""
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, (dict, list, tuple)) and not (
             isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)):
         return json.dumps(value)
@@ -132,7 +135,8 @@ class _FileWriter:
         self.next_step[:] = step
 
     def add_rows(self, rank, rows):
-        self._rows.append((rank, rows))
+        if len(rows):
+            self._rows.append((rank, rows))
 
     def add_eval(self, values, replica_accuracy):
         self._evals.append(([values[k] for k in EVAL_FIELDS], replica_accuracy))

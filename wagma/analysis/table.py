@@ -1,0 +1,193 @@
+"""One comparison row per run: throughput, speedup over a baseline, accuracy, waiting."""
+
+import csv
+import math
+import os
+
+import numpy as np
+
+from wagma.results import Run, load_run, summarize
+
+from .files import is_partial
+
+__all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "mean_throughput",
+           "time_to_accuracy", "write_csv"]
+
+#: The keys of a :func:`compare` row, in CSV order.  Values are in the run
+#: file's units (seconds, accuracy as a fraction); None where there is none.
+ROW_FIELDS = ("file", "algorithm", "ranks", "group_size", "tau", "imbalance", "compute", "model",
+              "dataset", "batch_size", "status", "file_status", "steps", "steps_planned", "skip",
+              "throughput", "baseline", "speedup", "final_accuracy", "best_accuracy",
+              "target_accuracy", "time_to_target", "mean_wait_time", "stale_fraction")
+
+
+def time_to_accuracy(run: Run, target: float) -> float | None:
+    """Training-clock seconds at the first evaluation whose accuracy reaches
+    ``target`` (a fraction), None if none does."""
+    accuracy = np.asarray(run.eval.get("accuracy", ()), dtype=np.float64)
+    clock = np.asarray(run.eval.get("clock", ()), dtype=np.float64)
+    reached = np.flatnonzero(accuracy >= target)  # NaN compares False
+    return float(clock[reached[0]]) if reached.size else None
+
+
+def baseline_key(row: dict) -> tuple:
+    """What a run shares with the baseline run its speedup is measured
+    against: P, imbalance, compute mode, model, dataset and per-rank batch."""
+    return tuple(row[k] for k in ("ranks", "imbalance", "compute", "model", "dataset", "batch_size"))
+
+
+def mean_throughput(rows: list[dict]) -> float | None:
+    """The mean throughput of repeated runs: of the complete ones if there
+    are any, else of the partial ones; None when none has a throughput."""
+    rows = [r for r in rows if r["throughput"] is not None]
+    rows = [r for r in rows if r["status"] == "complete"] or rows
+    return float(np.mean([r["throughput"] for r in rows])) if rows else None
+
+
+def _number(value):
+    """A finite float, or None (NaN, missing)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
+    attrs = run.attrs
+    summary = run.summary if skip is None else summarize(run, skip=skip)
+    written = int(run.steps["clock"].shape[1]) if "clock" in run.steps else 0
+    file_status = str(attrs.get("status", "unknown"))
+    return {
+        "file": run.path,
+        "algorithm": str(attrs.get("algorithm", "?")),
+        "ranks": int(attrs.get("ranks", run.steps["clock"].shape[0] if "clock" in run.steps else 0)),
+        "group_size": int(attrs.get("group_size", 0)),
+        "tau": int(attrs.get("tau", 0)),
+        "imbalance": str(attrs.get("imbalance", "none")),
+        "compute": str(attrs.get("compute", "?")),
+        "model": str(attrs.get("model", "?")),
+        "dataset": str(attrs.get("dataset", "?")),
+        "batch_size": int(attrs.get("batch_size", 0)),
+        "status": "complete" if file_status == "complete" and not is_partial(run.path) else "partial",
+        "file_status": file_status,
+        "steps": written,
+        "steps_planned": int(attrs.get("steps_planned", 0)),
+        "skip": skip or 0,
+        "throughput": _number(summary.get("throughput")),
+        "baseline": baseline,
+        "speedup": None,
+        "final_accuracy": _number(summary.get("final_accuracy")),
+        "best_accuracy": _number(summary.get("best_accuracy")),
+        "target_accuracy": target,
+        "time_to_target": time_to_accuracy(run, target),
+        "mean_wait_time": _number(summary.get("mean_wait_time")),
+        "stale_fraction": _number(summary.get("stale_fraction")),
+    }
+
+
+def _sort_key(row: dict) -> tuple:
+    return (row["imbalance"] != "none", row["imbalance"], row["compute"], row["ranks"],
+            row["algorithm"], row["group_size"], row["tau"], row["model"], row["dataset"], row["file"])
+
+
+def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
+            skip: int | None = None) -> list[dict]:
+    """One row (a dict of :data:`ROW_FIELDS`) per run, sorted by imbalance
+    (``none`` first), compute mode, P and algorithm.
+
+    The speedup of a run is its throughput over the :func:`mean_throughput`
+    of the ``baseline`` algorithm's runs with the same :func:`baseline_key`
+    (the complete ones if there are any); None where there is no such run.
+
+    Args:
+        runs: :class:`~wagma.results.Run` objects or run file paths.
+        baseline: the algorithm name speedups are measured against.
+        target_accuracy: the accuracy (a fraction) whose first evaluation
+            gives ``time_to_target``.
+        skip: recompute the summary with :func:`~wagma.results.summarize`,
+            whose throughput leaves out the first ``skip`` steps (warm-up);
+            None keeps the summary stored in the file.
+    """
+    if not 0 < target_accuracy <= 1:
+        raise ValueError(f"target_accuracy must be a fraction in (0, 1], got {target_accuracy}")
+    if skip is not None and skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
+    runs = [load_run(os.fspath(r)) if isinstance(r, (str, os.PathLike)) else r for r in runs]
+    rows = sorted((_row(run, baseline, target_accuracy, skip) for run in runs), key=_sort_key)
+    references = {}
+    for row in rows:
+        if row["algorithm"] == baseline:
+            references.setdefault(baseline_key(row), []).append(row)
+    references = {key: mean_throughput(same) for key, same in references.items()}
+    for row in rows:
+        reference = references.get(baseline_key(row))
+        if row["throughput"] is not None and reference:
+            row["speedup"] = row["throughput"] / reference
+    return rows
+
+
+def _status(row: dict) -> str:
+    if row["status"] == "complete":
+        return "complete"
+    planned = f" of {row['steps_planned']}" if row["steps_planned"] else ""
+    cause = f" ({row['file_status']})" if row["file_status"] not in ("running", "complete") else ""
+    return f"partial{cause}: {row['steps']}{planned} steps"
+
+
+def _fmt(value, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _columns(rows: list[dict]) -> list:
+    """(header, alignment, cell of a row) for every table column."""
+    target = rows[0]["target_accuracy"] if rows else 0.9
+    baseline = rows[0]["baseline"] if rows else None
+    return [
+        ("algorithm", "<", lambda r: r["algorithm"]),
+        ("P", ">", lambda r: str(r["ranks"])),
+        ("S", ">", lambda r: str(r["group_size"]) if r["group_size"] else "-"),
+        ("tau", ">", lambda r: str(r["tau"]) if r["tau"] else "-"),
+        ("imbalance", "<", lambda r: r["imbalance"]),
+        ("compute", "<", lambda r: r["compute"]),
+        ("status", "<", _status),
+        ("samples/s", ">", lambda r: _fmt(r["throughput"], ".1f")),
+        (f"speedup vs {baseline}" if baseline else "speedup", ">", lambda r: _fmt(r["speedup"], ".2f")),
+        ("final acc %", ">", lambda r: _fmt(r["final_accuracy"], ".2f", 100)),
+        ("best acc %", ">", lambda r: _fmt(r["best_accuracy"], ".2f", 100)),
+        (f"time to {target * 100:g}% (s)", ">", lambda r: _fmt(r["time_to_target"], ".1f")),
+        ("wait ms/step", ">", lambda r: _fmt(r["mean_wait_time"], ".2f", 1000)),
+        ("stale", ">", lambda r: _fmt(r["stale_fraction"], ".3f")),
+    ]
+
+
+#: The headers of the printed table (time to target and speedup name their
+#: target and baseline).
+COLUMNS = tuple(header for header, _, _ in _columns([]))
+
+
+def format_table(rows: list[dict], markdown: bool = False) -> str:
+    """The rows of :func:`compare` as a text table aligned in columns, or as
+    a GitHub markdown table; accuracies in percent, wait in milliseconds."""
+    columns = _columns(rows)
+    cells = [[header for header, _, _ in columns]]
+    cells += [[cell(row) for _, _, cell in columns] for row in rows]
+    if markdown:
+        cells = [[c.replace("|", "\\|") for c in line] for line in cells]
+        rule = ["---:" if align == ">" else "---" for _, align, _ in columns]
+        return "\n".join("| " + " | ".join(line) + " |" for line in [cells[0], rule, *cells[1:]])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    aligns = [align for _, align, _ in columns]
+    lines = ["  ".join(format(c, f"{a}{w}") for c, a, w in zip(line, aligns, widths)).rstrip()
+             for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    """The rows of :func:`compare` as CSV with the :data:`ROW_FIELDS` as
+    header, in the run files' units (seconds, fractions); empty where None."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row[k] is None else row[k] for k in ROW_FIELDS})
