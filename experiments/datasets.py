@@ -1,0 +1,345 @@
+"""Datasets by name for the training runs, each rank reading its own equal shard of the training set."""
+
+import dataclasses
+import os
+import pickle
+
+import numpy as np
+import torch
+
+__all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "translation"]
+
+#: Token ids of the sequence tasks: padding, begin and end of sequence; content tokens are 3 and up.
+PAD, BOS, EOS = 0, 1, 2
+
+#: Random streams, one per purpose, so that no two draw from the same generator.
+_SPLIT, _SHARD, _EPOCH, _TRAIN, _TEST, _TOKEN_MAP = range(6)
+
+# The per-channel mean and standard deviation of CIFAR-10's 50,000 training images (pixels in [0, 1]).
+_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+_CIFAR_STD = (0.2470, 0.2435, 0.2616)
+_CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+
+# Synthetic samples by model: input shape and classes, or None for sequence pairs like ``translation``.
+_SYNTHETIC = {"mlp": ((64,), 10), "resnet20": ((3, 32, 32), 10), "resnet18": ((3, 224, 224), 1000),
+              "resnet50": ((3, 224, 224), 1000), "transformer": None, "transformer-base": None}
+
+
+def _rng(seed, stream, *keys):
+    """The numpy generator of one purpose (``stream``), seeded by ``seed`` and ``keys``."""
+    return np.random.default_rng([seed, stream, *keys])
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """What a model needs to know about a dataset.
+
+    Args:
+        name: the dataset's registry name.
+        task: ``"classification"`` (batches ``(x, y)``) or ``"seq2seq"``
+            (batches ``(src, tgt)`` of token ids, padded with ``PAD``).
+        input_shape: one sample's shape; for seq2seq ``(L,)``, L the longest source.
+        train_size: samples in the whole training set (all ranks' shards and the remainder).
+        test_size: samples in the test set.
+        num_classes: classes (classification only).
+        vocab_size: tokens, ``PAD``, ``BOS`` and ``EOS`` included (seq2seq only).
+    """
+
+    name: str
+    task: str
+    input_shape: tuple
+    train_size: int
+    test_size: int
+    num_classes: int | None = None
+    vocab_size: int | None = None
+
+    def __post_init__(self):
+        if self.task not in ("classification", "seq2seq"):
+            raise ValueError(f"task must be 'classification' or 'seq2seq', got {self.task!r}")
+
+
+class Dataset:
+    """A training set sharded over ranks and a test set, served in batches of tensors.
+
+    Sharding: the training set is permuted once by ``seed`` and cut into
+    ``ranks`` equal contiguous parts (the remainder of ``train_size / ranks``
+    is left out); rank ``rank`` trains on part ``rank``.  Each epoch visits
+    the shard in an order drawn from ``(seed, rank, epoch)`` and drops the
+    last incomplete batch, so every rank takes the same number of steps.
+
+    Subclasses provide the samples: ``_batch(split, indices)`` returns the
+    tensors of the samples at ``indices`` of ``"train"`` or ``"test"``.
+
+    Args:
+        spec: the dataset's ``DataSpec``.
+        seed: seeds the shards and the epoch orders.
+        rank: this process's shard, ``0 <= rank < ranks``.
+        ranks: the number of shards (processes), ``1 <= ranks <= spec.train_size``.
+    """
+
+    def __init__(self, spec, *, seed=0, rank=0, ranks=1):
+        if not 1 <= ranks <= spec.train_size:
+            raise ValueError(f"ranks must be in [1, {spec.train_size}] (the training samples), got {ranks}")
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
+        self.spec, self.seed, self.rank, self.ranks = spec, seed, rank, ranks
+        size = spec.train_size // ranks
+        self._shard = _rng(seed, _SHARD).permutation(spec.train_size)[rank * size:(rank + 1) * size]
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.spec.name!r}, seed={self.seed}, rank={self.rank}, ranks={self.ranks})"
+
+    @property
+    def train_indices(self):
+        """Indices into the training set of this rank's shard (a copy)."""
+        return self._shard.copy()
+
+    def steps_per_epoch(self, batch_size):
+        """Full batches of ``batch_size`` in one epoch of a shard: the same on every rank."""
+        if not 1 <= batch_size <= len(self._shard):
+            raise ValueError(f"batch_size must be in [1, {len(self._shard)}] (the samples of one rank's shard "
+                             f"of {self.spec.name!r} over {self.ranks} ranks), got {batch_size}")
+        return len(self._shard) // batch_size
+
+    def train_batches(self, epoch, batch_size, start=0):
+        """This rank's batches of epoch ``epoch``, from batch index ``start`` on.
+
+        The order depends only on ``(seed, rank, epoch)``: starting at
+        ``start`` gives exactly the batches ``start, start + 1, ...`` of a
+        full iteration (to resume a run).
+        """
+        steps = self.steps_per_epoch(batch_size)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if not 0 <= start <= steps:
+            raise ValueError(f"start must be in [0, {steps}] (batches per epoch), got {start}")
+        order = _rng(self.seed, _EPOCH, self.rank, epoch).permutation(self._shard)
+        for step in range(start, steps):
+            yield self._batch("train", order[step * batch_size:(step + 1) * batch_size])
+
+    def test_batches(self, batch_size, rank=None, ranks=None):
+        """The test set in order, in batches of ``batch_size`` (the last one may be smaller).
+
+        With ``rank`` and ``ranks``, only part ``rank`` of the test set cut
+        into ``ranks`` contiguous parts (sizes differ by at most one), so that
+        ranks evaluate in parallel and sum their counts.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if (rank is None) != (ranks is None):
+            raise ValueError(f"rank and ranks go together, got rank={rank} and ranks={ranks}")
+        if ranks is None:
+            rank, ranks = 0, 1
+        if ranks < 1 or not 0 <= rank < ranks:
+            raise ValueError(f"rank must be in [0, ranks) and ranks >= 1, got rank={rank} and ranks={ranks}")
+        size = self.spec.test_size
+        begin, end = rank * size // ranks, (rank + 1) * size // ranks
+        for first in range(begin, end, batch_size):
+            yield self._batch("test", np.arange(first, min(first + batch_size, end)))
+
+    def _batch(self, split, indices):
+        raise NotImplementedError
+
+
+class _ArrayClassification(Dataset):
+    """Classification samples held in memory as numpy arrays; ``transform``
+    turns a batch of them into a float32 tensor."""
+
+    def __init__(self, spec, train, test, transform, **sharding):
+        super().__init__(spec, **sharding)
+        self._arrays = {"train": train, "test": test}
+        self._transform = transform
+
+    def _batch(self, split, indices):
+        x, y = self._arrays[split]
+        return self._transform(x[indices]), torch.from_numpy(y[indices].astype(np.int64))
+
+
+class _SyntheticClassification(Dataset):
+    """Random classification samples made when a batch asks for them.
+
+    Sample ``i`` of a split is drawn from its own generator seeded by
+    ``(seed, split, i)``: uniform 8-bit values scaled to [-1, 1]
+    and a uniform label, so the data is fixed but never held in memory
+    (about 0.15 ms per 3x224x224 sample on one core).
+    """
+
+    def _batch(self, split, indices):
+        stream = _TRAIN if split == "train" else _TEST
+        x = np.empty((len(indices), *self.spec.input_shape), dtype=np.uint8)
+        y = np.empty(len(indices), dtype=np.int64)
+        for row, index in enumerate(indices):
+            rng = _rng(self.seed, stream, index)
+            x[row] = rng.integers(0, 256, self.spec.input_shape, dtype=np.uint8)
+            y[row] = rng.integers(self.spec.num_classes)
+        return torch.from_numpy(x).float().div_(127.5).sub_(1.0), torch.from_numpy(y)
+
+
+class _Seq2Seq(Dataset):
+    """Token sequence pairs held in memory, padded to the longest pair of each batch."""
+
+    def __init__(self, spec, train, test, **sharding):
+        super().__init__(spec, **sharding)
+        self._pairs = {"train": train, "test": test}
+
+    def _batch(self, split, indices):
+        src, src_len, tgt, tgt_len = self._pairs[split]
+        src_width, tgt_width = src_len[indices].max(), tgt_len[indices].max()
+        return (torch.from_numpy(src[indices, :src_width].astype(np.int64)),
+                torch.from_numpy(tgt[indices, :tgt_width].astype(np.int64)))
+
+
+def _translation_pairs(rng, token_map, size, min_len, max_len):
+    """``size`` random sources of ``min_len`` to ``max_len`` content tokens and
+    their targets ``BOS, token_map[reversed source], EOS``, padded with ``PAD``.
+
+    Returns ``(src, src_len, tgt, tgt_len)``: token arrays ``(size, max_len)``
+    and ``(size, max_len + 2)`` of ``token_map``'s dtype, and their lengths.
+    """
+    src_len = rng.integers(min_len, max_len + 1, size)
+    position = np.arange(max_len)
+    src = rng.integers(3, len(token_map), (size, max_len)).astype(token_map.dtype)
+    src[position >= src_len[:, None]] = PAD
+    backwards = src_len[:, None] - 1 - position  # where position p of the reversed source is read from
+    reversed_src = np.where(backwards >= 0, np.take_along_axis(src, np.maximum(backwards, 0), 1), PAD)
+    tgt = np.full((size, max_len + 2), PAD, dtype=token_map.dtype)
+    tgt[:, 0] = BOS
+    tgt[:, 1:-1] = token_map[reversed_src]
+    tgt[np.arange(size), src_len + 1] = EOS
+    return src, src_len, tgt, src_len + 2
+
+
+def translation(name="translation", *, train_size=8192, test_size=1024, vocab_size=32, min_len=4, max_len=16,
+                seed=0, rank=0, ranks=1):
+    """A synthetic translation task with sentences of varying length.
+
+    A source is ``min_len`` to ``max_len`` (uniform) content tokens drawn
+    uniformly from ``3 .. vocab_size - 1``; its target is ``BOS``, the
+    source reversed with every token renamed by a fixed permutation of the
+    content tokens (drawn from ``seed``), then ``EOS``.  Batches are padded
+    with ``PAD`` to their longest pair, so the compute per batch varies as
+    with real sentences.  The sets are drawn from ``seed`` (the same on every rank).
+    """
+    if vocab_size < 4 or not 1 <= min_len <= max_len:
+        raise ValueError(f"vocab_size must be >= 4 and 1 <= min_len <= max_len, "
+                         f"got {vocab_size}, {min_len} and {max_len}")
+    token_map = np.arange(vocab_size, dtype=np.min_scalar_type(vocab_size - 1))  # the smallest dtype
+    token_map[3:] = 3 + _rng(seed, _TOKEN_MAP).permutation(vocab_size - 3)
+    spec = DataSpec(name, "seq2seq", (max_len,), train_size, test_size, vocab_size=vocab_size)
+    return _Seq2Seq(spec, _translation_pairs(_rng(seed, _TRAIN), token_map, train_size, min_len, max_len),
+                    _translation_pairs(_rng(seed, _TEST), token_map, test_size, min_len, max_len),
+                    seed=seed, rank=rank, ranks=ranks)
+
+
+def _digits(seed, rank, ranks):
+    from sklearn.datasets import load_digits  # here: importing scikit-learn takes a second
+
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype(np.float32), digits.target
+    order = _rng(seed, _SPLIT).permutation(len(y))
+    test, train = order[:len(y) // 5], order[len(y) // 5:]
+    spec = DataSpec("digits", "classification", (64,), len(train), len(test), num_classes=10)
+    return _ArrayClassification(spec, (x[train], y[train]), (x[test], y[test]), torch.from_numpy,
+                                seed=seed, rank=rank, ranks=ranks)
+
+
+def _cifar_folder(root):
+    """The ``cifar-10-batches-py`` folder at or under ``root``."""
+    if root is None:
+        raise FileNotFoundError("cifar10 needs --data-dir: the folder cifar-10-batches-py (or its parent) "
+                                f"holding {', '.join(_CIFAR_FILES)}")
+    for folder in (root, os.path.join(root, "cifar-10-batches-py")):
+        if all(os.path.isfile(os.path.join(folder, name)) for name in _CIFAR_FILES):
+            return folder
+    raise FileNotFoundError(f"--data-dir {root!r} is not the CIFAR-10 python folder cifar-10-batches-py nor its "
+                            f"parent: it must hold {', '.join(_CIFAR_FILES)}")
+
+
+def _cifar_batches(folder, names):
+    """Pixels ``(N, 3, 32, 32)`` uint8 and labels ``(N,)`` of the pickled CIFAR-10 batch files ``names``."""
+    xs, ys = [], []
+    for name in names:
+        with open(os.path.join(folder, name), "rb") as file:
+            batch = pickle.load(file, encoding="bytes")
+        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _cifar_normalise(pixels):
+    """uint8 pixels ``(B, 3, 32, 32)`` to float32, standardised per channel."""
+    mean = torch.tensor(_CIFAR_MEAN).view(3, 1, 1)
+    std = torch.tensor(_CIFAR_STD).view(3, 1, 1)
+    return (torch.from_numpy(pixels).float().div_(255.0) - mean) / std
+
+
+def _cifar10(root, seed, rank, ranks):
+    folder = _cifar_folder(root)
+    train, test = _cifar_batches(folder, _CIFAR_FILES[:5]), _cifar_batches(folder, _CIFAR_FILES[5:])
+    spec = DataSpec("cifar10", "classification", (3, 32, 32), len(train[1]), len(test[1]), num_classes=10)
+    return _ArrayClassification(spec, train, test, _cifar_normalise, seed=seed, rank=rank, ranks=ranks)
+
+
+def _synthetic(model, synthetic_size, seed, rank, ranks):
+    if model not in _SYNTHETIC:
+        raise ValueError(f"dataset 'synthetic' needs model to be one of {', '.join(map(repr, _SYNTHETIC))}, "
+                         f"got {model!r}")
+    shape = _SYNTHETIC[model]
+    if synthetic_size is None:
+        synthetic_size = 256 if shape is not None and len(shape[0]) == 3 else 2048
+    if synthetic_size < 1:
+        raise ValueError(f"synthetic_size must be >= 1, got {synthetic_size}")
+    if shape is None:
+        return translation("synthetic", train_size=synthetic_size * ranks, test_size=synthetic_size,
+                           seed=seed, rank=rank, ranks=ranks)
+    spec = DataSpec("synthetic", "classification", shape[0], synthetic_size * ranks, synthetic_size,
+                    num_classes=shape[1])
+    return _SyntheticClassification(spec, seed=seed, rank=rank, ranks=ranks)
+
+
+#: Dataset names ``load_dataset`` accepts.
+DATASETS = ("digits", "cifar10", "synthetic", "translation")
+
+
+def load_dataset(name, *, model=None, root=None, seed=0, rank=0, ranks=1, synthetic_size=None) -> Dataset:
+    """Rank ``rank``'s view of dataset ``name``, its training set sharded over ``ranks``.
+
+    Args:
+        name: one of ``DATASETS``:
+
+            * ``digits``: scikit-learn's 8x8 digits (bundled), features / 16
+              as float32 ``(64,)``, 10 classes; split 80/20 into train and test by ``seed``.
+            * ``cifar10``: CIFAR-10 from ``root``, the python version's folder
+              ``cifar-10-batches-py`` or its parent; float32 ``(3, 32, 32)``
+              standardised per channel; no augmentation.
+            * ``synthetic``: random data shaped for ``model`` (throughput runs):
+              ``(64,)`` and 10 classes for mlp, ``(3, 32, 32)`` and 10 for
+              resnet20, ``(3, 224, 224)`` and 1000 for resnet18/resnet50,
+              sequence pairs like ``translation`` for the transformers.
+              Labels are random (nothing to learn).
+            * ``translation``: a synthetic translation task (see ``translation``):
+              8192 training and 1024 test pairs, vocabulary 32, sources 4 to 16 tokens.
+        model: the model name ``synthetic`` shapes its data for; unused otherwise.
+        root: the data folder (``cifar10`` only).
+        seed: seeds the split, the shards, the epoch orders and synthetic data.
+        rank: this process's shard, ``0 <= rank < ranks``.
+        ranks: the number of shards.
+        synthetic_size: ``synthetic`` samples per rank (the training set holds
+            ``synthetic_size * ranks``, the test set ``synthetic_size``);
+            default 256 for images, 2048 otherwise.
+
+    Raises:
+        ValueError: an unknown name, ``synthetic`` without a model it knows,
+            or a bad rank, ranks or synthetic_size.
+        FileNotFoundError: ``cifar10`` without its files under ``root``.
+    """
+    sharding = {"seed": seed, "rank": rank, "ranks": ranks}
+    if name == "digits":
+        return _digits(**sharding)
+    if name == "cifar10":
+        return _cifar10(root, **sharding)
+    if name == "synthetic":
+        return _synthetic(model, synthetic_size, **sharding)
+    if name == "translation":
+        return translation(**sharding)
+    raise ValueError(f"dataset must be one of {', '.join(map(repr, DATASETS))}, got {name!r}")
