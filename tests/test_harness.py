@@ -2,7 +2,6 @@
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -10,28 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from launcher import mpiexec
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "mpi-pytest"
 DELIBERATE = "tests/harness/deliberate_failure.py"
 SUBPROCESS_TIMEOUT = 120  # seconds; the job normally ends within a few
 
 
-def _mpiexec():
-    """The launcher next to this interpreter (the mpich wheel), else on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    if os.environ.get("MPIEXEC"):
-        return os.environ["MPIEXEC"]
-    if local.exists():
-        return str(local)
-    return shutil.which("mpiexec")
-
-
-@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec found")
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_failure_on_one_rank_ends_the_job(tmp_path):
     env = dict(
         os.environ,
         PYTHON=sys.executable,
-        MPIEXEC=_mpiexec(),
+        MPIEXEC=mpiexec(),
         MPI_PYTEST_LOGDIR=str(tmp_path / "logs"),
         MPI_PYTEST_TIMEOUT=str(SUBPROCESS_TIMEOUT),
     )

@@ -1,0 +1,75 @@
+"""Per-rank checkpoints that every rank writes at the same step, so a requeued job continues.
+
+Layout of ``--checkpoint-dir``::
+
+    rank00003.step000120.pt   one file per rank and checkpoint step (torch.save)
+    latest.json               {"step": 120, "ranks": 8}: the last step every rank saved
+
+A checkpoint is taken at a step all ranks agree on; each rank writes its
+file (to a temporary name, then ``os.replace``), the ranks meet in a
+barrier, and only then rank 0 points ``latest.json`` at the new step and
+every rank deletes its older files.  A job killed at any moment therefore
+leaves a ``latest.json`` naming a step for which every rank's file exists.
+"""
+
+import glob
+import json
+import os
+
+import torch
+
+from collectives.agreement import agree
+
+__all__ = ["latest_step", "load_checkpoint", "save_checkpoint"]
+
+
+def _file(directory, rank, step):
+    return os.path.join(directory, f"rank{rank:05d}.step{step:09d}.pt")
+
+
+def latest_step(comm, directory):
+    """The step of the latest complete checkpoint, or None.
+
+    Collective over ``comm`` (a :class:`~collectives.Communicator`): every
+    rank must see the same ``latest.json``, written for as many ranks, and
+    its own file of that step, or every rank raises ``ValueError``.
+    """
+    path = os.path.join(directory, "latest.json")
+    found = None
+    problem = None
+    if os.path.exists(path):
+        with open(path) as f:
+            meta = json.load(f)
+        if meta["ranks"] != comm.size:
+            problem = (f"--checkpoint-dir {directory} holds a checkpoint of {meta['ranks']} ranks; "
+                       f"this run has {comm.size} (resume with the same number of ranks)")
+        elif not os.path.exists(_file(directory, comm.rank, meta["step"])):
+            problem = f"--checkpoint-dir {directory}: rank {comm.rank}'s file of step {meta['step']} is missing"
+        else:
+            found = int(meta["step"])
+    agree(comm, "--resume", problem, ValueError, step=found)
+    return found
+
+
+def save_checkpoint(comm, directory, step, state: dict):
+    """Write this rank's ``state`` for ``step``; collective (two barriers)."""
+    os.makedirs(directory, exist_ok=True)
+    rank = comm.rank
+    target = _file(directory, rank, step)
+    torch.save(state, target + ".tmp")
+    os.replace(target + ".tmp", target)
+    comm.control.Barrier()
+    if rank == 0:
+        meta = os.path.join(directory, "latest.json")
+        with open(meta + ".tmp", "w") as f:
+            json.dump({"step": step, "ranks": comm.size}, f)
+        os.replace(meta + ".tmp", meta)
+    comm.control.Barrier()
+    for old in glob.glob(os.path.join(directory, f"rank{rank:05d}.step*.pt")):
+        if old != target:
+            os.remove(old)
+
+
+def load_checkpoint(comm, directory, step) -> dict:
+    """This rank's state saved at ``step`` (tensors on the CPU)."""
+    return torch.load(_file(directory, comm.rank, step), map_location="cpu", weights_only=False)

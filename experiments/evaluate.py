@@ -1,0 +1,78 @@
+"""Evaluating the averaged model (what decentralized SGD is judged on) and each replica."""
+
+import contextlib
+import copy
+
+import numpy as np
+import torch
+
+from collectives import allreduce
+
+from .tasks import loss_and_correct
+
+__all__ = ["Evaluator"]
+
+
+class Evaluator:
+    """Scores the average of the replicas on the test set, in parallel over the ranks.
+
+    The average: every rank copies its parameters and floating-point buffers
+    (BatchNorm statistics) into one vector, the ranks average the vectors
+    (allreduce on the evaluator's own communicator, so it cannot meet the
+    training algorithm's messages), and load the mean into a second model
+    used only for evaluation; the training model is never touched.  Each
+    rank then scores its contiguous share of the test set and the ranks sum
+    (loss x count, correct, count): accuracy and mean loss of the averaged
+    model over the whole test set.  Collective.
+
+    Args:
+        model: the rank's training model.
+        comm: a :class:`~collectives.Communicator` for evaluation only.
+        dataset: the run's dataset (``test_batches``, ``spec``).
+        batch_size: evaluation batch size.
+        lock: held while copying the parameters (AD-PSGD's, whose
+            communication thread averages them concurrently), or None.
+    """
+
+    def __init__(self, model, comm, dataset, batch_size, lock=None):
+        self.model, self.comm, self.dataset, self.batch_size = model, comm, dataset, batch_size
+        self.lock = lock or contextlib.nullcontext()
+        self.average = copy.deepcopy(model)
+
+    def _state(self, model):
+        return [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+
+    def averaged(self):
+        """Loss and accuracy of the replicas' average on the whole test set."""
+        with torch.no_grad(), self.lock:
+            vector = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in self._state(self.model)])
+        allreduce(vector, comm=self.comm, op="avg")
+        with torch.no_grad():
+            offset = 0
+            for t in self._state(self.average):
+                t.copy_(vector[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+        sums = self._score(self.average, rank=self.comm.rank, ranks=self.comm.size)
+        allreduce(sums, comm=self.comm, op="sum")
+        loss_sum, correct, count = sums.tolist()
+        return loss_sum / max(count, 1), correct / max(count, 1)
+
+    def replica(self):
+        """This rank's own model's accuracy on the whole test set (local)."""
+        with self.lock:
+            replica = copy.deepcopy(self.model)
+        _, correct, count = self._score(replica).tolist()
+        return correct / max(count, 1)
+
+    def _score(self, model, rank=None, ranks=None):
+        sums = np.zeros(3)
+        device = next(model.parameters()).device
+        training = model.training
+        model.eval()
+        with torch.no_grad():
+            for batch in self.dataset.test_batches(self.batch_size, rank=rank, ranks=ranks):
+                batch = tuple(t.to(device) for t in batch)
+                loss, correct, count = loss_and_correct(model, batch, self.dataset.spec)
+                sums += (loss.item() * count, correct, count)
+        model.train(training)
+        return sums

@@ -1,0 +1,105 @@
+"""``experiments.train`` end to end under mpiexec, for every algorithm: the run file it writes.
+
+Each rank calls ``experiments.train.main`` with the same command line (as
+``mpiexec -n P python -m experiments.train`` would); rank 0 then reads the
+run file and checks that its datasets are complete and consistent with
+each other, with the imbalance model and with the attributes.
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from experiments.train import main
+from wagma.imbalance import parse_imbalance
+from wagma.results import STEP_FIELDS, load_run, partial_path
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+P = WORLD.size
+POW2 = P & (P - 1) == 0
+IMBALANCE = "random:k=1,ms=4"
+EPOCHS = 2
+
+
+def _algorithms():
+    yield "allreduce_sgd", []
+    yield "local_sgd", ["--tau", "4"]
+    yield "hierarchical_sgd", ["--levels", f"2:{min(2, P)},4:P"]
+    yield "dpsgd", []
+    yield "sgp", ["--peers", "1"]
+    if POW2:
+        yield "wagma", ["--tau", "4"]
+        yield "eager_sgd", ["--quorum", "majority"]
+    if P % 2 == 0 or P == 1:
+        yield "adpsgd", []
+
+
+@pytest.fixture
+def shared_dir():
+    path = WORLD.bcast(tempfile.mkdtemp(prefix="wagma-train-") if WORLD.rank == 0 else None)
+    yield path
+    WORLD.Barrier()
+
+
+@pytest.mark.parametrize("algo, extra", list(_algorithms()), ids=[a for a, _ in _algorithms()])
+def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
+    out = os.path.join(shared_dir, f"{algo}.h5")
+    rc = main(["--algo", algo, "--dataset", "digits", "--model", "mlp", "--epochs", str(EPOCHS),
+               "--imbalance", IMBALANCE, "--seed", "5", "--out", out, "--no-progress", *extra])
+    assert rc == 0
+    WORLD.Barrier()
+    if WORLD.rank:
+        return
+    assert not os.path.exists(partial_path(out))
+    run = load_run(out)
+    a = run.attrs
+    assert (a["status"], a["algorithm"], a["ranks"], a["compute"], a["imbalance"]) == \
+        ("complete", algo, P, "real", IMBALANCE)
+    assert json.loads(a["config"])["algo"] == algo
+    per_epoch, total = a["steps_per_epoch"], a["steps_planned"]
+    assert total == EPOCHS * per_epoch > 0
+    s = run.steps
+    for name in STEP_FIELDS:
+        assert s[name].shape == (P, total), name
+        assert np.all(np.isfinite(s[name])), name
+    # The delays injected are the imbalance model's, on every rank.
+    np.testing.assert_array_equal(s["delay"], parse_imbalance(IMBALANCE, P, seed=5).table(total).T)
+    assert np.all(s["compute_time"] >= s["delay"])
+    assert np.all(s["wait_time"] <= s["comm_time"] + 1e-9) and np.all(s["wait_time"] >= 0)
+    assert np.all(s["step_time"] >= s["compute_time"] + s["comm_time"] - 1e-6)
+    assert np.all(np.diff(s["clock"], axis=1) > 0)
+    np.testing.assert_allclose(s["clock"][:, -1], s["step_time"].sum(axis=1), rtol=1e-6)
+    if algo not in ("wagma", "eager_sgd"):
+        assert not s["stale"].any()
+    # One evaluation per epoch, the last one of the final model.
+    e = run.eval
+    np.testing.assert_array_equal(e["step"], per_epoch * np.arange(1, EPOCHS + 1))
+    assert np.all((0 <= e["accuracy"]) & (e["accuracy"] <= 1)) and np.all(np.isfinite(e["loss"]))
+    assert np.all(np.diff(e["clock"]) > 0)
+    summary = run.summary
+    assert summary["final_accuracy"] == e["accuracy"][-1]
+    assert summary["throughput"] == pytest.approx(P * a["batch_size"] * total / s["clock"][:, -1].max())
+
+
+def test_bad_options_fail_on_every_rank_before_training(shared_dir, capsys):
+    out = os.path.join(shared_dir, "never.h5")
+    rc = main(["--algo", "local_sgd", "--model", "resnet50", "--dataset", "digits", "--out", out])
+    assert rc == 2
+    assert not os.path.exists(out) and not os.path.exists(partial_path(out))
+    err = capsys.readouterr().err
+    if WORLD.rank == 0:
+        assert "resnet50" in err and "mlp" in err
+    else:
+        assert err == ""       # one report, from rank 0
+
+
+@pytest.mark.skipif(P & (P - 1) == 0 and P % 2 == 0 and P > 1, reason="needs a rank count wagma rejects")
+def test_rank_count_the_algorithm_rejects_is_a_usage_error(shared_dir):
+    rc = main(["--algo", "wagma", "--epochs", "1", "--out", os.path.join(shared_dir, "x.h5")])
+    assert rc == 2

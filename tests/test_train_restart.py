@@ -1,0 +1,134 @@
+"""Runs that end early: a killed job leaves a readable file; a signalled job checkpoints and resumes.
+
+Real jobs: ``mpiexec -n 2 python -m experiments.train`` in a subprocess,
+killed with SIGKILL or sent SIGUSR1 (what ``sbatch --signal`` delivers before
+the time limit) while it trains.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from launcher import mpiexec
+from wagma.results import load_run, partial_path
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = 2
+STEPS = 120
+# Rank 1 is 15 ms late at every step: a run of STEPS steps lasts a few seconds.
+COMMAND = ["--algo", "local_sgd", "--tau", "4", "--dataset", "digits", "--epochs", "100",
+           "--max-steps", str(STEPS), "--imbalance", "straggler:rank=1,ms=15", "--no-progress"]
+DEADLINE = 120  # seconds for any one job
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
+
+
+def _start(args):
+    return subprocess.Popen([mpiexec(), "-n", str(RANKS), sys.executable, "-m", "experiments.train", *args],
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _written(path):
+    """Steps every rank has in the partial file, or 0 while it is not readable."""
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            return int(f["steps"].attrs["written"])
+    except (OSError, KeyError):
+        return 0
+
+
+def _wait_until_written(job, path, steps):
+    start = time.monotonic()
+    while _written(path) < steps:
+        assert job.poll() is None, f"the job ended before writing {steps} steps:\n{job.stdout.read()}"
+        assert time.monotonic() - start < DEADLINE, "the run file never reached that step"
+        time.sleep(0.05)
+
+
+def _ranks_of(job):
+    """PIDs of the job's rank processes: descendants of its launcher (hydra
+    starts them in sessions of their own) that run the training."""
+    table = [line.split(None, 2) for line in subprocess.run(
+        ["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout.splitlines()]
+    family, ranks = {job.pid}, []
+    for _ in range(3):                          # mpiexec -> proxy -> ranks
+        family |= {int(pid) for pid, ppid, *_ in table if int(ppid) in family}
+    for pid, ppid, *args in table:
+        if int(pid) in family and "experiments.train" in " ".join(args) and "mpiexec" not in " ".join(args):
+            ranks.append(int(pid))
+    return ranks
+
+
+def test_a_killed_run_leaves_a_readable_file_with_what_it_measured(tmp_path):
+    out = tmp_path / "killed.h5"
+    job = _start([*COMMAND, "--out", str(out)])
+    _wait_until_written(job, partial_path(str(out)), 20)
+    ranks = _ranks_of(job)
+    assert len(ranks) == RANKS
+    for pid in ranks:                           # rank 0, the writer, included
+        os.kill(pid, signal.SIGKILL)
+    job.wait(timeout=DEADLINE)
+    assert not out.exists()
+    run = load_run(partial_path(str(out)))
+    assert run.attrs["status"] == "running"
+    written = run.steps["clock"].shape[1]
+    assert 20 <= written < STEPS
+    for name, values in run.steps.items():
+        assert values.shape == (RANKS, written) and np.all(np.isfinite(values)), name
+    assert np.all(run.steps["delay"][1] == 0.015) and np.all(run.steps["delay"][0] == 0)
+
+
+def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_counter(tmp_path):
+    out, checkpoints = tmp_path / "requeued.h5", tmp_path / "ckpt"
+    args = [*COMMAND, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--stop-check-every", "10",
+            "--resume"]
+    job = _start(args)
+    _wait_until_written(job, partial_path(str(out)), 15)
+    ranks = _ranks_of(job)
+    assert len(ranks) == RANKS
+    os.kill(ranks[-1], signal.SIGUSR1)          # one rank is told; all must stop together
+    output = job.communicate(timeout=DEADLINE)[0]
+    assert job.returncode == 75, output
+    stopped = json.loads((checkpoints / "latest.json").read_text())
+    assert stopped["ranks"] == RANKS and stopped["step"] % 10 == 0 and 15 <= stopped["step"] < STEPS
+    first = load_run(partial_path(str(out)))
+    assert first.attrs["status"] == "stopped" and first.steps["clock"].shape[1] == stopped["step"]
+
+    job = _start(args)                          # the requeued job: same command line
+    output = job.communicate(timeout=DEADLINE)[0]
+    assert job.returncode == 0, output
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete"
+    assert list(run.attrs["resumed_at"]) == [stopped["step"]]
+    clock = run.steps["clock"]
+    assert clock.shape == (RANKS, STEPS) and np.all(np.isfinite(clock))
+    assert np.all(np.diff(clock, axis=1) > 0)   # the training clock went on from the checkpoint
+    np.testing.assert_array_equal(run.steps["delay"][1], 0.015)
+    # The algorithm's own counter went on from the checkpoint to the end.
+    final = json.loads((checkpoints / "latest.json").read_text())
+    assert final["step"] == STEPS
+    state = torch.load(checkpoints / f"rank00000.step{STEPS:09d}.pt", weights_only=False)
+    assert state["algorithm"]["steps"] == STEPS and state["step"] == STEPS
+    # Evaluations before the stop were kept, the later ones appended in order.
+    assert np.all(np.diff(run.eval["step"]) > 0) and run.eval["step"][-1] == STEPS
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path):
+    out, checkpoints = tmp_path / "done.h5", tmp_path / "ckpt"
+    args = [*COMMAND, "--max-steps", "12", "--out", str(out), "--checkpoint-dir", str(checkpoints), "--resume"]
+    for _ in range(2):
+        job = _start(args)
+        output = job.communicate(timeout=DEADLINE)[0]
+        assert job.returncode == 0, output
+    assert "nothing left to run" in output
+    assert load_run(str(out)).steps["clock"].shape == (RANKS, 12)
