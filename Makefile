@@ -1,7 +1,8 @@
 # make venv   create .venv (torch pinned to a CPU build, MPICH wheel, test tools)
 # make test   serial tests, then the MPI tests on 2, 4 and 8 ranks
 # make bench  allreduce benchmark on 4 ranks
-# make main   the main job on built-in defaults (for now: the benchmark)
+# make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
+#             once per algorithm (7 runs, about 8 minutes on 2 cores), then the table
 # make clean  remove build files, caches and test logs (distclean: the venv too)
 #
 # Nothing depends on an activated shell: every command names $(VENV)/bin/...
@@ -59,7 +60,8 @@ test: venv
 bench: venv
 	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m collectives.bench allreduce
 
-main: bench
+main: venv
+	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.campaign main
 
 clean:
 	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache

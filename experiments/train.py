@@ -114,8 +114,7 @@ def _attributes(args, comm, options, model, dataset, total_steps, steps_per_epoc
     return {
         **run_attributes(comm.control),
         "kind": "measured",
-        "config": json.dumps({**vars(args), "levels": args.levels, "algorithm_options": options},
-                             default=str),
+        "config": json.dumps({**vars(args), "algorithm_options": options}, default=str),
         "algorithm": args.algo, "group_size": options.get("group_size", 0),
         "tau": options.get("tau", options.get("period", 0)),
         "imbalance": args.imbalance, "compute": args.compute,
@@ -126,6 +125,27 @@ def _attributes(args, comm, options, model, dataset, total_steps, steps_per_epoc
         "steps_planned": total_steps, "steps_per_epoch": steps_per_epoch,
         "torch_version": torch.__version__,
     }
+
+
+class _UpdateTimer:
+    """Seconds spent in ``optimizer.step()`` since :attr:`seconds` was reset
+    (the optimizer's step hooks), to tell the update from the waiting in an
+    algorithm's ``step()``."""
+
+    def __init__(self, optimizer):
+        self.seconds, self._start = 0.0, 0.0
+        self._hooks = [optimizer.register_step_pre_hook(self._enter),
+                       optimizer.register_step_post_hook(self._exit)]
+
+    def _enter(self, *args):
+        self._start = time.perf_counter()
+
+    def _exit(self, *args):
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self):
+        for hook in self._hooks:
+            hook.remove()
 
 
 class _Clock:
@@ -206,10 +226,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
         # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
         stop = _StopRequest() if args.checkpoint_dir else None
         vote = LaggedVote(world, args.stop_check_every) if stop else None
-        update = {"seconds": 0.0}
-        hooks = [optimizer.register_step_pre_hook(lambda *a: update.__setitem__("t0", time.perf_counter())),
-                 optimizer.register_step_post_hook(lambda *a: update.__setitem__(
-                     "seconds", update["seconds"] + time.perf_counter() - update["t0"]))]
+        update = _UpdateTimer(optimizer)
         bar = tqdm(total=total, initial=start, unit="step", disable=rank != 0 or args.no_progress,
                    dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
         comm.control.Barrier()
@@ -228,25 +245,25 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
                 c0 = time.perf_counter()
                 loss, injected = compute(step, batch, algo.zero_grad)
                 c1 = time.perf_counter()
-                stale_before, update["seconds"] = getattr(algo, "stale_steps", 0), 0.0
+                stale_before, update.seconds = getattr(algo, "stale_steps", 0), 0.0
                 algo.step()
                 c2 = time.perf_counter()
                 now = clock()
                 recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected,
-                                comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update["seconds"]),
+                                comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
                                 loss=loss, stale=float(getattr(algo, "stale_steps", 0) > stale_before),
                                 clock=now)
                 last = now
                 step, index = step + 1, index + 1
                 bar.update(1)
                 if rank == 0 and bar.n % 10 == 0:
-                    bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9):.0f}")
+                    rate = ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
+                    bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{rate:.0f}")
                 end_of_epoch = index == steps_per_epoch
                 if evaluate and (step == total or (end_of_epoch and args.eval_every
                                                    and (epoch + 1) % args.eval_every == 0)):
                     clock.pause()
-                    _evaluate(args, evaluator, recorder, step, (epoch + 1) if end_of_epoch else step / steps_per_epoch,
-                              clock, comm)
+                    _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, clock, comm)
                     clock.resume()
                 stopping = vote is not None and vote.vote(step, stop.requested)
                 if args.checkpoint_dir and (stopping or step == total or (
@@ -259,8 +276,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
                     break
         finally:
             bar.close()
-            for hook in hooks:
-                hook.remove()
+            update.remove()
             if vote is not None:
                 vote.close()
     return status
