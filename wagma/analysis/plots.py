@@ -22,6 +22,24 @@ def _pyplot():
     return plt
 
 
+def _panel(ax, title, xlabel, ylabel):
+    """Title, axis labels, a light grid and the legend of one panel."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def _save(plt, fig, title, path):
+    """Give ``fig`` its title, write it to ``path`` and free it; returns ``path``."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _grid(plt, count, width=5.5, height=4.0, **options):
     columns = min(count, 3)
     rows = math.ceil(count / columns)
@@ -60,16 +78,8 @@ def plot_throughput(rows: list[dict], path: str) -> str | None:
         ranks = sorted({r["ranks"] for r in mine})
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks, [str(p) for p in ranks])
-        ax.set_title(f"imbalance {imbalance}, {compute} compute")
-        ax.set_xlabel("processes P")
-        ax.set_ylabel("throughput (samples/s)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle("Training throughput against the number of processes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _panel(ax, f"imbalance {imbalance}, {compute} compute", "processes P", "throughput (samples/s)")
+    return _save(plt, fig, "Training throughput against the number of processes", path)
 
 
 def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = None) -> str | None:
@@ -101,16 +111,8 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
         if target_accuracy is not None:
             ax.axhline(100 * target_accuracy, color="gray", linestyle=":", linewidth=1,
                        label=f"target {100 * target_accuracy:g}%")
-        ax.set_title(f"{panel[1]}, P={panel[0]}")
-        ax.set_xlabel("training time (s)")
-        ax.set_ylabel("accuracy of the averaged model (%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle("Accuracy against training time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _panel(ax, f"{panel[1]}, P={panel[0]}", "training time (s)", "accuracy of the averaged model (%)")
+    return _save(plt, fig, "Accuracy against training time", path)
 
 
 def _binned(values: np.ndarray, columns: int) -> tuple[np.ndarray, int]:
@@ -164,12 +166,8 @@ def plot_waits(run: Run, path: str) -> str | None:
     bottom.set_title("cumulative wait time per rank")
     bottom.grid(True, alpha=0.3)
     attrs = run.attrs
-    fig.suptitle(f"{attrs.get('algorithm', '?')}, P={ranks}, imbalance {attrs.get('imbalance', '?')}: "
-                 f"{os.path.basename(run.path)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, f"{attrs.get('algorithm', '?')}, P={ranks}, imbalance "
+                           f"{attrs.get('imbalance', '?')}: {os.path.basename(run.path)}", path)
 
 
 def plot_all(runs: list[Run], rows: list[dict], folder: str,
