@@ -4,13 +4,14 @@
     8 ranks train an MLP on scikit-learn's digits with the WAGMA paper's
     imbalance (2 random ranks delayed 320 ms at every step), once per
     algorithm: Allreduce-SGD, local SGD, WAGMA-SGD, D-PSGD, AD-PSGD, SGP,
-    eager-SGD; same seed, epochs and learning-rate schedule for all.
+    eager-SGD; same seed, epochs and learning-rate schedule (warm-up for an
+    epoch, then constant) for all.
 
 ``python -m experiments.campaign sweep``
     Throughput at 4, 8, 16, 32 ranks with emulated compute (no forward or
     backward: each step sleeps; full-size ResNet-20 buffers are communicated),
     the same 2 x 320 ms imbalance; what the paper's Figure 4 measures, scaled
-    to fit on a workstation (see ``--emulate-ms``).
+    to fit on a workstation (see ``--compute-ms``).
 
 Each writes its run files and ``table.md`` (the ``wagma.analysis`` table)
 into ``--out-dir`` and prints the table.  Every run is a separate
@@ -63,6 +64,8 @@ def main(argv=None):
     m = sub.add_parser("main", help="8 ranks, digits, the paper's imbalance, every algorithm")
     m.add_argument("--ranks", type=int, default=8)
     m.add_argument("--epochs", type=int, default=20)
+    m.add_argument("--decay-epochs", default="",
+                   help="epochs of step decay of the learning rate (x0.1 at each; default none)")
     m.add_argument("--imbalance", default=PAPER_IMBALANCE)
     m.add_argument("--algos", default=",".join(MAIN_ALGORITHMS))
     m.add_argument("--out-dir", default=os.path.join("results", "main"))
@@ -70,7 +73,7 @@ def main(argv=None):
     s = sub.add_parser("sweep", help="emulated-compute throughput sweep over rank counts")
     s.add_argument("--ranks", default="4,8,16,32")
     s.add_argument("--steps", type=int, default=50)
-    s.add_argument("--emulate-ms", type=float, default=600.0,
+    s.add_argument("--compute-ms", type=float, default=600.0,
                    help="compute time of a step before delays (the paper, balanced: 1.52 steps/s "
                         "for ResNet-50 at batch 128 per P100)")
     s.add_argument("--imbalance", default=PAPER_IMBALANCE)
@@ -85,7 +88,8 @@ def main(argv=None):
         for algo in algos:
             out = os.path.join(args.out_dir, f"{algo}_p{args.ranks}.h5")
             _run(args.ranks, algo, out, ["--dataset", "digits", "--model", "mlp", "--epochs", str(args.epochs),
-                                         "--imbalance", args.imbalance, "--no-progress"])
+                                         "--decay-epochs", args.decay_epochs, "--imbalance", args.imbalance,
+                                         "--no-progress"])
             files.append(out)
         _table(args.out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
     else:
@@ -93,7 +97,7 @@ def main(argv=None):
             for algo in algos:
                 out = os.path.join(args.out_dir, f"{algo}_p{ranks}.h5")
                 _run(ranks, algo, out, ["--dataset", "synthetic", "--model", args.model, "--compute", "emulate",
-                                        "--emulate-ms", str(args.emulate_ms), "--max-steps", str(args.steps),
+                                        "--compute-ms", str(args.compute_ms), "--max-steps", str(args.steps),
                                         "--batch-size", "128", "--epochs", str(args.steps),
                                         "--imbalance", args.imbalance, "--no-progress"])
                 files.append(out)

@@ -13,36 +13,39 @@ __all__ = ["StepCompute"]
 class StepCompute:
     """Forward and backward of one batch, made as slow as the imbalance model says.
 
-    ``real`` compute: with a ``"delay"`` model the rank first sleeps its
-    delay, then runs forward and backward, so a late rank also starts its
-    gradient communication late (as a slow GPU would); with a ``"compute"``
-    model the step is padded to the drawn time: the rank sleeps
-    ``drawn - c`` first, where c is its last measured forward/backward time
-    (the current one is not known before it runs).
+    ``real`` compute sleeps first and then runs forward and backward, so a
+    late rank also starts its gradient communication late (as a slow GPU
+    would).  The sleep is the rank's delay (``"delay"`` models) plus the
+    padding up to ``compute_ms``, or (``"compute"`` models) the padding up
+    to the drawn time; padding is what the target time exceeds the rank's
+    last measured forward/backward time by (the current one is not known
+    before it runs).
 
     ``emulate`` compute: no forward or backward; the rank sleeps
-    ``emulate_ms + delay`` (``"delay"`` models) or the drawn time
+    ``compute_ms + delay`` (``"delay"`` models) or the drawn time
     (``"compute"`` models) and leaves its gradients at zero, so the
     algorithm still communicates full-size buffers.  The loss is NaN.
 
-    :meth:`__call__` returns ``(loss, injected seconds)``.
+    :meth:`__call__` returns ``(loss, injected seconds)``: the delay
+    (padding not included) or, for ``"compute"`` models, the sleep (the
+    drawn time when emulated).
     """
 
-    def __init__(self, model, spec, imbalance, mode, emulate_ms, rank):
+    def __init__(self, model, spec, imbalance, mode, compute_ms, rank):
         self.model, self.spec, self.imbalance = model, spec, imbalance
-        self.mode, self.base, self.rank = mode, emulate_ms / 1e3, rank
+        self.mode, self.base, self.rank = mode, compute_ms / 1e3, rank
         self._last = 0.0
 
     def __call__(self, step, batch, zero_grad):
         drawn = float(self.imbalance.seconds(step)[self.rank])
         zero_grad()
+        delay = self.imbalance.kind == "delay"
         if self.mode == "emulate":
-            seconds = self.base + drawn if self.imbalance.kind == "delay" else drawn
-            time.sleep(seconds)
+            time.sleep(self.base + drawn if delay else drawn)
             return math.nan, drawn
-        injected = drawn if self.imbalance.kind == "delay" else max(0.0, drawn - self._last)
-        if injected > 0:
-            time.sleep(injected)
+        pause = (drawn if delay else 0.0) + max(0.0, (self.base if delay else drawn) - self._last)
+        if pause > 0:
+            time.sleep(pause)
         start = time.perf_counter()
         device = next(self.model.parameters()).device
         batch = tuple(t.to(device, non_blocking=True) for t in batch)
@@ -51,4 +54,4 @@ class StepCompute:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self._last = time.perf_counter() - start
-        return loss.item(), injected
+        return loss.item(), drawn if delay else pause

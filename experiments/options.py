@@ -7,8 +7,8 @@ import os
 from wagma.algorithms import ALGORITHMS
 from wagma.imbalance import FORMS
 
-__all__ = ["ALGORITHM_OPTIONS", "algorithm_options", "auto_group_size", "build_parser", "default_out",
-           "usage_problem"]
+__all__ = ["ALGORITHM_OPTIONS", "algorithm_options", "auto_group_size", "build_parser", "compute_ms",
+           "default_out", "usage_problem"]
 
 #: Which command-line option feeds which algorithm's keyword (``None`` default
 #: = not given; giving it to an algorithm that has no such option is an error).
@@ -83,8 +83,9 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--imbalance", default="none", help="one of: " + "; ".join(FORMS))
     g.add_argument("--compute", default="real", choices=("real", "emulate"),
                    help="emulate: sleep instead of forward/backward, communicate full-size buffers")
-    g.add_argument("--emulate-ms", type=float, default=100.0,
-                   help="emulate: the compute time of a step before injected delays")
+    g.add_argument("--compute-ms", type=float, default=None,
+                   help="the compute time of a step before injected delays: emulated steps sleep this "
+                        "long [100]; real steps are padded up to it, to model a slower device [0: no padding]")
     g = p.add_argument_group("algorithm options (default: the paper's)")
     g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
     g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
@@ -114,6 +115,13 @@ def build_parser(parser_class=argparse.ArgumentParser):
     return p
 
 
+def compute_ms(args) -> float:
+    """``--compute-ms``, or its default: 100 ms when emulated, no padding when real."""
+    if args.compute_ms is not None:
+        return args.compute_ms
+    return 100.0 if args.compute == "emulate" else 0.0
+
+
 def default_out(args, ranks):
     return os.path.join("results", "runs",
                         f"{args.algo}_p{ranks}_{args.model}_{args.dataset}_s{args.seed}.h5")
@@ -134,7 +142,8 @@ def usage_problem(args, ranks):
             return f"{name} must be >= 1, got {value}"
     for name, value in {"--eval-every": args.eval_every, "--checkpoint-every": args.checkpoint_every,
                         "--warmup-epochs": args.warmup_epochs, "--lr": args.lr,
-                        "--weight-decay": args.weight_decay, "--emulate-ms": args.emulate_ms}.items():
+                        "--weight-decay": args.weight_decay,
+                        "--compute-ms": args.compute_ms or 0.0}.items():
         if value < 0:
             return f"{name} must be >= 0, got {value}"
     if not 0 <= args.momentum < 1:

@@ -39,7 +39,7 @@ from .compute import StepCompute
 from .datasets import load_dataset
 from .evaluate import Evaluator
 from .models import build_model
-from .options import algorithm_options, build_parser, default_out, usage_problem
+from .options import algorithm_options, build_parser, compute_ms, default_out, usage_problem
 from .schedule import LearningRate
 
 __all__ = ["EXIT_STOPPED", "main"]
@@ -118,7 +118,7 @@ def _attributes(args, comm, options, model, dataset, total_steps, steps_per_epoc
         "algorithm": args.algo, "group_size": options.get("group_size", 0),
         "tau": options.get("tau", options.get("period", 0)),
         "imbalance": args.imbalance, "compute": args.compute,
-        "emulate_ms": args.emulate_ms if args.compute == "emulate" else 0.0,
+        "compute_ms": compute_ms(args),
         "model": args.model, "dataset": args.dataset,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batch_size": args.batch_size, "seed": args.seed,
@@ -218,7 +218,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
     rank, ranks = comm.rank, comm.size
     lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
                       [float(e) for e in args.decay_epochs.split(",") if e.strip()], args.decay_factor)
-    compute = StepCompute(model, dataset.spec, imbalance, args.compute, args.emulate_ms, rank)
+    compute = StepCompute(model, dataset.spec, imbalance, args.compute, compute_ms(args), rank)
     evaluate = args.compute == "real"
     with Communicator(world) as eval_comm:
         evaluator = Evaluator(model, eval_comm, dataset, max(args.batch_size, 256),

@@ -87,19 +87,40 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     assert summary["throughput"] == pytest.approx(P * a["batch_size"] * total / s["clock"][:, -1].max())
 
 
-def test_bad_options_fail_on_every_rank_before_training(shared_dir, capsys):
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "resnet50", "--dataset", "digits"], ["resnet50", "accepted models for it: mlp"]),
+    (["--dataset", "cifar10", "--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder", "data_batch_1"]),
+    (["--imbalance", "random:k=2"], ["--imbalance", "missing ms"]),
+], ids=["model", "data-path", "imbalance"])
+def test_bad_options_fail_on_every_rank_before_training(argv, words, shared_dir, capsys):
     out = os.path.join(shared_dir, "never.h5")
-    rc = main(["--algo", "local_sgd", "--model", "resnet50", "--dataset", "digits", "--out", out])
+    rc = main(["--algo", "local_sgd", "--out", out, *argv])
     assert rc == 2
     assert not os.path.exists(out) and not os.path.exists(partial_path(out))
     err = capsys.readouterr().err
     if WORLD.rank == 0:
-        assert "resnet50" in err and "mlp" in err
+        assert all(w in err for w in words), err
     else:
         assert err == ""       # one report, from rank 0
 
 
-@pytest.mark.skipif(P & (P - 1) == 0 and P % 2 == 0 and P > 1, reason="needs a rank count wagma rejects")
-def test_rank_count_the_algorithm_rejects_is_a_usage_error(shared_dir):
-    rc = main(["--algo", "wagma", "--epochs", "1", "--out", os.path.join(shared_dir, "x.h5")])
-    assert rc == 2
+def test_emulated_and_padded_compute(shared_dir):
+    """Emulated steps sleep --compute-ms plus the delay and train nothing;
+    real steps are padded up to --compute-ms."""
+    emulated, padded = os.path.join(shared_dir, "emulated.h5"), os.path.join(shared_dir, "padded.h5")
+    assert main(["--algo", "allreduce_sgd", "--dataset", "synthetic", "--model", "resnet20", "--compute",
+                 "emulate", "--compute-ms", "10", "--max-steps", "6", "--batch-size", "4",
+                 "--imbalance", IMBALANCE, "--out", emulated, "--no-progress"]) == 0
+    assert main(["--algo", "local_sgd", "--epochs", "1", "--max-steps", "8", "--compute-ms", "20",
+                 "--out", padded, "--no-progress"]) == 0
+    WORLD.Barrier()
+    if WORLD.rank:
+        return
+    run = load_run(emulated)
+    assert (run.attrs["compute"], run.attrs["compute_ms"], run.attrs["model"]) == ("emulate", 10.0, "resnet20")
+    assert np.all(np.isnan(run.steps["loss"])) and run.eval["step"].size == 0
+    assert np.all(run.steps["compute_time"] >= 0.010 + run.steps["delay"])
+    run = load_run(padded)
+    assert run.attrs["compute_ms"] == 20.0 and np.all(np.isfinite(run.steps["loss"]))
+    # Padding uses the previous step's forward/backward time as the estimate of this one's.
+    assert np.all(run.steps["compute_time"] >= 0.9 * 0.020)

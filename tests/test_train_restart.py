@@ -1,4 +1,4 @@
-"""Runs that end early: a killed job leaves a readable file; a signalled job checkpoints and resumes.
+"""Jobs that end early: killed (a readable file), signalled (checkpoint, resume), refused (bad rank count).
 
 Real jobs: ``mpiexec -n 2 python -m experiments.train`` in a subprocess,
 killed with SIGKILL or sent SIGUSR1 (what ``sbatch --signal`` delivers before
@@ -132,3 +132,12 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path):
         assert job.returncode == 0, output
     assert "nothing left to run" in output
     assert load_run(str(out)).steps["clock"].shape == (RANKS, 12)
+
+
+def test_a_rank_count_the_algorithm_rejects_fails_before_training(tmp_path):
+    out = tmp_path / "never.h5"
+    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "experiments.train", "--algo", "wagma",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
+    assert job.returncode == 2
+    assert job.stderr.count("world_size must be a power of two") == 1, job.stderr
+    assert not out.exists() and not Path(partial_path(str(out))).exists()
