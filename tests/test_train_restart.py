@@ -141,3 +141,18 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_training(tmp_path):
     assert job.returncode == 2
     assert job.stderr.count("world_size must be a power of two") == 1, job.stderr
     assert not out.exists() and not Path(partial_path(str(out))).exists()
+
+
+def test_an_error_on_one_rank_reaches_the_user_with_its_rank_and_ends_the_job(tmp_path):
+    """Rank 1 cannot write its checkpoint of step 10 (a directory is in the
+    way, as a full or broken disk on one node would): the job must end with
+    rank 1's traceback, not hang with rank 0 waiting for it."""
+    out, checkpoints = tmp_path / "broken.h5", tmp_path / "ckpt"
+    (checkpoints / "rank00001.step000000010.pt.tmp").mkdir(parents=True)
+    job = _start([*COMMAND, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "10"])
+    output = job.communicate(timeout=DEADLINE)[0]
+    assert job.returncode != 0
+    assert "[rank 1] Traceback" in output and "Is a directory" in output, output
+    assert "[rank 0] Traceback" not in output
+    run = load_run(partial_path(str(out)))      # what rank 0 had written stays readable
+    assert run.attrs["status"] in ("running", "failed")
