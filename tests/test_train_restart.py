@@ -13,12 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
 
-from launcher import mpiexec
+from launcher import mpiexec, steps_written
 from wagma.results import load_run, partial_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,18 +37,9 @@ def _start(args):
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _written(path):
-    """Steps every rank has in the partial file, or 0 while it is not readable."""
-    try:
-        with h5py.File(path, "r", locking=False) as f:
-            return int(f["steps"].attrs["written"])
-    except (OSError, KeyError):
-        return 0
-
-
 def _wait_until_written(job, path, steps):
     start = time.monotonic()
-    while _written(path) < steps:
+    while steps_written(path) < steps:
         assert job.poll() is None, f"the job ended before writing {steps} steps:\n{job.stdout.read()}"
         assert time.monotonic() - start < DEADLINE, "the run file never reached that step"
         time.sleep(0.05)
