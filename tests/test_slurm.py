@@ -19,7 +19,8 @@ from wagma.results import load_run, partial_path
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 400   # seconds; a requeued job waits Slurm's requeue delay (about 2 minutes) before it restarts
 
-pytestmark = pytest.mark.slow
+# Longer than the suite's per-test limit: the requeued job waits out Slurm's requeue delay.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE + 60)]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,27 @@
+# The body of the training jobs (sourced by train.sbatch and translate.sbatch
+# after their defaults): run experiments.train on every rank of the job,
+# requeue when it stopped at a checkpoint before the time limit.
+
+source slurm/launch.sh || exit 2
+
+RESULTS_DIR=${RESULTS_DIR:-results/slurm}
+mkdir -p "$RESULTS_DIR"
+run_file=$RESULTS_DIR/${ALGO:-wagma}_${SLURM_JOB_ID}.h5
+checkpoints=$RESULTS_DIR/checkpoints/$SLURM_JOB_ID
+
+train=(-m experiments.train --algo "${ALGO:-wagma}" --model "${MODEL:-resnet50}" --dataset "${DATASET:-synthetic}"
+       --epochs "${EPOCHS:-90}" --batch-size "${BATCH_SIZE:-128}" --imbalance "${IMBALANCE:-none}"
+       --compute "${COMPUTE:-real}" --seed "${SEED:-0}" --device "$(default_device)"
+       --out "$run_file" --checkpoint-dir "$checkpoints" --resume --no-progress)
+[[ -n ${DATA_DIR:-} ]] && train+=(--data-dir "$DATA_DIR")
+# shellcheck disable=SC2206
+train+=(${TRAIN_ARGS:-})
+
+echo "wagma-train: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_NNODES nodes, $SLURM_NTASKS ranks: ${train[*]}"
+launch "${train[@]}"
+status=$?
+if [[ $status -eq 75 ]]; then
+    echo "wagma-train: stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+return $status
