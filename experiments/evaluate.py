@@ -1,6 +1,5 @@
 """Evaluating the averaged model (what decentralized SGD is judged on) and each replica."""
 
-import contextlib
 import copy
 
 import numpy as np
@@ -30,13 +29,14 @@ class Evaluator:
         comm: a :class:`~collectives.Communicator` for evaluation only.
         dataset: the run's dataset (``test_batches``, ``spec``).
         batch_size: evaluation batch size.
-        lock: held while copying the parameters (AD-PSGD's, whose
-            communication thread averages them concurrently), or None.
+        lock: the algorithm's :attr:`~wagma.algorithms.Algorithm.lock`,
+            held while copying the parameters (AD-PSGD's communication
+            thread averages them concurrently).
     """
 
-    def __init__(self, model, comm, dataset, batch_size, lock=None):
+    def __init__(self, model, comm, dataset, batch_size, lock):
         self.model, self.comm, self.dataset, self.batch_size = model, comm, dataset, batch_size
-        self.lock = lock or contextlib.nullcontext()
+        self.lock = lock
         self.average = copy.deepcopy(model)
 
     def _state(self, model):

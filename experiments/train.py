@@ -14,7 +14,6 @@ be resumed with ``--resume``; an error on any rank during training prints
 """
 
 import argparse
-import contextlib
 import json
 import signal
 import sys
@@ -222,7 +221,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
     evaluate = args.compute == "real"
     with Communicator(world) as eval_comm:
         evaluator = Evaluator(model, eval_comm, dataset, max(args.batch_size, 256),
-                              lock=getattr(algo, "lock", None)) if evaluate else None
+                              lock=algo.lock) if evaluate else None
         # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
         stop = _StopRequest() if args.checkpoint_dir else None
         vote = LaggedVote(world, args.stop_check_every) if stop else None
@@ -245,13 +244,13 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
                 c0 = time.perf_counter()
                 loss, injected = compute(step, batch, algo.zero_grad)
                 c1 = time.perf_counter()
-                stale_before, update.seconds = getattr(algo, "stale_steps", 0), 0.0
+                stale_before, update.seconds = algo.stale_steps, 0.0
                 algo.step()
                 c2 = time.perf_counter()
                 now = clock()
                 recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected,
                                 comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
-                                loss=loss, stale=float(getattr(algo, "stale_steps", 0) > stale_before),
+                                loss=loss, stale=float(algo.stale_steps > stale_before),
                                 clock=now)
                 last = now
                 step, index = step + 1, index + 1
@@ -297,7 +296,7 @@ def _evaluate(args, evaluator, recorder, step, epoch, clock, comm):
 
 
 def _checkpoint(args, comm, model, optimizer, algo, step, clock):
-    with getattr(algo, "lock", None) or contextlib.nullcontext():
+    with algo.lock:
         state = {"model": {k: v.clone() for k, v in model.state_dict().items()},
                  "optimizer": optimizer.state_dict()}
     state.update(algorithm=algo.state_dict(), torch_rng=torch.get_rng_state(), step=step, clock=clock)

@@ -1,5 +1,6 @@
 """The interface every training algorithm implements, and its argument checks."""
 
+import contextlib
 import zlib
 
 import torch
@@ -30,6 +31,15 @@ class Algorithm:
     :meth:`_check_options` (return a problem sentence or None) and implement
     :meth:`_step` (the optimizer step and the communication of one step).
 
+    Attributes a training loop may read:
+        steps: steps taken (the counter of :meth:`state_dict`).
+        stale_steps: steps whose contribution was stale (a group or quorum
+            collective began without this rank); 0 for algorithms without
+            partial collectives.
+        lock: a context manager held while the parameters must not be read
+            half-updated; algorithms whose own threads change the parameters
+            (AD-PSGD) replace this no-op with their lock.
+
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
         optimizer: a ``torch.optim.Optimizer`` over exactly the model's
@@ -46,6 +56,8 @@ class Algorithm:
         self.model, self.optimizer, self.comm = model, optimizer, comm
         self.options = options
         self.steps = 0
+        self.stale_steps = 0
+        self.lock = contextlib.nullcontext()
         problem = self._check_model_and_optimizer() or self._check_options(**options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
         agree(comm, self.name, problem, ValueError,

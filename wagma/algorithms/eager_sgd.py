@@ -39,7 +39,6 @@ class EagerSGD(Algorithm):
         super().__init__(model, optimizer, comm, quorum=quorum)
         self._broadcast_from_root()
         self.quorum = quorum
-        self.stale_steps = 0
         self._collectives = None
 
     def _check_options(self, *, quorum):

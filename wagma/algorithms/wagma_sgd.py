@@ -42,7 +42,6 @@ class WagmaSGD(Algorithm):
         self.group_size, self.tau = group_size, tau
         self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
         self._collectives = None
-        self.stale_steps = 0
 
     def _check_options(self, *, group_size, tau, wait_avoiding, group_averaging):
         try:
