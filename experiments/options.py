@@ -47,6 +47,14 @@ def _levels(text):
     return levels
 
 
+def _epochs(text):
+    """``"30,60,80"`` -> [30.0, 60.0, 80.0]; ``""`` -> []."""
+    try:
+        return [float(e) for e in text.split(",") if e.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
+
+
 def build_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(
         prog="mpiexec -n P python -m experiments.train",
@@ -73,7 +81,8 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--warmup-epochs", type=float, default=1.0,
                    help="linear learning-rate warm-up from --warmup-start x lr")
     g.add_argument("--warmup-start", type=float, default=0.1)
-    g.add_argument("--decay-epochs", default="", help="comma-separated epochs of step decay, e.g. 30,60,80")
+    g.add_argument("--decay-epochs", type=_epochs, default="",
+                   help="comma-separated epochs of step decay, e.g. 30,60,80")
     g.add_argument("--decay-factor", type=float, default=0.1)
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate the averaged model every E epochs (and at the end); 0: only at the end")
@@ -148,12 +157,9 @@ def usage_problem(args, ranks):
             return f"{name} must be >= 0, got {value}"
     if not 0 <= args.momentum < 1:
         return f"--momentum must be in [0, 1), got {args.momentum}"
-    try:
-        decay = [float(e) for e in args.decay_epochs.split(",") if e.strip()]
-    except ValueError:
-        return f"--decay-epochs must be comma-separated numbers, got {args.decay_epochs!r}"
+    decay = args.decay_epochs
     if decay != sorted(decay) or any(e <= 0 for e in decay):
-        return f"--decay-epochs must be increasing and > 0, got {args.decay_epochs!r}"
+        return f"--decay-epochs must be increasing and > 0, got {','.join(f'{e:g}' for e in decay)}"
     if args.resume and not args.checkpoint_dir:
         return "--resume needs --checkpoint-dir"
     if args.device == "cuda" and args.compute == "emulate":

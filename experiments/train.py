@@ -216,7 +216,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
     """The training steps ``start .. total - 1``; returns the run's status."""
     rank, ranks = comm.rank, comm.size
     lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
-                      [float(e) for e in args.decay_epochs.split(",") if e.strip()], args.decay_factor)
+                      args.decay_epochs, args.decay_factor)
     compute = StepCompute(model, dataset.spec, imbalance, args.compute, compute_ms(args), rank)
     evaluate = args.compute == "real"
     with Communicator(world) as eval_comm:
