@@ -26,22 +26,24 @@ import subprocess
 import sys
 import time
 
-__all__ = ["MAIN_ALGORITHMS", "main"]
+__all__ = ["MAIN_ALGORITHMS", "find_mpiexec", "main"]
 
 MAIN_ALGORITHMS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp", "eager_sgd")
 PAPER_IMBALANCE = "random:k=2,ms=320"
 
 
-def _mpiexec():
-    found = os.environ.get("MPIEXEC") or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
+def find_mpiexec():
+    """``$MPIEXEC``, else the ``mpiexec`` next to this interpreter (the MPICH
+    wheel's), else the one on PATH, else None."""
+    return os.environ.get("MPIEXEC") or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
         or shutil.which("mpiexec")
-    if not found:
-        sys.exit("experiments.campaign: no mpiexec found; set MPIEXEC")
-    return found
 
 
 def _run(ranks, algo, out, extra):
-    command = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "experiments.train",
+    mpiexec = find_mpiexec()
+    if not mpiexec:
+        sys.exit("experiments.campaign: no mpiexec found; set MPIEXEC")
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "experiments.train",
                "--algo", algo, "--out", out, *extra]
     print(f"\n$ {' '.join(command[0:3])} python -m experiments.train --algo {algo} {' '.join(extra)}",
           flush=True)

@@ -1,22 +1,11 @@
 """What the serial tests that start jobs share: the ``mpiexec`` to use, and how far a run file got."""
 
-import os
-import shutil
-import sys
-from pathlib import Path
-
 import h5py
 
+# The launcher the experiments use, or None.
+from experiments.campaign import find_mpiexec as mpiexec
 
-def mpiexec():
-    """``$MPIEXEC``, else the launcher next to this interpreter (the mpich
-    wheel's), else the one on PATH, else None."""
-    if os.environ.get("MPIEXEC"):
-        return os.environ["MPIEXEC"]
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.exists():
-        return str(local)
-    return shutil.which("mpiexec")
+__all__ = ["mpiexec", "steps_written"]
 
 
 def steps_written(path):

@@ -64,8 +64,8 @@ import numpy as np
 
 from collectives.collect import RootCollector
 
-__all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "load_run", "partial_path", "summarize",
-           "write_run"]
+__all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "load_run", "partial_path",
+           "summarize", "write_run"]
 
 SCHEMA = "wagma-run/1"
 STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock")
@@ -73,10 +73,18 @@ EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 _CHUNK = 256
 
 
+_PARTIAL = ".partial.h5"
+
+
 def partial_path(path: str) -> str:
     """Where a run writes ``path`` while it is not finished."""
     stem = path[:-3] if path.endswith(".h5") else path
-    return stem + ".partial.h5"
+    return stem + _PARTIAL
+
+
+def is_partial(path: str) -> bool:
+    """True for the name a run has while it is not finished (:func:`partial_path`)."""
+    return os.path.basename(path).endswith(_PARTIAL)
 
 
 def _attr(value):

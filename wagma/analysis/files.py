@@ -4,14 +4,9 @@ import os
 
 import h5py
 
-from wagma.results import SCHEMA, Run, load_run
+from wagma.results import SCHEMA, Run, is_partial, load_run
 
 __all__ = ["find_run_files", "is_partial", "read_runs"]
-
-
-def is_partial(path: str) -> bool:
-    """True for the name a run has while it is not finished (``NAME.partial.h5``)."""
-    return os.path.basename(path).endswith(".partial.h5")
 
 
 def find_run_files(paths) -> list[str]:
