@@ -4,12 +4,14 @@ Skipped, with the reason, where Slurm cannot start (not root, packages
 missing): `apt-get install slurm-wlm munge` provides them.
 """
 
+import csv
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -17,9 +19,10 @@ from launcher import steps_written
 from wagma.results import load_run, partial_path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEADLINE = 400   # seconds; a requeued job waits Slurm's requeue delay (about 2 minutes) before it restarts
+DEADLINE = 200   # seconds for one test's jobs (the longest, the requeue test, takes about 40 s here)
 
-# Longer than the suite's per-test limit: the requeued job waits out Slurm's requeue delay.
+# Longer than the suite's per-test limit: jobs wait for the node, and a
+# requeued one for Slurm's requeue delay (10 s in scripts/local-slurm).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE + 60)]
 
 
@@ -36,10 +39,13 @@ def slurm(tmp_path_factory):
     subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
 
 
-def _submit(env, settings, *sbatch):
-    return subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=4", "--time=10",
-                           "--export=ALL", *sbatch, "slurm/train.sbatch"],
-                          cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
+def _sbatch(env, settings, script="slurm/train.sbatch", *options, ranks=4):
+    """Submit ``script`` from the repository root with ``settings`` exported; return the job id."""
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={ranks}", "--time=10",
+                          "--export=ALL", *options, script],
+                         cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
+    assert job.returncode == 0, job.stderr
+    return job.stdout.strip()
 
 
 def _state(env, job):
@@ -47,29 +53,44 @@ def _state(env, job):
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
 
+def _finished(env, *jobs):
+    """Poll until every job has ended; return their final states (scontrol's fields)."""
+    start = time.monotonic()
+    states = {}
+    while len(states) < len(jobs):
+        for job in jobs:
+            state = _state(env, job)
+            if state["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+                states[job] = state
+        assert time.monotonic() - start < DEADLINE, f"jobs {jobs} still running: {_state(env, jobs[-1])}"
+        time.sleep(0.5)
+    return [states[job] for job in jobs]
+
+
 def test_a_training_job_runs_four_ranks_and_writes_its_run_file(slurm):
     folder, env = slurm
     results = folder / "train"
-    job = _submit(env, {"ALGO": "wagma", "MODEL": "resnet20", "DATASET": "synthetic", "EPOCHS": "1",
-                        "BATCH_SIZE": "8", "TRAIN_ARGS": "--synthetic-size 64", "RESULTS_DIR": str(results)},
-                  "--wait", f"--output={folder}/train-%j.out")
-    assert job.returncode == 0, job.stderr + (folder / f"train-{job.stdout.strip()}.out").read_text()
+    settings = {"ALGO": "wagma", "MODEL": "resnet20", "DATASET": "synthetic", "EPOCHS": "1",
+                "BATCH_SIZE": "8", "TRAIN_ARGS": "--synthetic-size 64", "RESULTS_DIR": str(results)}
+    job = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes=1", "--ntasks-per-node=4", "--time=10",
+                          "--export=ALL", f"--output={folder}/train-%j.out", "slurm/train.sbatch"],
+                         cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
     job_id = job.stdout.strip()
+    assert job.returncode == 0, job.stderr + (folder / f"train-{job_id}.out").read_text()
     assert _state(env, job_id)["ExitCode"] == "0:0"
     run = load_run(str(results / f"wagma_{job_id}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"]) == ("complete", 4, "resnet20")
+    assert run.attrs["slurm_job_id"] == job_id and run.attrs["hostnames"] == _state(env, job_id)["NodeList"]
     assert run.steps["clock"].shape == (4, 8) and np.all(np.isfinite(run.steps["clock"]))
 
 
 def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm):
     folder, env = slurm
     results = folder / "requeue"
-    job = _submit(env, {"ALGO": "local_sgd", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "100",
-                        "BATCH_SIZE": "16", "IMBALANCE": "straggler:rank=1,ms=20",
-                        "TRAIN_ARGS": "--max-steps 600 --stop-check-every 10", "RESULTS_DIR": str(results)},
-                  f"--output={folder}/requeue-%j.out")
-    assert job.returncode == 0, job.stderr
-    job_id = job.stdout.strip()
+    job_id = _sbatch(env, {"ALGO": "local_sgd", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "100",
+                           "BATCH_SIZE": "16", "IMBALANCE": "straggler:rank=1,ms=20",
+                           "TRAIN_ARGS": "--max-steps 600 --stop-check-every 10", "RESULTS_DIR": str(results)},
+                     "slurm/train.sbatch", f"--output={folder}/requeue-%j.out")
     partial = partial_path(str(results / f"local_sgd_{job_id}.h5"))
     start = time.monotonic()
     while steps_written(partial) < 20:          # signalled mid-run, once it has trained a little
@@ -77,9 +98,7 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
         time.sleep(0.2)
     # What --signal=USR1@120 delivers before the time limit: SIGUSR1 to every rank.
     subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True)
-    while (state := _state(env, job_id))["JobState"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() - start < DEADLINE, f"job still {state['JobState']}"
-        time.sleep(1.0)
+    state, = _finished(env, job_id)
     log = (folder / f"requeue-{job_id}.out").read_text()
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
     assert "requeueing job" in log and "(restart 1)" in log
@@ -87,3 +106,91 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
     assert run.attrs["status"] == "complete" and len(run.attrs["resumed_at"]) == 1
     assert run.steps["clock"].shape == (4, 600)
     assert np.all(np.diff(run.steps["clock"], axis=1) > 0)
+
+
+def test_mpiexec_launches_the_ranks_inside_a_job(slurm):
+    folder, env = slurm
+    results = folder / "mpiexec"
+    job = _sbatch(env, {"LAUNCHER": "mpiexec", "ALGO": "allreduce_sgd", "MODEL": "mlp", "DATASET": "digits",
+                        "EPOCHS": "1", "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 10", "RESULTS_DIR": str(results)},
+                  "slurm/train.sbatch", f"--output={folder}/mpiexec-%j.out")
+    state, = _finished(env, job)
+    assert state["ExitCode"] == "0:0", (folder / f"mpiexec-{job}.out").read_text()
+    run = load_run(str(results / f"allreduce_sgd_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
+    assert run.steps["clock"].shape == (4, 10)
+
+
+def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
+    folder, env = slurm
+    job = _sbatch(env, {"LAUNCHER": "aprun", "RESULTS_DIR": str(folder / "bad")},
+                  "slurm/train.sbatch", f"--output={folder}/bad-%j.out")
+    state, = _finished(env, job)
+    log = (folder / f"bad-{job}.out").read_text()
+    assert (state["JobState"], state["ExitCode"]) == ("FAILED", "2:0"), log
+    assert "LAUNCHER must be srun or mpiexec, got 'aprun'" in log
+
+
+def test_the_translation_job_trains_a_transformer_with_tau_8(slurm):
+    folder, env = slurm
+    results = folder / "translate"
+    # transformer (small) instead of the script's transformer-base: same task and code path, CPU-sized.
+    job = _sbatch(env, {"MODEL": "transformer", "EPOCHS": "1", "BATCH_SIZE": "8",
+                        "TRAIN_ARGS": "--max-steps 12", "RESULTS_DIR": str(results)},
+                  "slurm/translate.sbatch", f"--output={folder}/translate-%j.out")
+    state, = _finished(env, job)
+    assert state["ExitCode"] == "0:0", (folder / f"translate-{job}.out").read_text()
+    run = load_run(str(results / f"wagma_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["dataset"], run.attrs["tau"]) \
+        == ("complete", 4, "transformer", "translation", 8)
+    assert run.steps["clock"].shape == (4, 12) and np.all(np.isfinite(run.steps["loss"]))
+
+
+def test_the_stragglar_job_benchmarks_every_implementation(slurm):
+    folder, env = slurm
+    results = folder / "stragglar"
+    job = _sbatch(env, {"DELAY_MS": "20", "SIZES_MIB": "0.25,1", "REPS": "2", "BENCH_ARGS": "--sweep-mib 0",
+                        "RESULTS_DIR": str(results)},
+                  "slurm/stragglar.sbatch", f"--output={folder}/stragglar-%j.out")
+    state, = _finished(env, job)
+    assert state["ExitCode"] == "0:0", (folder / f"stragglar-{job}.out").read_text()
+    with h5py.File(results / f"stragglar_n4_{job}.h5") as f:
+        assert (f.attrs["ranks"], f.attrs["straggler"], f.attrs["slurm_job_id"]) == (4, 3, job)
+        names = [name.decode() for name in f["implementations"][()]]
+        assert {"stragglar", "broadcast", "ring", "rhd"} <= set(names), names
+        assert list(f["sizes_bytes"][()]) == [2**18, 2**20]
+        times = f["scan_seconds"][()]          # implementation, size, repetition, (total, after arrival)
+        assert times.shape[:3] == (len(names), 2, 2) and np.all(times[..., 0] > 0)
+
+
+def test_the_figure_10_sweep_submits_one_job_per_algorithm_and_the_analysis_compares_them(slurm):
+    folder, env = slurm
+    results = folder / "sweep"
+    submit = subprocess.run(["slurm/sweep.sh", "10", "1", "wagma,allreduce_sgd", "--",
+                             "--time=10", f"--output={folder}/sweep-%j.out"],
+                            cwd=ROOT, env={**env, "STEPS": "4", "RANKS_PER_NODE": "4", "RESULTS_DIR": str(results)},
+                            capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    lines = submit.stdout.split("\n")[:-1]
+    assert [line.rsplit(" ", 1)[0] for line in lines] == ["fig10 wagma n=1: job", "fig10 allreduce_sgd n=1: job"]
+    jobs = [line.rsplit(" ", 1)[1] for line in lines]
+    for job, state in zip(jobs, _finished(env, *jobs)):
+        assert state["ExitCode"] == "0:0", (folder / f"sweep-{job}.out").read_text()
+        assert state["JobName"].startswith("fig10-")
+    for algo, job in zip(["wagma", "allreduce_sgd"], jobs):
+        run = load_run(str(results / f"{algo}_{job}.h5"))
+        assert (run.attrs["status"], run.attrs["ranks"], run.attrs["compute"]) == ("complete", 4, "emulate")
+        assert run.attrs["imbalance"] == "lognormal:median_ms=2000,sigma=1,min_ms=1700,max_ms=43500"
+        assert run.steps["delay"].shape == (4, 4) and np.all(run.steps["delay"] >= 1.7)
+    table = subprocess.run([sys.executable, "-m", "wagma.analysis", str(results), "--csv", str(folder / "sweep.csv")],
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    rows = {row["algorithm"]: row for row in csv.DictReader(open(folder / "sweep.csv"))}
+    assert set(rows) == {"wagma", "allreduce_sgd"} and float(rows["allreduce_sgd"]["speedup"]) == 1.0
+    assert float(rows["wagma"]["speedup"]) > 0
+
+
+def test_the_sweep_refuses_an_unknown_figure_before_submitting():
+    submit = subprocess.run(["slurm/sweep.sh", "5"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 2 and submit.stdout == ""
+    assert "FIGURE must be 4, 7 or 10, got '5'" in submit.stderr

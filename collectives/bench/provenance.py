@@ -28,7 +28,8 @@ def run_attributes(comm) -> dict:
     """Attributes for an HDF5 file: who ran what, where, with which MPI.
 
     Collective over ``comm`` (gathers the host names); every rank gets the
-    same dictionary.
+    same dictionary. ``slurm_job_id`` is the Slurm job that ran it (empty
+    outside Slurm), so a file in a sweep's folder names its job and log.
     """
     hosts = sorted(set(comm.allgather(platform.node())))
     return {
@@ -40,6 +41,7 @@ def run_attributes(comm) -> dict:
         "numpy_version": np.__version__,
         "python_version": platform.python_version(),
         "git_commit": _git_commit(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
 
