@@ -281,9 +281,11 @@ def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
         raise ValueError(f"steps is missing {', '.join(missing)}")
     ranks, count = np.shape(steps["clock"])
     writer = _FileWriter(path, attrs, ranks, None)
-    table = np.stack([np.asarray(steps[k], dtype=np.float64) for k in STEP_FIELDS], axis=-1)
-    for rank in range(ranks):
-        writer.add_rows(rank, np.column_stack([np.arange(count), table[rank]]))
+    with h5py.File(writer.partial, "a") as f:      # whole arrays at once, not rank by rank
+        for name in STEP_FIELDS:
+            f["steps"][name].resize(count, axis=1)
+            f["steps"][name][...] = np.asarray(steps[name], dtype=np.float64)
+        f["steps"].attrs["written"] = count
     evals = evals or {}
     for i in range(len(evals.get("step", ()))):
         replicas = evals["replica_accuracy"][i] if "replica_accuracy" in evals else None

@@ -1,0 +1,16 @@
+"""Scale simulator: every training algorithm at 16 to 4096 ranks in seconds.
+
+A discrete-step model (:mod:`wagma.sim.kernels`, numba) of T steps on P
+ranks: per-step compute times from the imbalance models of the training
+entry point (same specs, same seeds, :func:`~wagma.sim.engine.compute_times`),
+communication from the alpha-beta model (:mod:`wagma.sim.network`), and each
+algorithm's rule of who waits for whom.  Results are runs in the schema of
+measured ones (:func:`~wagma.sim.engine.save`), so ``wagma.analysis``
+compares simulated and measured files side by side.  CLI:
+``python -m wagma.sim`` (README "Scale simulator").
+"""
+
+from .engine import ALGORITHMS, Scenario, SimulatedRun, compute_times, save, simulate
+from .network import COLLECTIVES, Network
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "Network", "Scenario", "SimulatedRun", "compute_times", "save", "simulate"]

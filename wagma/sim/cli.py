@@ -1,0 +1,131 @@
+"""``python -m wagma.sim``: simulate algorithms at several rank counts, print
+the comparison table, optionally write run files and the throughput figure."""
+
+import argparse
+import os
+import sys
+import time
+
+from experiments.options import _levels, algorithm_options
+from wagma.analysis.plots import plot_throughput
+from wagma.analysis.table import compare, format_table
+
+from .engine import ALGORITHMS, Scenario, save, simulate
+from .network import COLLECTIVES, Network
+
+__all__ = ["main", "model_parameters"]
+
+
+def model_parameters(name: str) -> int:
+    """The parameter count of ``experiments.models`` model ``name``, shaped for
+    its synthetic data (ImageNet for resnet18/50, CIFAR for resnet20), built
+    on PyTorch's meta device (no memory, no initialisation)."""
+    import torch
+
+    from experiments.datasets import load_dataset
+    from experiments.models import build_model
+
+    spec = load_dataset("synthetic", model=name, synthetic_size=1).spec
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(name, spec).parameters())
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m wagma.sim",
+        description="Simulate training algorithms at scale (alpha-beta communication, the training "
+                    "entry point's imbalance models) and compare their throughput.")
+    p.add_argument("--algo", default="all", help=f"comma-separated, or all: {', '.join(ALGORITHMS)}")
+    p.add_argument("--ranks", type=_int_list, default=[16, 64, 256, 1024], help="comma-separated P [16,64,256,1024]")
+    p.add_argument("--steps", type=int, default=1000, help="steps per rank [1000]")
+    p.add_argument("--skip-steps", type=int, default=0, help="steps left out of the throughput [0]")
+    p.add_argument("--imbalance", default="random:k=2,ms=320", help="imbalance spec, as experiments.train [%(default)s]")
+    p.add_argument("--compute-ms", type=float, default=600.0,
+                   help="compute of a step before injected delays [600: ResNet-50, batch 128, P100]")
+    p.add_argument("--model", default="resnet50",
+                   help="model whose parameter count sizes the messages (experiments.models) [resnet50]")
+    p.add_argument("--parameters", type=int, default=None, help="parameter count instead of --model's")
+    p.add_argument("--batch-size", type=int, default=128, help="per rank, for samples/s [128]")
+    p.add_argument("--alpha-us", type=float, default=2.0, help="latency per message, microseconds [2: Cray Aries]")
+    p.add_argument("--beta-gbps", type=float, default=9.0,
+                   help="bandwidth per rank, GB/s (beta = 1 / it) [9: Cray Aries]")
+    p.add_argument("--collective", default="auto", choices=COLLECTIVES,
+                   help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
+    p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
+    g = p.add_argument_group("algorithm options (as experiments.train; default: the paper's)")
+    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
+    g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
+    g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False, default=None)
+    g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True, default=None)
+    g.add_argument("--levels", type=_levels, default=None, help="hierarchical_sgd: PERIOD:SIZE,... [2:sqrt(P),10:P]")
+    g.add_argument("--levels-warmup-steps", type=int, default=None)
+    g.add_argument("--peers", type=int, default=None, help="sgp: out-peers per step, 1 to log2 P [1]")
+    g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
+    g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+    g = p.add_argument_group("output")
+    g.add_argument("--out-dir", default=None, help="write one run file per simulation: ALGO_pP.h5")
+    g.add_argument("--plot", metavar="DIR", default=None, help="write DIR/throughput.png (throughput against P)")
+    g.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    algos = list(ALGORITHMS) if args.algo == "all" else [a for a in args.algo.split(",") if a]
+    unknown = [a for a in algos if a not in ALGORITHMS]
+    if unknown or not algos:
+        parser.error(f"--algo must be all or a comma-separated list of {', '.join(ALGORITHMS)}, got {args.algo!r}")
+    if args.steps < 1 or not 0 <= args.skip_steps < args.steps:
+        parser.error(f"--steps must be >= 1 and --skip-steps in [0, steps), got {args.steps} and {args.skip_steps}")
+    if args.group_size not in (None, "auto") and not args.group_size.isdigit():
+        parser.error(f"--group-size must be a power of two or 'auto', got {args.group_size!r}")
+    if not (args.alpha_us >= 0 and args.beta_gbps > 0):
+        parser.error(f"--alpha-us must be >= 0 and --beta-gbps > 0, got {args.alpha_us} and {args.beta_gbps}")
+    try:
+        network = Network(args.alpha_us * 1e-6, 1 / (args.beta_gbps * 1e9))
+        parameters = args.parameters or model_parameters(args.model)
+        plans = []
+        for ranks in args.ranks:
+            scenario = Scenario(ranks=ranks, steps=args.steps, network=network, parameters=parameters,
+                                imbalance=args.imbalance, compute_ms=args.compute_ms, collective=args.collective,
+                                seed=args.seed, model=args.model if args.parameters is None else "custom",
+                                batch_size=args.batch_size)
+            for algo in algos:
+                args.algo = algo
+                plans.append((algo, scenario, algorithm_options(args, ranks)))
+        runs = []
+        for algo, scenario, options in plans:
+            start = time.perf_counter()
+            run = simulate(algo, scenario, skip=args.skip_steps, **options)
+            run.attrs["simulation_seconds"] = time.perf_counter() - start
+            runs.append(run)
+    except ValueError as exc:
+        parser.error(str(exc))
+    rows = compare(runs, skip=args.skip_steps)
+    print(format_table(rows, markdown=args.markdown))
+    slowest = max(runs, key=lambda r: r.attrs["simulation_seconds"])
+    print(f"{len(runs)} simulations of {args.steps} steps ({parameters:,} parameters, alpha {args.alpha_us:g} us, "
+          f"{args.beta_gbps:g} GB/s); slowest {slowest.attrs['algorithm']} at P = {slowest.attrs['ranks']}: "
+          f"{slowest.attrs['simulation_seconds']:.2f} s", file=sys.stderr)
+    if args.out_dir:
+        for run in runs:
+            name = f"{run.attrs['algorithm']}_p{run.attrs['ranks']}.h5"
+            print(f"wrote {save(run, os.path.join(args.out_dir, name))}", file=sys.stderr)
+    if args.plot:
+        os.makedirs(args.plot, exist_ok=True)
+        path = plot_throughput(rows, os.path.join(args.plot, "throughput.png"))
+        if path:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+

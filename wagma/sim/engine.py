@@ -1,0 +1,238 @@
+"""Simulate T training steps of one algorithm on P ranks: the scenario, the
+per-step compute times, the kernel, and the result as a run in the schema of
+measured runs (:mod:`wagma.results`)."""
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import h5py
+import numpy as np
+
+from collectives.groups import ButterflyGrouping
+from wagma.imbalance import parse_imbalance
+from wagma.results import SCHEMA, STEP_FIELDS, Run, summarize, write_run
+
+from . import kernels
+from .network import COLLECTIVES, Network
+
+__all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "compute_times", "save", "simulate"]
+
+#: Simulated algorithms and the options each takes (the keywords of
+#: :func:`wagma.algorithms.create`) with their defaults; None: required, as
+#: there (``experiments.options.algorithm_options`` fills in the paper's).
+ALGORITHMS = {
+    "allreduce_sgd": {"bucket_cap_mb": 25.0},
+    "local_sgd": {"period": 10},
+    "wagma": {"group_size": None, "tau": 10, "wait_avoiding": True, "group_averaging": False},
+    "dpsgd": {},
+    "adpsgd": {},
+    "sgp": {"peers": 1},
+    "eager_sgd": {"quorum": "majority"},
+    "hierarchical_sgd": {"period_group_size_dict": None, "warmup_steps": 0},
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What is simulated, apart from the algorithm.
+
+    Args:
+        ranks: P.
+        steps: T, steps per rank.
+        network: alpha and beta.
+        parameters: the model's parameter count; messages carry
+            ``parameters * bytes_per_parameter`` bytes.
+        imbalance: a :func:`wagma.imbalance.parse_imbalance` spec; its draws
+            for ``seed`` are the ones a training run with that seed injects.
+        compute_ms: a step's compute before injected delays (``delay``
+            models); ``compute`` models draw the whole step.
+        collective: the schedule of blocking allreduces over all P ranks,
+            one of :data:`~wagma.sim.network.COLLECTIVES`.
+        model, batch_size: recorded (``batch_size`` makes the throughput samples/s).
+    """
+
+    ranks: int
+    steps: int
+    network: Network
+    parameters: int
+    imbalance: str = "none"
+    compute_ms: float = 600.0
+    collective: str = "auto"
+    seed: int = 0
+    model: str = "custom"
+    batch_size: int = 128
+    bytes_per_parameter: int = 4
+
+    def __post_init__(self):
+        for name in ("ranks", "steps", "parameters", "batch_size", "bytes_per_parameter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (math.isfinite(self.compute_ms) and self.compute_ms >= 0):
+            raise ValueError(f"compute_ms must be a finite number >= 0, got {self.compute_ms!r}")
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.parameters * self.bytes_per_parameter
+
+
+def compute_times(scenario: Scenario) -> np.ndarray:
+    """``[P, T]`` seconds of each rank's compute, delays included: what
+    ``experiments.train --compute emulate`` sleeps for the same imbalance and seed."""
+    model = parse_imbalance(scenario.imbalance, scenario.ranks, scenario.seed)
+    drawn = np.ascontiguousarray(model.table(scenario.steps).T, dtype=np.float64)
+    return drawn + scenario.compute_ms / 1e3 if model.kind == "delay" else drawn
+
+
+def _options(algorithm, ranks, options):
+    """The algorithm's options with defaults filled in, checked; raises ValueError naming the bad one."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    accepted = ALGORITHMS[algorithm]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not an option of {algorithm}; accepted: "
+                         f"{', '.join(accepted) or 'none'}")
+    out = {**accepted, **options}
+    missing = [name for name, value in out.items() if value is None]
+    if missing:
+        raise ValueError(f"{algorithm} needs {', '.join(missing)}")
+    if algorithm == "wagma":
+        ButterflyGrouping(ranks, out["group_size"])            # raises on non-powers of two, S > P
+        if out["wait_avoiding"] and out["group_averaging"]:
+            raise ValueError("wait_avoiding and group_averaging cannot both be True (Algorithm 2's alpha and beta)")
+    for name in ("period", "tau"):
+        if name in out and (isinstance(out[name], bool) or not isinstance(out[name], int) or out[name] < 1):
+            raise ValueError(f"{name} must be an int >= 1, got {out[name]!r}")
+    if algorithm == "adpsgd" and ranks > 1 and ranks % 2:
+        raise ValueError(f"adpsgd needs an even number of ranks, got {ranks}")
+    if algorithm == "sgp":
+        most = max(1, (ranks - 1).bit_length())
+        if isinstance(out["peers"], bool) or not isinstance(out["peers"], int) or not 1 <= out["peers"] <= most:
+            raise ValueError(f"peers must be an int from 1 to ceil(log2 P) = {most}, got {out['peers']!r}")
+    if algorithm == "eager_sgd" and out["quorum"] not in ("solo", "majority"):
+        raise ValueError(f"quorum must be 'solo' or 'majority', got {out['quorum']!r}")
+    if algorithm == "hierarchical_sgd":
+        levels = out["period_group_size_dict"]
+        if not isinstance(levels, dict) or not levels or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for kv in levels.items() for v in kv):
+            raise ValueError(f"period_group_size_dict must map ints >= 1 to ints >= 1, got {levels!r}")
+        if list(levels) != sorted(levels):
+            raise ValueError(f"period_group_size_dict's periods must increase, got {levels!r}")
+        if not isinstance(out["warmup_steps"], int) or out["warmup_steps"] < 0:
+            raise ValueError(f"warmup_steps must be an int >= 0, got {out['warmup_steps']!r}")
+    return out
+
+
+def _bucketed(scenario, cap_mb):
+    """Allreduce-SGD's buckets, one allreduce after another (one for StragglAR)."""
+    net, total = scenario.network, scenario.nbytes
+    if scenario.collective == "stragglar":
+        return net.allreduce(scenario.ranks, total, "stragglar").as_tuple()
+    cap = max(1, int(cap_mb * 2**20))
+    sizes = [cap] * (total // cap) + ([total % cap] if total % cap else [])
+    seconds = sum(net.allreduce(scenario.ranks, s, scenario.collective).after_last for s in sizes)
+    return (seconds, False, 0.0, 0.0)
+
+
+def _run_kernel(algorithm, scenario, options, compute):
+    """``clock``, ``stale``, ``age`` ``[P, T]`` (``stale``/``age`` None where nothing is ever stale)."""
+    net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
+    everyone = net.allreduce(p, nbytes, scenario.collective).as_tuple()
+    if algorithm == "allreduce_sgd":
+        return kernels.allreduce_sgd(compute, _bucketed(scenario, options["bucket_cap_mb"])), None, None
+    if algorithm == "local_sgd":
+        return kernels.local_sgd(compute, options["period"], everyone), None, None
+    if algorithm == "wagma":
+        s, tau = options["group_size"], options["tau"]
+        if not options["wait_avoiding"] and not options["group_averaging"]:
+            return kernels.local_sgd(compute, tau, everyone), None, None
+        phases, costs = net.butterfly_phases(s, nbytes)
+        hop = net.message(0) if options["wait_avoiding"] else np.inf
+        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
+                                          phases, costs, hop, everyone)
+        return clock, stale, age
+    if algorithm == "dpsgd":
+        return kernels.dpsgd(compute, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
+    if algorithm == "sgp":
+        peers, rounds = options["peers"], max(1, (p - 1).bit_length())
+        offsets = np.array([[1 << ((t * peers + j) % rounds) for j in range(peers)]
+                            for t in range(scenario.steps)], dtype=np.int64)
+        return kernels.sgp(compute, offsets, peers * net.message(nbytes) if p > 1 else 0.0), None, None
+    if algorithm == "adpsgd":
+        clock, age = kernels.adpsgd(compute, 2 * net.message(nbytes))
+        return clock, None, age
+    if algorithm == "eager_sgd":
+        quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
+        activation = max(0, (p - 1).bit_length()) * net.message(0)
+        cost = net.allreduce(p, nbytes, "auto").after_last
+        return kernels.eager_sgd(compute, quorum, activation, cost)
+    levels = options["period_group_size_dict"]
+    periods = np.array(list(levels), dtype=np.int64)
+    sizes = np.array([min(v, p) for v in levels.values()], dtype=np.int64)
+    costs = np.array([net.allreduce(int(g), nbytes, scenario.collective).after_last for g in sizes])
+    return kernels.hierarchical_sgd(compute, periods, sizes, costs, options["warmup_steps"], everyone), None, None
+
+
+@dataclass
+class SimulatedRun(Run):
+    """A :class:`~wagma.results.Run` made by the simulator, with ``age``
+    ``[P, T]``: how many steps old each rank's averaged contribution was."""
+
+    age: np.ndarray = field(default=None)
+
+
+def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> SimulatedRun:
+    """Simulate ``algorithm`` with ``options`` (the keywords of
+    :func:`wagma.algorithms.create`; the paper's defaults otherwise) in ``scenario``.
+
+    Returns a run in memory in the schema of measured runs (``compute`` is
+    ``"simulated"``, so :mod:`wagma.analysis` compares simulated runs with
+    each other and lists them beside measured ones); its summary skips the
+    first ``skip`` steps.  Raises ValueError for a bad algorithm or option.
+    """
+    options = _options(algorithm, scenario.ranks, options)
+    compute = compute_times(scenario)
+    clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
+    previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
+    model = parse_imbalance(scenario.imbalance, scenario.ranks, scenario.seed)
+    injected = compute - scenario.compute_ms / 1e3 if model.kind == "delay" else compute
+    waited = clock - previous - compute
+    steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
+             "comm_time": waited, "wait_time": waited, "loss": np.full_like(clock, np.nan),
+             "stale": np.zeros_like(clock) if stale is None else stale, "clock": clock}
+    if age is None:
+        age = np.zeros_like(clock)
+    attrs = {
+        "schema": SCHEMA, "kind": "simulated", "status": "complete", "algorithm": algorithm,
+        "ranks": scenario.ranks, "group_size": options.get("group_size") or 0,
+        "tau": options.get("tau", options.get("period", 0)), "imbalance": scenario.imbalance,
+        "compute": "simulated", "compute_ms": scenario.compute_ms, "model": scenario.model,
+        "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
+        "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
+        "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
+        "collective": scenario.collective, "mean_staleness": float(np.nanmean(age)),
+        "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),
+                              "scenario": {**asdict(scenario), "network": asdict(scenario.network)}}),
+    }
+    run = SimulatedRun("", attrs, steps, {}, {}, age=age)
+    run.summary = summarize(run, skip)
+    return run
+
+
+def _jsonable(options):
+    return {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) else v) for k, v in options.items()}
+
+
+def save(run: SimulatedRun, path: str) -> str:
+    """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, plus
+    ``sim/age`` ``[rank, step]``); returns the path."""
+    write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS})
+    with h5py.File(path, "a") as f:
+        f.create_dataset("sim/age", data=run.age)
+        f["sim/age"].attrs["meaning"] = ("steps between the step a rank's averaged contribution was computed "
+                                         "at and the step it was averaged in (0: fresh)")
+    return path

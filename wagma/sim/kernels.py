@@ -1,0 +1,286 @@
+"""The simulator's per-algorithm recurrences, compiled with numba.
+
+Every kernel takes ``compute[P, T]`` (seconds of rank r's step t: the base
+compute plus the injected delay, or the drawn time) and returns
+``clock[P, T]``: when rank r ends step t, i.e. leaves the algorithm's
+``step()`` and starts step t + 1.  Step t of rank r starts at
+``clock[r, t - 1]`` (0 for t = 0), so its arrival at the communication is
+``f = clock[r, t - 1] + compute[r, t]`` and everything after it,
+``clock[r, t] - f``, is waiting and transfers.  Kernels of algorithms that
+average contributions of different ages also fill ``stale[P, T]`` (1 when
+rank r's contribution to step t's averaging was not its step-t one) and
+``age[P, T]`` (how many steps old the contribution was; NaN where the rank
+averaged nothing).
+
+The state is arrays of P floats per step: no events, no Python objects.
+Each algorithm's rule of who waits for whom is in its kernel's docstring.
+"""
+
+import numpy as np
+from numba import njit
+
+__all__ = ["adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "sgp", "wagma"]
+
+
+@njit(cache=True)
+def _global_end(f, after_last, straggler_aware, reduce_scatter, after_straggler):
+    """End of a blocking allreduce over all ranks that arrive at times ``f``
+    (see :class:`wagma.sim.network.GlobalAllreduce`)."""
+    if not straggler_aware:
+        return f.max() + after_last
+    last = np.argmax(f)
+    others = -np.inf
+    for r in range(f.size):
+        if r != last and f[r] > others:
+            others = f[r]
+    return max(others + reduce_scatter, f[last]) + after_straggler
+
+
+@njit(cache=True)
+def allreduce_sgd(compute, collective):
+    """Gradient averaging every step: every rank waits for the last one, then
+    the allreduce (its buckets one after another; emulated compute has no
+    backward pass for them to overlap with)."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    for t in range(steps):
+        f = done + compute[:, t]
+        done[:] = _global_end(f, *collective)
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def local_sgd(compute, tau, collective):
+    """Model averaging over all ranks at steps with (t + 1) mod tau == 0
+    (a barrier: the last rank's arrival, then the allreduce); no waiting in
+    between.  tau = 1 is synchronous model averaging."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    for t in range(steps):
+        f = done + compute[:, t]
+        if (t + 1) % tau == 0:
+            done[:] = _global_end(f, *collective)
+        else:
+            done[:] = f
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
+    """Hierarchical SGD: during the first ``warmup`` steps a gradient
+    allreduce over all ranks (``collective``); afterwards, at steps t with
+    t mod period == 0 for some level, the level with the largest period
+    averages within its groups of ``size`` consecutive ranks (each group waits
+    for its last member, then ``costs[level]``; a level of all P ranks costs
+    ``collective``).  Levels are given in increasing period."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    for t in range(steps):
+        f = done + compute[:, t]
+        if t < warmup:
+            done[:] = _global_end(f, *collective)
+        else:
+            level = -1
+            for i in range(periods.size):
+                if t % periods[i] == 0:
+                    level = i
+            if level < 0:
+                done[:] = f
+            elif sizes[level] >= ranks:
+                done[:] = _global_end(f, *collective)
+            else:
+                size = sizes[level]
+                for first in range(0, ranks, size):
+                    end = f[first:first + size].max() + costs[level]
+                    done[first:first + size] = end
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def dpsgd(compute, exchange):
+    """D-PSGD: every step each rank exchanges models with ring neighbours
+    r - 1 and r + 1 and waits for both (``exchange``: its two sends)."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    for t in range(steps):
+        f = done + compute[:, t]
+        for r in range(ranks):
+            done[r] = max(f[(r - 1) % ranks], f[r], f[(r + 1) % ranks]) + exchange
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def sgp(compute, offsets, exchange):
+    """SGP: step t, rank r pushes to r + o and receives from r - o for each
+    offset o in ``offsets[t]``, waiting for what it receives (``exchange``:
+    its sends, one per peer)."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    for t in range(steps):
+        f = done + compute[:, t]
+        for r in range(ranks):
+            start = f[r]
+            for j in range(offsets.shape[1]):
+                start = max(start, f[(r - offsets[t, j]) % ranks])
+            done[r] = start + exchange
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def adpsgd(compute, exchange):
+    """AD-PSGD (our :class:`~collectives.gossip.PairwiseGossip`): after its
+    step k an even (active) rank asks an odd neighbour for an exchange, right
+    at even k and left at odd k, so each odd (passive) rank gets one request
+    per step.  An exchange (``exchange`` seconds: the model there and back)
+    starts when the request is made and both ranks' communication threads are
+    free; a rank starts step k + 1 once its exchange of step k - 1 is done
+    (staleness bound 1).  Reading chosen: a passive thread serves its
+    requests in step order (the runtime serves them in arrival order, which
+    can only make a passive rank wait less).
+
+    Returns ``clock`` and ``age``: at each exchange the difference between the
+    two ranks' step counts (filled for both ranks at the active's step).
+    """
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    finish = np.empty((ranks, steps))           # end of each step's compute
+    start_at = np.empty((ranks, steps))         # when step k's exchange began (row of the active)
+    partner = np.empty((ranks, steps), dtype=np.int64)
+    exchanged = np.zeros(ranks)                 # end of each rank's latest exchange
+    previous = np.zeros(ranks)                  # end of its exchange of step k - 1
+    done = np.zeros(ranks)
+    for k in range(steps):
+        f = done + compute[:, k]
+        finish[:, k] = f
+        for r in range(ranks):                  # step k + 1 waits for the exchange of step k - 1
+            done[r] = max(f[r], previous[r]) if k > 0 else f[r]
+        if ranks > 1:
+            for a in range(0, ranks, 2):
+                p = (a + 1) % ranks if k % 2 == 0 else (a - 1) % ranks
+                begin = max(f[a], exchanged[a], exchanged[p])
+                exchanged[a] = exchanged[p] = begin + exchange
+                start_at[a, k] = begin
+                partner[a, k] = p
+            previous[:] = exchanged
+        clock[:, k] = done
+    age = np.full((ranks, steps), np.nan)
+    if ranks > 1:
+        for a in range(0, ranks, 2):
+            for k in range(steps):
+                p = partner[a, k]
+                begin = start_at[a, k]
+                mine = np.searchsorted(finish[a], begin, side="right")
+                theirs = np.searchsorted(finish[p], begin, side="right")
+                age[a, k] = age[p, k] = abs(mine - theirs)
+    return clock, age
+
+
+@njit(cache=True)
+def eager_sgd(compute, quorum, activation, cost):
+    """Eager-SGD's partial allreduce over all ranks: version t starts when
+    ``quorum`` ranks have arrived (1: solo, ceil(P/2): majority) plus the
+    activation's ``activation`` seconds, and not before version t - 1 ended;
+    it takes ``cost``.  A rank that arrives after the start contributes the
+    newest gradient it had published by then (``age`` steps old) and does not
+    wait for the others; every rank leaves when it has arrived and the
+    version has ended."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    stale = np.zeros((ranks, steps))
+    age = np.zeros((ranks, steps))
+    finish = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    ended = 0.0
+    for t in range(steps):
+        f = done + compute[:, t]
+        finish[:, t] = f
+        trigger = np.partition(f, quorum - 1)[quorum - 1]
+        begin = max(trigger + activation, ended)
+        ended = begin + cost
+        for r in range(ranks):
+            if f[r] > begin:
+                stale[r, t] = 1.0
+                s = t - 1
+                while s >= 0 and finish[r, s] > begin:
+                    s -= 1
+                age[r, t] = t - s
+            done[r] = max(f[r], ended)
+        clock[:, t] = done
+    return clock, stale, age
+
+
+@njit(cache=True)
+def _popcount(x):
+    count = 0
+    while x:
+        x &= x - 1
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, hop, collective):
+    """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
+    "The wait-avoiding group allreduce").
+
+    Version t (not a sync step) starts on rank r at
+    ``max(end of version t - 1 on r, min(f_r, f_a + hop * popcount(r ^ a)))``:
+    the first rank a to arrive activates it along the binomial tree rooted at
+    itself (one ``hop`` per tree level), and r's own arrival activates it too.
+    Then the butterfly phases of iteration t: in phase k rank r and its
+    partner r ^ mask_k (mask_k = 1 << ((t log2 S + phases[k]) mod log2 P),
+    Algorithm 1) both start when both are ready and take ``phase_costs[k]``.
+    A rank whose version started before it arrived is stale: its contribution
+    is the one of its last fresh step (however small the gap: a rank whose
+    partner of the previous version started late by a hop arrives late by as
+    much, and the runtime has the same race); it leaves once it has arrived and the
+    version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
+    allreduce over all ranks (``collective``) and everyone is fresh.
+    """
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    stale = np.zeros((ranks, steps))
+    age = np.zeros((ranks, steps))
+    done = np.zeros(ranks)
+    version_end = np.zeros(ranks)
+    began = np.empty(ranks)
+    ready = np.empty(ranks)
+    paired = np.empty(ranks)
+    last_fresh = np.full(ranks, -1)
+    for t in range(steps):
+        f = done + compute[:, t]
+        if (t + 1) % tau == 0:
+            done[:] = _global_end(f, *collective)
+            version_end[:] = done
+            last_fresh[:] = t
+        else:
+            first = np.argmin(f)
+            for r in range(ranks):
+                began[r] = max(version_end[r], min(f[r], f[first] + hop * _popcount(r ^ first)))
+            ready[:] = began
+            shift = (t * log_group) % log_ranks if log_ranks else 0
+            for k in range(phases.size):
+                mask = 1 << ((shift + phases[k]) % log_ranks)
+                for r in range(ranks):
+                    paired[r] = max(ready[r], ready[r ^ mask]) + phase_costs[k]
+                ready[:] = paired
+            for r in range(ranks):
+                if began[r] < f[r]:
+                    stale[r, t] = 1.0
+                    age[r, t] = t - last_fresh[r]
+                else:
+                    last_fresh[r] = t
+                version_end[r] = ready[r]
+                done[r] = max(f[r], ready[r])
+        clock[:, t] = done
+    return clock, stale, age

@@ -1,0 +1,102 @@
+"""What communication costs in the simulator: the alpha-beta model.
+
+A message of ``s`` bytes between two ranks takes ``alpha + s * beta``
+seconds; a rank sends one message at a time and concurrent pairs do not
+share links (the model of the StragglAR paper's Table 1 and of WAGMA's
+section 3.3).  The collectives are costed with the formulas of
+:mod:`collectives.stragglar.cost` and pick their schedule by the same rule
+as the runtime (:func:`collectives.blocking.choose_allreduce`,
+:func:`collectives.group_allreduce.choose_group_allreduce`), so a
+simulated run costs what the code it stands for would send.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from collectives.blocking import choose_allreduce
+from collectives.group_allreduce import choose_group_allreduce
+from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
+from collectives.stragglar.generator import lower_bound
+
+__all__ = ["COLLECTIVES", "GlobalAllreduce", "Network"]
+
+#: Schedules of a blocking allreduce over all P ranks.
+COLLECTIVES = ("auto", "ring", "rhd", "recursive_doubling", "stragglar")
+
+
+@dataclass(frozen=True)
+class GlobalAllreduce:
+    """The cost of a blocking allreduce over all ranks, as the kernels take it.
+
+    ``after_last``: seconds from the last rank's arrival to the end.
+    ``straggler_aware``: StragglAR: the n - 1 first ranks run a ring
+    ReduceScatter (``reduce_scatter`` seconds) as soon as the last of them
+    arrives, and the ``after_straggler`` seconds of the schedule's rounds
+    start when both that is done and the last rank (the straggler) is there.
+    The straggler is whichever rank arrives last at that step: the runtime
+    needs it named in advance, so for imbalance that moves between ranks
+    this is StragglAR's best case.
+    """
+
+    after_last: float
+    straggler_aware: bool = False
+    reduce_scatter: float = 0.0
+    after_straggler: float = 0.0
+
+    def as_tuple(self):
+        return (self.after_last, self.straggler_aware, self.reduce_scatter, self.after_straggler)
+
+
+@dataclass(frozen=True)
+class Network:
+    """alpha (seconds per message) and beta (seconds per byte)."""
+
+    alpha: float
+    beta: float
+
+    def __post_init__(self):
+        for name, value in (("alpha", self.alpha), ("beta", self.beta)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    def message(self, nbytes: float) -> float:
+        """One point-to-point message."""
+        return self.alpha + nbytes * self.beta
+
+    def allreduce(self, n: int, nbytes: float, collective: str = "auto") -> GlobalAllreduce:
+        """A blocking allreduce of ``nbytes`` over ``n`` ranks with schedule ``collective``
+        (one of :data:`COLLECTIVES`; ``auto`` is the runtime's choice)."""
+        if collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
+        if n <= 1:
+            return GlobalAllreduce(0.0)
+        if collective == "auto":
+            collective = choose_allreduce(int(nbytes), n)
+        if collective == "ring":
+            return GlobalAllreduce(ring_time(n, nbytes, self.alpha, self.beta))
+        if collective == "rhd":
+            return GlobalAllreduce(rhd_time(n, nbytes, self.alpha, self.beta))
+        if collective == "recursive_doubling":
+            return GlobalAllreduce(math.ceil(math.log2(n)) * self.message(nbytes))
+        rounds = lower_bound(n)        # what the generator reaches (README "StragglAR")
+        reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
+        return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
+
+    def butterfly_phases(self, group_size: int, nbytes: float):
+        """The group allreduce of WAGMA within a butterfly group of ``group_size``:
+        ``(phase, seconds)`` arrays, ``phase`` k meaning the k-th of iteration t's
+        partner masks.  Recursive doubling (log2 S phases of the whole buffer)
+        below the runtime's size threshold, else halving/doubling (a
+        ReduceScatter over the masks in order, halving the message each
+        phase, then an Allgather over them in reverse)."""
+        levels = group_size.bit_length() - 1
+        if choose_group_allreduce(int(nbytes)) == "recursive_doubling":
+            phases = list(range(levels))
+            costs = [self.message(nbytes)] * levels
+        else:
+            halves = [self.message(nbytes / 2 ** (k + 1)) for k in range(levels)]
+            phases = list(range(levels)) + list(reversed(range(levels)))
+            costs = halves + halves[::-1]
+        return np.array(phases, dtype=np.int64), np.array(costs, dtype=np.float64)
