@@ -173,6 +173,8 @@ def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, me
 def test_bad_scenarios_are_refused():
     with pytest.raises(ValueError, match="adpsgd needs an even number of ranks, got 5"):
         simulate("adpsgd", scenario(ranks=5))
+    with pytest.raises(ValueError, match="power of two"):
+        simulate("eager_sgd", scenario(ranks=6))
     with pytest.raises(ValueError, match="collective must be one of auto, ring"):
         scenario(collective="tree")
     with pytest.raises(ValueError, match="ranks must be an int >= 1"):

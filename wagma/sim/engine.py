@@ -113,8 +113,10 @@ def _options(algorithm, ranks, options):
         most = max(1, (ranks - 1).bit_length())
         if isinstance(out["peers"], bool) or not isinstance(out["peers"], int) or not 1 <= out["peers"] <= most:
             raise ValueError(f"peers must be an int from 1 to ceil(log2 P) = {most}, got {out['peers']!r}")
-    if algorithm == "eager_sgd" and out["quorum"] not in ("solo", "majority"):
-        raise ValueError(f"quorum must be 'solo' or 'majority', got {out['quorum']!r}")
+    if algorithm == "eager_sgd":
+        if out["quorum"] not in ("solo", "majority"):
+            raise ValueError(f"quorum must be 'solo' or 'majority', got {out['quorum']!r}")
+        ButterflyGrouping(ranks, ranks)     # the partial collectives run on the wait-avoiding machinery
     if algorithm == "hierarchical_sgd":
         levels = out["period_group_size_dict"]
         if not isinstance(levels, dict) or not levels or any(
@@ -168,7 +170,7 @@ def _run_kernel(algorithm, scenario, options, compute):
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
         activation = max(0, (p - 1).bit_length()) * net.message(0)
-        cost = net.allreduce(p, nbytes, "auto").after_last
+        cost = float(net.butterfly_phases(p, nbytes)[1].sum())   # the group allreduce with S = P
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
