@@ -158,12 +158,13 @@ def _run_kernel(algorithm, scenario, options, compute):
                                           phases, costs, hop, everyone)
         return clock, stale, age
     if algorithm == "dpsgd":
-        return kernels.dpsgd(compute, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
+        offsets = np.tile(np.array([1, -1], dtype=np.int64), (scenario.steps, 1))
+        return kernels.neighbours(compute, offsets, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
     if algorithm == "sgp":
         peers, rounds = options["peers"], max(1, (p - 1).bit_length())
         offsets = np.array([[1 << ((t * peers + j) % rounds) for j in range(peers)]
                             for t in range(scenario.steps)], dtype=np.int64)
-        return kernels.sgp(compute, offsets, peers * net.message(nbytes) if p > 1 else 0.0), None, None
+        return kernels.neighbours(compute, offsets, peers * net.message(nbytes) if p > 1 else 0.0), None, None
     if algorithm == "adpsgd":
         clock, age = kernels.adpsgd(compute, 2 * net.message(nbytes))
         return clock, None, age

@@ -19,7 +19,7 @@ Each algorithm's rule of who waits for whom is in its kernel's docstring.
 import numpy as np
 from numba import njit
 
-__all__ = ["adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "sgp", "wagma"]
+__all__ = ["adpsgd", "allreduce_sgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
 
 
 @njit(cache=True)
@@ -103,25 +103,11 @@ def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
 
 
 @njit(cache=True)
-def dpsgd(compute, exchange):
-    """D-PSGD: every step each rank exchanges models with ring neighbours
-    r - 1 and r + 1 and waits for both (``exchange``: its two sends)."""
-    ranks, steps = compute.shape
-    clock = np.empty((ranks, steps))
-    done = np.zeros(ranks)
-    for t in range(steps):
-        f = done + compute[:, t]
-        for r in range(ranks):
-            done[r] = max(f[(r - 1) % ranks], f[r], f[(r + 1) % ranks]) + exchange
-        clock[:, t] = done
-    return clock
-
-
-@njit(cache=True)
-def sgp(compute, offsets, exchange):
-    """SGP: step t, rank r pushes to r + o and receives from r - o for each
-    offset o in ``offsets[t]``, waiting for what it receives (``exchange``:
-    its sends, one per peer)."""
+def neighbours(compute, offsets, exchange):
+    """Synchronous gossip: at step t rank r receives from ranks r - o for each
+    offset o in ``offsets[t]`` and waits for them, then spends ``exchange``
+    (its sends).  D-PSGD: offsets (1, -1), the two ring neighbours, every
+    step; SGP: the out-peers 2**k of its exponential graph, in-peers r - 2**k."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     done = np.zeros(ranks)
