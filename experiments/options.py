@@ -7,8 +7,8 @@ import os
 from wagma.algorithms import ALGORITHMS
 from wagma.imbalance import FORMS
 
-__all__ = ["ALGORITHM_OPTIONS", "algorithm_options", "auto_group_size", "build_parser", "compute_ms",
-           "default_out", "usage_problem"]
+__all__ = ["ALGORITHM_OPTIONS", "add_algorithm_options", "algorithm_options", "auto_group_size", "build_parser",
+           "compute_ms", "default_out", "usage_problem"]
 
 #: Which command-line option feeds which algorithm's keyword (``None`` default
 #: = not given; giving it to an algorithm that has no such option is an error).
@@ -55,6 +55,27 @@ def _epochs(text):
         raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
 
 
+def add_algorithm_options(parser):
+    """The flags that feed the algorithms' options (:func:`algorithm_options`),
+    shared by ``experiments.train`` and ``python -m wagma.sim``."""
+    g = parser.add_argument_group("algorithm options (default: the paper's)")
+    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
+    g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
+    g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False,
+                   default=None, help="wagma: alpha off")
+    g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True,
+                   default=None, help="wagma: beta on (blocking group allreduce; needs --no-wait-avoiding)")
+    g.add_argument("--levels", type=_levels, default=None,
+                   help="hierarchical_sgd: PERIOD:SIZE,... groups of SIZE ranks average every PERIOD "
+                        "steps, P = all [2:sqrt(P),10:P]")
+    g.add_argument("--levels-warmup-steps", type=int, default=None,
+                   help="hierarchical_sgd: steps of gradient allreduce first [0]")
+    g.add_argument("--peers", type=int, default=None, help="sgp: out-peers per step [1]; training: 1 or 2, "
+                   "the simulator: up to log2 P")
+    g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
+    g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+
+
 def build_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(
         prog="mpiexec -n P python -m experiments.train",
@@ -95,21 +116,7 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--compute-ms", type=float, default=None,
                    help="the compute time of a step before injected delays: emulated steps sleep this "
                         "long [100]; real steps are padded up to it, to model a slower device [0: no padding]")
-    g = p.add_argument_group("algorithm options (default: the paper's)")
-    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
-    g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
-    g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False,
-                   default=None, help="wagma: alpha off")
-    g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True,
-                   default=None, help="wagma: beta on (blocking group allreduce; needs --no-wait-avoiding)")
-    g.add_argument("--levels", type=_levels, default=None,
-                   help="hierarchical_sgd: PERIOD:SIZE,... groups of SIZE ranks average every PERIOD "
-                        "steps, P = all [2:sqrt(P),10:P]")
-    g.add_argument("--levels-warmup-steps", type=int, default=None,
-                   help="hierarchical_sgd: steps of gradient allreduce first [0]")
-    g.add_argument("--peers", type=int, default=None, help="sgp: out-peers per step, 1 or 2 [1]")
-    g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
-    g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+    add_algorithm_options(p)
     g = p.add_argument_group("output and restart")
     g.add_argument("--out", default=None,
                    help="run file [results/runs/ALGO_pP_MODEL_DATASET_sSEED.h5]")

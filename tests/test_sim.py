@@ -164,6 +164,7 @@ def test_results_reproduce_from_the_seed():
     ("sgp", {"peers": 9}, "peers must be an int from 1 to ceil(log2 P) = 3"),
     ("eager_sgd", {"quorum": "half"}, "quorum must be 'solo' or 'majority'"),
     ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period"),
+    ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "group size 16 exceeds the 8 ranks"),
 ])
 def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from experiments.options import _levels, algorithm_options
+from experiments.options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table
 
@@ -62,16 +62,7 @@ def build_parser():
     p.add_argument("--collective", default="auto", choices=COLLECTIVES,
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
-    g = p.add_argument_group("algorithm options (as experiments.train; default: the paper's)")
-    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
-    g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
-    g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False, default=None)
-    g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True, default=None)
-    g.add_argument("--levels", type=_levels, default=None, help="hierarchical_sgd: PERIOD:SIZE,... [2:sqrt(P),10:P]")
-    g.add_argument("--levels-warmup-steps", type=int, default=None)
-    g.add_argument("--peers", type=int, default=None, help="sgp: out-peers per step, 1 to log2 P [1]")
-    g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
-    g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+    add_algorithm_options(p)        # the flags of experiments.train; sgp --peers up to log2 P here
     g = p.add_argument_group("output")
     g.add_argument("--out-dir", default=None, help="write one run file per simulation: ALGO_pP.h5")
     g.add_argument("--plot", metavar="DIR", default=None, help="write DIR/throughput.png (throughput against P)")

@@ -79,12 +79,17 @@ class Scenario:
         return self.parameters * self.bytes_per_parameter
 
 
+def _draws(scenario):
+    """Compute seconds ``[P, T]`` and the injected part of them."""
+    model = parse_imbalance(scenario.imbalance, scenario.ranks, scenario.seed)
+    drawn = np.ascontiguousarray(model.table(scenario.steps).T, dtype=np.float64)
+    return (drawn + scenario.compute_ms / 1e3 if model.kind == "delay" else drawn), drawn
+
+
 def compute_times(scenario: Scenario) -> np.ndarray:
     """``[P, T]`` seconds of each rank's compute, delays included: what
     ``experiments.train --compute emulate`` sleeps for the same imbalance and seed."""
-    model = parse_imbalance(scenario.imbalance, scenario.ranks, scenario.seed)
-    drawn = np.ascontiguousarray(model.table(scenario.steps).T, dtype=np.float64)
-    return drawn + scenario.compute_ms / 1e3 if model.kind == "delay" else drawn
+    return _draws(scenario)[0]
 
 
 def _options(algorithm, ranks, options):
@@ -122,6 +127,8 @@ def _options(algorithm, ranks, options):
         if not isinstance(levels, dict) or not levels or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for kv in levels.items() for v in kv):
             raise ValueError(f"period_group_size_dict must map ints >= 1 to ints >= 1, got {levels!r}")
+        if max(levels.values()) > ranks:
+            raise ValueError(f"period_group_size_dict's group size {max(levels.values())} exceeds the {ranks} ranks")
         if list(levels) != sorted(levels):
             raise ValueError(f"period_group_size_dict's periods must increase, got {levels!r}")
         if not isinstance(out["warmup_steps"], int) or out["warmup_steps"] < 0:
@@ -153,10 +160,8 @@ def _run_kernel(algorithm, scenario, options, compute):
         if not options["wait_avoiding"] and not options["group_averaging"]:
             return kernels.local_sgd(compute, tau, everyone), None, None
         phases, costs = net.butterfly_phases(s, nbytes)
-        hop = net.message(0) if options["wait_avoiding"] else np.inf
-        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
-                                          phases, costs, hop, everyone)
-        return clock, stale, age
+        return kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1, phases, costs,
+                             options["wait_avoiding"], net.message(0), everyone)
     if algorithm == "dpsgd":
         offsets = np.tile(np.array([1, -1], dtype=np.int64), (scenario.steps, 1))
         return kernels.neighbours(compute, offsets, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
@@ -175,7 +180,7 @@ def _run_kernel(algorithm, scenario, options, compute):
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
-    sizes = np.array([min(v, p) for v in levels.values()], dtype=np.int64)
+    sizes = np.array(list(levels.values()), dtype=np.int64)
     costs = np.array([net.allreduce(int(g), nbytes, scenario.collective).after_last for g in sizes])
     return kernels.hierarchical_sgd(compute, periods, sizes, costs, options["warmup_steps"], everyone), None, None
 
@@ -198,11 +203,9 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     first ``skip`` steps.  Raises ValueError for a bad algorithm or option.
     """
     options = _options(algorithm, scenario.ranks, options)
-    compute = compute_times(scenario)
+    compute, injected = _draws(scenario)
     clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
-    model = parse_imbalance(scenario.imbalance, scenario.ranks, scenario.seed)
-    injected = compute - scenario.compute_ms / 1e3 if model.kind == "delay" else compute
     waited = clock - previous - compute
     steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
              "comm_time": waited, "wait_time": waited, "loss": np.full_like(clock, np.nan),

@@ -215,7 +215,7 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, hop, collective):
+def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, hop, collective):
     """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
     "The wait-avoiding group allreduce").
 
@@ -232,6 +232,9 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, hop, collecti
     much, and the runtime has the same race); it leaves once it has arrived and the
     version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
     allreduce over all ranks (``collective``) and everyone is fresh.
+    Without ``activation`` (Algorithm 2's beta: blocking group averaging) a
+    version starts on a rank only when the rank arrives, so every phase
+    waits for the partner's arrival and nobody is stale.
     """
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
@@ -252,7 +255,8 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, hop, collecti
         else:
             first = np.argmin(f)
             for r in range(ranks):
-                began[r] = max(version_end[r], min(f[r], f[first] + hop * _popcount(r ^ first)))
+                reached = f[first] + hop * _popcount(r ^ first) if activation else f[r]
+                began[r] = max(version_end[r], min(f[r], reached))
             ready[:] = began
             shift = (t * log_group) % log_ranks if log_ranks else 0
             for k in range(phases.size):
