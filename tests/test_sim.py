@@ -208,9 +208,14 @@ def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, caps
                        "--plot", str(tmp_path / "figs")])
     out = capsys.readouterr()
     assert status == 0
-    lines = [line.split() for line in out.out.splitlines()[2:]]
-    assert sorted((cells[0], cells[1]) for cells in lines) == sorted(
-        (a, p) for a in ("allreduce_sgd", "wagma", "sgp") for p in ("16", "64"))
+    table, spread = out.out.split("\n\n")
+    expected = sorted((a, p) for a in ("allreduce_sgd", "wagma", "sgp") for p in ("16", "64"))
+    assert sorted(tuple(line.split()[:2]) for line in table.splitlines()[2:]) == expected
+    spread = [line.split() for line in spread.splitlines()]
+    assert spread[0][:4] == ["algorithm", "P", "wait", "ms/step:"]
+    assert sorted(tuple(cells[:2]) for cells in spread[1:]) == expected
+    waits = {tuple(cells[:2]): [float(c) for c in cells[2:5]] for cells in spread[1:]}
+    assert all(least <= median <= most for least, median, most in waits.values())
     assert "6 simulations of 50 steps" in out.err
     assert (tmp_path / "figs" / "throughput.png").stat().st_size > 0
     run = load_run(str(tmp_path / "runs" / "wagma_p64.h5"))

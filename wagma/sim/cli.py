@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from experiments.options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table
@@ -13,7 +15,7 @@ from wagma.analysis.table import compare, format_table
 from .engine import ALGORITHMS, Scenario, save, simulate
 from .network import COLLECTIVES, Network
 
-__all__ = ["main", "model_parameters"]
+__all__ = ["format_spread", "main", "model_parameters"]
 
 
 def model_parameters(name: str) -> int:
@@ -28,6 +30,26 @@ def model_parameters(name: str) -> int:
     spec = load_dataset("synthetic", model=name, synthetic_size=1).spec
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(name, spec).parameters())
+
+
+def format_spread(runs, skip=0, markdown=False) -> str:
+    """Per run: how the waiting spreads over the ranks (each rank's mean wait
+    per step: the least, median and most waiting rank) and how old the
+    averaged contributions were (mean and largest age in steps)."""
+    header = ["algorithm", "P", "wait ms/step: least", "median", "most", "age: mean", "max"]
+    lines = [header]
+    for run in sorted(runs, key=lambda r: (r.attrs["ranks"], r.attrs["algorithm"])):
+        wait = np.nanmean(run.steps["wait_time"][:, skip:], axis=1) * 1e3
+        age = run.age[:, skip:]
+        lines.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
+                      f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{np.nanmean(age):.3f}",
+                      f"{np.nanmax(age):.0f}"])
+    if markdown:
+        rule = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
+        return "\n".join("| " + " | ".join(line) + " |" for line in [lines[0], rule, *lines[1:]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines)
 
 
 def _int_list(text):
@@ -105,6 +127,8 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     rows = compare(runs, skip=args.skip_steps)
     print(format_table(rows, markdown=args.markdown))
+    print()
+    print(format_spread(runs, args.skip_steps, markdown=args.markdown))
     slowest = max(runs, key=lambda r: r.attrs["simulation_seconds"])
     print(f"{len(runs)} simulations of {args.steps} steps ({parameters:,} parameters, alpha {args.alpha_us:g} us, "
           f"{args.beta_gbps:g} GB/s); slowest {slowest.attrs['algorithm']} at P = {slowest.attrs['ranks']}: "

@@ -206,7 +206,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     compute, injected = _draws(scenario)
     clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
-    waited = clock - previous - compute
+    waited = np.maximum(clock - previous - compute, 0.0)     # rounding leaves -1e-17 where nobody waits
     steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
              "comm_time": waited, "wait_time": waited, "loss": np.full_like(clock, np.nan),
              "stale": np.zeros_like(clock) if stale is None else stale, "clock": clock}
