@@ -67,11 +67,11 @@ def _finished(env, *jobs):
     return [states[job] for job in jobs]
 
 
-def test_a_training_job_runs_four_ranks_and_writes_its_run_file(slurm):
+def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(slurm):
     folder, env = slurm
     results = folder / "train"
-    settings = {"ALGO": "wagma", "MODEL": "resnet20", "DATASET": "synthetic", "EPOCHS": "1",
-                "BATCH_SIZE": "8", "TRAIN_ARGS": "--synthetic-size 64", "RESULTS_DIR": str(results)}
+    # The script's defaults (WAGMA-SGD, ResNet-50 on synthetic ImageNet batches), two steps of batch 2.
+    settings = {"EPOCHS": "1", "BATCH_SIZE": "2", "TRAIN_ARGS": "--synthetic-size 4", "RESULTS_DIR": str(results)}
     job = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes=1", "--ntasks-per-node=4", "--time=10",
                           "--export=ALL", f"--output={folder}/train-%j.out", "slurm/train.sbatch"],
                          cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
@@ -79,9 +79,11 @@ def test_a_training_job_runs_four_ranks_and_writes_its_run_file(slurm):
     assert job.returncode == 0, job.stderr + (folder / f"train-{job_id}.out").read_text()
     assert _state(env, job_id)["ExitCode"] == "0:0"
     run = load_run(str(results / f"wagma_{job_id}.h5"))
-    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"]) == ("complete", 4, "resnet20")
+    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["parameters"]) \
+        == ("complete", 4, "resnet50", 25_557_032)
+    assert (run.attrs["dataset"], run.attrs["group_size"], run.attrs["tau"]) == ("synthetic", 2, 10)
     assert run.attrs["slurm_job_id"] == job_id and run.attrs["hostnames"] == _state(env, job_id)["NodeList"]
-    assert run.steps["clock"].shape == (4, 8) and np.all(np.isfinite(run.steps["clock"]))
+    assert run.steps["clock"].shape == (4, 2) and np.all(np.isfinite(run.steps["loss"]))
 
 
 def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm):
