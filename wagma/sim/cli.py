@@ -12,7 +12,7 @@ from experiments.options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table
 
-from .engine import ALGORITHMS, Scenario, save, simulate
+from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
 from .network import COLLECTIVES, Network
 
 __all__ = ["format_spread", "main", "model_parameters"]
@@ -40,10 +40,9 @@ def format_spread(runs, skip=0, markdown=False) -> str:
     lines = [header]
     for run in sorted(runs, key=lambda r: (r.attrs["ranks"], r.attrs["algorithm"])):
         wait = np.nanmean(run.steps["wait_time"][:, skip:], axis=1) * 1e3
-        age = run.age[:, skip:]
+        mean_age, max_age = age_summary(run.age[:, skip:])
         lines.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
-                      f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{np.nanmean(age):.3f}",
-                      f"{np.nanmax(age):.0f}"])
+                      f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{mean_age:.3f}", f"{max_age:.0f}"])
     if markdown:
         rule = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
         return "\n".join("| " + " | ".join(line) + " |" for line in [lines[0], rule, *lines[1:]])

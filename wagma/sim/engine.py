@@ -16,7 +16,7 @@ from wagma.results import SCHEMA, STEP_FIELDS, Run, summarize, write_run
 from . import kernels
 from .network import COLLECTIVES, Network
 
-__all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "compute_times", "save", "simulate"]
+__all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "age_summary", "compute_times", "save", "simulate"]
 
 #: Simulated algorithms and the options each takes (the keywords of
 #: :func:`wagma.algorithms.create`) with their defaults; None: required, as
@@ -185,6 +185,12 @@ def _run_kernel(algorithm, scenario, options, compute):
     return kernels.hierarchical_sgd(compute, periods, sizes, costs, options["warmup_steps"], everyone), None, None
 
 
+def age_summary(age: np.ndarray) -> tuple[float, float]:
+    """Mean and largest age of the contributions averaged (NaN, NaN where nothing was)."""
+    averaged = age[np.isfinite(age)]
+    return (float(averaged.mean()), float(averaged.max())) if averaged.size else (math.nan, math.nan)
+
+
 @dataclass
 class SimulatedRun(Run):
     """A :class:`~wagma.results.Run` made by the simulator, with ``age``
@@ -220,7 +226,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
         "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
         "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
         "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
-        "collective": scenario.collective, "mean_staleness": float(np.nanmean(age)),
+        "collective": scenario.collective, "mean_staleness": age_summary(age)[0],
         "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),
                               "scenario": {**asdict(scenario), "network": asdict(scenario.network)}}),
     }
