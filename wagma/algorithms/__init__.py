@@ -14,11 +14,23 @@ from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
+__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "HierarchicalSGD", "LocalSGD",
+           "REQUIRED", "SGP", "WagmaSGD", "create", "option_defaults"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
 ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, HierarchicalSGD, LocalSGD, SGP,
                                           WagmaSGD)}
+
+
+#: The default of an option that has none (a required option).
+REQUIRED = inspect.Parameter.empty
+
+
+def option_defaults(name) -> dict:
+    """Algorithm ``name``'s options (the keyword-only arguments of its class)
+    and their defaults, :data:`REQUIRED` where there is none."""
+    return {p.name: p.default for p in inspect.signature(ALGORITHMS[name]).parameters.values()
+            if p.kind is p.KEYWORD_ONLY}
 
 
 def create(name, model, optimizer, comm, **options) -> Algorithm:
@@ -31,8 +43,7 @@ def create(name, model, optimizer, comm, **options) -> Algorithm:
     problem = None if name in ALGORITHMS else (
         f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {name!r}")
     if problem is None:
-        accepted = [p.name for p in inspect.signature(ALGORITHMS[name]).parameters.values()
-                    if p.kind is p.KEYWORD_ONLY]
+        accepted = list(option_defaults(name))
         unknown = sorted(set(options) - set(accepted))
         if unknown:
             problem = (f"unknown option {', '.join(map(repr, unknown))} for {name}; "

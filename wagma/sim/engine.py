@@ -10,6 +10,8 @@ import h5py
 import numpy as np
 
 from collectives.groups import ButterflyGrouping
+from wagma.algorithms import ALGORITHMS as ALGORITHM_CLASSES
+from wagma.algorithms import REQUIRED, option_defaults
 from wagma.imbalance import parse_imbalance
 from wagma.results import SCHEMA, STEP_FIELDS, Run, summarize, write_run
 
@@ -18,19 +20,10 @@ from .network import COLLECTIVES, Network
 
 __all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "age_summary", "compute_times", "save", "simulate"]
 
-#: Simulated algorithms and the options each takes (the keywords of
-#: :func:`wagma.algorithms.create`) with their defaults; None: required, as
-#: there (``experiments.options.algorithm_options`` fills in the paper's).
-ALGORITHMS = {
-    "allreduce_sgd": {"bucket_cap_mb": 25.0},
-    "local_sgd": {"period": 10},
-    "wagma": {"group_size": None, "tau": 10, "wait_avoiding": True, "group_averaging": False},
-    "dpsgd": {},
-    "adpsgd": {},
-    "sgp": {"peers": 1},
-    "eager_sgd": {"quorum": "majority"},
-    "hierarchical_sgd": {"period_group_size_dict": None, "warmup_steps": 0},
-}
+#: Simulated algorithms and the options each takes, with their defaults:
+#: those of :func:`wagma.algorithms.create` (``experiments.options.algorithm_options``
+#: fills in the paper's settings).
+ALGORITHMS = {name: option_defaults(name) for name in sorted(ALGORITHM_CLASSES)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +95,7 @@ def _options(algorithm, ranks, options):
         raise ValueError(f"{', '.join(unknown)}: not an option of {algorithm}; accepted: "
                          f"{', '.join(accepted) or 'none'}")
     out = {**accepted, **options}
-    missing = [name for name, value in out.items() if value is None]
+    missing = [name for name, value in out.items() if value is REQUIRED]
     if missing:
         raise ValueError(f"{algorithm} needs {', '.join(missing)}")
     if algorithm == "wagma":
@@ -152,7 +145,7 @@ def _run_kernel(algorithm, scenario, options, compute):
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
     everyone = net.allreduce(p, nbytes, scenario.collective).as_tuple()
     if algorithm == "allreduce_sgd":
-        return kernels.allreduce_sgd(compute, _bucketed(scenario, options["bucket_cap_mb"])), None, None
+        return kernels.local_sgd(compute, 1, _bucketed(scenario, options["bucket_cap_mb"])), None, None
     if algorithm == "local_sgd":
         return kernels.local_sgd(compute, options["period"], everyone), None, None
     if algorithm == "wagma":
@@ -175,7 +168,7 @@ def _run_kernel(algorithm, scenario, options, compute):
         return clock, None, age
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
-        activation = max(0, (p - 1).bit_length()) * net.message(0)
+        activation = (p - 1).bit_length() * net.message(0)
         cost = float(net.butterfly_phases(p, nbytes)[1].sum())   # the group allreduce with S = P
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
@@ -201,7 +194,7 @@ class SimulatedRun(Run):
 
 def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
-    :func:`wagma.algorithms.create`; the paper's defaults otherwise) in ``scenario``.
+    :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
 
     Returns a run in memory in the schema of measured runs (``compute`` is
     ``"simulated"``, so :mod:`wagma.analysis` compares simulated runs with

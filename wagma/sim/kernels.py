@@ -19,7 +19,7 @@ Each algorithm's rule of who waits for whom is in its kernel's docstring.
 import numpy as np
 from numba import njit
 
-__all__ = ["adpsgd", "allreduce_sgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
+__all__ = ["adpsgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
 
 
 @njit(cache=True)
@@ -37,25 +37,13 @@ def _global_end(f, after_last, straggler_aware, reduce_scatter, after_straggler)
 
 
 @njit(cache=True)
-def allreduce_sgd(compute, collective):
-    """Gradient averaging every step: every rank waits for the last one, then
-    the allreduce (its buckets one after another; emulated compute has no
-    backward pass for them to overlap with)."""
-    ranks, steps = compute.shape
-    clock = np.empty((ranks, steps))
-    done = np.zeros(ranks)
-    for t in range(steps):
-        f = done + compute[:, t]
-        done[:] = _global_end(f, *collective)
-        clock[:, t] = done
-    return clock
-
-
-@njit(cache=True)
 def local_sgd(compute, tau, collective):
     """Model averaging over all ranks at steps with (t + 1) mod tau == 0
     (a barrier: the last rank's arrival, then the allreduce); no waiting in
-    between.  tau = 1 is synchronous model averaging."""
+    between.  tau = 1 is synchronous model averaging, and Allreduce-SGD too:
+    every rank waits for the last one, then the gradient allreduce (its
+    buckets one after another in ``collective``; emulated compute has no
+    backward pass for them to overlap with)."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     done = np.zeros(ranks)
@@ -149,7 +137,7 @@ def adpsgd(compute, exchange):
         f = done + compute[:, k]
         finish[:, k] = f
         for r in range(ranks):                  # step k + 1 waits for the exchange of step k - 1
-            done[r] = max(f[r], previous[r]) if k > 0 else f[r]
+            done[r] = max(f[r], previous[r])
         if ranks > 1:
             for a in range(0, ranks, 2):
                 p = (a + 1) % ranks if k % 2 == 0 else (a - 1) % ranks
