@@ -10,7 +10,7 @@ from wagma.results import Run, load_run, summarize
 
 from .files import is_partial
 
-__all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "mean_throughput",
+__all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "mean_throughput", "render",
            "time_to_accuracy", "write_csv"]
 
 #: The keys of a :func:`compare` row, in CSV order.  Values are in the run
@@ -171,12 +171,18 @@ def format_table(rows: list[dict], markdown: bool = False) -> str:
     columns = _columns(rows)
     cells = [[header for header, _, _ in columns]]
     cells += [[cell(row) for _, _, cell in columns] for row in rows]
+    return render(cells, [align for _, align, _ in columns], markdown)
+
+
+def render(cells: list[list[str]], aligns: list[str], markdown: bool = False) -> str:
+    """Rows of strings, the first one the headers, as columns aligned by
+    ``aligns`` (``"<"`` or ``">"`` each) with a dashed rule under the
+    headers, or as a GitHub markdown table."""
     if markdown:
         cells = [[c.replace("|", "\\|") for c in line] for line in cells]
-        rule = ["---:" if align == ">" else "---" for _, align, _ in columns]
+        rule = ["---:" if align == ">" else "---" for align in aligns]
         return "\n".join("| " + " | ".join(line) + " |" for line in [cells[0], rule, *cells[1:]])
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    aligns = [align for _, align, _ in columns]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(aligns))]
     lines = ["  ".join(format(c, f"{a}{w}") for c, a, w in zip(line, aligns, widths)).rstrip()
              for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -10,7 +10,7 @@ import numpy as np
 
 from experiments.options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
-from wagma.analysis.table import compare, format_table
+from wagma.analysis.table import compare, format_table, render
 
 from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
 from .network import COLLECTIVES, Network
@@ -36,19 +36,13 @@ def format_spread(runs, skip=0, markdown=False) -> str:
     """Per run: how the waiting spreads over the ranks (each rank's mean wait
     per step: the least, median and most waiting rank) and how old the
     averaged contributions were (mean and largest age in steps)."""
-    header = ["algorithm", "P", "wait ms/step: least", "median", "most", "age: mean", "max"]
-    lines = [header]
+    cells = [["algorithm", "P", "wait ms/step: least", "median", "most", "age: mean", "max"]]
     for run in sorted(runs, key=lambda r: (r.attrs["ranks"], r.attrs["algorithm"])):
         wait = np.nanmean(run.steps["wait_time"][:, skip:], axis=1) * 1e3
         mean_age, max_age = age_summary(run.age[:, skip:])
-        lines.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
+        cells.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
                       f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{mean_age:.3f}", f"{max_age:.0f}"])
-    if markdown:
-        rule = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
-        return "\n".join("| " + " | ".join(line) + " |" for line in [lines[0], rule, *lines[1:]])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                     for line in lines)
+    return render(cells, ["<"] + [">"] * 6, markdown)
 
 
 def _int_list(text):
