@@ -45,7 +45,7 @@ ARIES = Network(2e-6, 1 / 9e9)
 #: section 5.2 (Figure 4, 64 nodes; "up to 1.37x" at 256) and 5.4 (Figure 10, 1,024 nodes).
 PAPER = {
     "figure4": {64: {"local_sgd": 1.25, "allreduce_sgd": 1.26, "dpsgd": 1.23, "sgp": 1.25, "eager_sgd": 1.13},
-                256: {"best": 1.37}},
+                256: {"up to": 1.37}},     # its largest speedup over the baselines AD-PSGD excluded
     "figure10": {1024: {"local_sgd": 2.33, "dpsgd": 1.88, "sgp": 2.10}},
 }
 
@@ -137,11 +137,14 @@ def paper():
         for ranks in (64, 256, 1024):
             throughput = _paper_runs(setting, ranks)
             claims = PAPER.get(setting, {}).get(ranks, {})
-            for algo in sorted(throughput):
-                if algo != "wagma":
-                    claim = claims.get(algo)
-                    lines.append(f"| {setting} | {ranks} | {algo} | {f'{claim:.2f}x' if claim else '-'} | "
-                                 f"{throughput['wagma'] / throughput[algo]:.2f}x |")
+            speedups = {algo: throughput["wagma"] / t for algo, t in throughput.items() if algo != "wagma"}
+            for algo in sorted(speedups):
+                claim = claims.get(algo)
+                lines.append(f"| {setting} | {ranks} | {algo} | {f'{claim:.2f}x' if claim else '-'} | "
+                             f"{speedups[algo]:.2f}x |")
+            if "up to" in claims:
+                best = max(v for algo, v in speedups.items() if algo != "adpsgd")
+                lines.append(f"| {setting} | {ranks} | up to (all but adpsgd) | {claims['up to']:.2f}x | {best:.2f}x |")
     return "\n".join(lines)
 
 
