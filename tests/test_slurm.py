@@ -39,13 +39,17 @@ def slurm(tmp_path_factory):
     subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
 
 
-def _sbatch(env, settings, script="slurm/train.sbatch", *options, ranks=4):
-    """Submit ``script`` from the repository root with ``settings`` exported; return the job id."""
-    job = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={ranks}", "--time=10",
+def _sbatch(env, settings, script, *options):
+    """Submit ``script`` (4 ranks on the node) from the repository root with
+    ``settings`` exported; return the job id."""
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=4", "--time=10",
                           "--export=ALL", *options, script],
                          cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
-    assert job.returncode == 0, job.stderr
-    return job.stdout.strip()
+    job_id = job.stdout.strip()
+    if job.returncode != 0:     # with --wait: the job failed; show its log
+        logs = [Path(o.split("=", 1)[1].replace("%j", job_id)) for o in options if o.startswith("--output=")]
+        pytest.fail(job.stderr + "".join(log.read_text() for log in logs if log.exists()))
+    return job_id
 
 
 def _state(env, job):
@@ -72,12 +76,8 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
     results = folder / "train"
     # The script's defaults (WAGMA-SGD, ResNet-50 on synthetic ImageNet batches), two steps of batch 2.
     settings = {"EPOCHS": "1", "BATCH_SIZE": "2", "TRAIN_ARGS": "--synthetic-size 4", "RESULTS_DIR": str(results)}
-    job = subprocess.run(["sbatch", "--parsable", "--wait", "--nodes=1", "--ntasks-per-node=4", "--time=10",
-                          "--export=ALL", f"--output={folder}/train-%j.out", "slurm/train.sbatch"],
-                         cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
-    job_id = job.stdout.strip()
-    assert job.returncode == 0, job.stderr + (folder / f"train-{job_id}.out").read_text()
-    assert _state(env, job_id)["ExitCode"] == "0:0"
+    job_id = _sbatch(env, settings, "slurm/train.sbatch", "--wait", f"--output={folder}/train-%j.out")
+    assert _state(env, job_id)["ExitCode"] == "0:0", (folder / f"train-{job_id}.out").read_text()
     run = load_run(str(results / f"wagma_{job_id}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["parameters"]) \
         == ("complete", 4, "resnet50", 25_557_032)
