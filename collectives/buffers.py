@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "BufferInfo",
+    "address",
     "copy_into",
     "empty_like",
     "FlatBuffer",
@@ -106,8 +107,15 @@ class FlatBuffer:
         """
         raise NotImplementedError
 
-    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0):
-        """``self[lo:hi] += other[at:at + hi - lo]``, in place."""
+    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0,
+             base: Optional["FlatBuffer"] = None):
+        """``self[lo:hi] = base[lo:hi] + other[at:at + hi - lo]``; ``base``
+        defaults to ``self`` (in place).  With another ``base`` the sum is
+        written out of place in one pass, ``base`` only read."""
+        raise NotImplementedError
+
+    def copy_(self, other: "FlatBuffer"):
+        """``self[:] = other[:]`` (same ``numel``)."""
         raise NotImplementedError
 
     def scale_(self, lo: int, hi: int, factor: float):
@@ -129,9 +137,13 @@ class _NumpyBuffer(FlatBuffer):
         raw = self._workspace.bytes_for(np.uint8, numel * self._itemsize, None)
         return _NumpyBuffer(raw.view(self._typed.dtype), self._workspace)
 
-    def add_(self, lo, hi, other, at=0):
+    def add_(self, lo, hi, other, at=0, base=None):
         dst = self._typed[lo:hi]
-        np.add(dst, other._typed[at:at + hi - lo], out=dst)
+        first = dst if base is None else base._typed[lo:hi]
+        np.add(first, other._typed[at:at + hi - lo], out=dst)
+
+    def copy_(self, other):
+        np.copyto(self._typed, other._typed)
 
     def scale_(self, lo, hi, factor):
         dst = self._typed[lo:hi]
@@ -166,8 +178,16 @@ class _TorchBuffer(FlatBuffer):
         if self._cuda:
             _torch_or_none().cuda.current_stream(self._typed.device).synchronize()
 
-    def add_(self, lo, hi, other, at=0):
-        self._typed[lo:hi].add_(other._typed[at:at + hi - lo])
+    def add_(self, lo, hi, other, at=0, base=None):
+        summand = other._typed[at:at + hi - lo]
+        if base is None:
+            self._typed[lo:hi].add_(summand)
+        else:
+            _torch_or_none().add(base._typed[lo:hi], summand, out=self._typed[lo:hi])
+        self._sync()
+
+    def copy_(self, other):
+        self._typed.copy_(other._typed)
         self._sync()
 
     def scale_(self, lo, hi, factor):
@@ -233,14 +253,16 @@ class StagingArea:
 
 @contextlib.contextmanager
 def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
-                workspace: Workspace):
+                workspace: Workspace, writeback: bool = True):
     """Yield a :class:`FlatBuffer` over ``data``; results land in ``data``.
 
     ``data`` must already have passed :func:`describe`; scratch space comes
     from ``workspace``.  A CUDA tensor is
     used directly when ``cuda_aware``; otherwise it is copied to a pinned
     host tensor from ``staging`` (the copy synchronises the stream), the
-    schedule runs on the host copy, and the result is copied back on exit.
+    schedule runs on the host copy, and the result is copied back on exit
+    unless ``writeback`` is False (a buffer the schedule only reads: another
+    thread may be reading ``data`` meanwhile).
     """
     if isinstance(data, np.ndarray):
         yield _NumpyBuffer(data, workspace)
@@ -256,7 +278,8 @@ def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
     host = staging.acquire(data)
     try:
         yield _TorchBuffer(host, workspace)
-        data.view(-1).copy_(host)
+        if writeback:
+            data.view(-1).copy_(host)
     finally:
         staging.release(host)
 
@@ -266,6 +289,14 @@ def empty_like(data):
     if isinstance(data, np.ndarray):
         return np.empty_like(data)
     return _torch_or_none().empty_like(data)
+
+
+def address(data) -> int:
+    """The address of the first element of a numpy array or torch tensor
+    (two views of the same memory have the same address)."""
+    if isinstance(data, np.ndarray):
+        return data.__array_interface__["data"][0]
+    return data.data_ptr()
 
 
 def copy_into(dst, src):

@@ -1,5 +1,7 @@
 """The communicator wrapper every collective of this package runs on."""
 
+import copy
+import os
 import time
 
 from mpi4py import MPI
@@ -8,7 +10,7 @@ from .backoff import Backoff
 from .buffers import StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
 
-__all__ = ["Communicator", "THREAD_LEVEL_NAMES"]
+__all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
 
 # Waits that yield spin this long first: with a core per rank most transfers
 # finish within it (a receiver that sleeps delays the copy only it performs),
@@ -95,22 +97,26 @@ class Communicator:
     def closed(self) -> bool:
         return self.data == MPI.COMM_NULL
 
-    def open_buffer(self, data):
+    def open_buffer(self, data, writeback: bool = True):
         """:func:`~collectives.buffers.open_buffer` with this communicator's
         CUDA-awareness, staging area and workspace."""
-        return open_buffer(data, cuda_aware=self.cuda_aware,
-                           staging=self.staging, workspace=self.workspace)
+        return open_buffer(data, cuda_aware=self.cuda_aware, staging=self.staging,
+                           workspace=self.workspace, writeback=writeback)
 
-    def exchange(self, send, dest: int, recv, source: int, tag: int,
-                 while_waiting=None):
+    def waiting(self, yield_while_waiting: bool) -> "Communicator":
+        """This communicator (same duplicates, staging area and workspace)
+        with another wait policy; :meth:`close` the original only."""
+        view = copy.copy(self)
+        view.yield_while_waiting = yield_while_waiting
+        return view
+
+    def exchange(self, send, dest: int, recv, source: int, tag: int):
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
 
         Either side may be an empty buffer, in which case it is skipped; the
         schedules only skip a message when its peer skips the matching one.
         Both transfers are posted before either is waited for, so a cycle of
-        exchanges cannot deadlock.  ``while_waiting``, if given, is called
-        once both are posted: work that overlaps the transfer and must not
-        write ``send`` or ``recv``.
+        exchanges cannot deadlock.
         """
         self._check_open()
         requests = []
@@ -118,8 +124,6 @@ class Communicator:
             requests.append(self.data.Irecv(recv, source, tag))
         if len(send):
             requests.append(self.data.Isend(send, dest, tag))
-        if while_waiting is not None:
-            while_waiting()
         self.wait_all(requests)
 
     def send(self, send, dest: int, tag: int):
@@ -167,3 +171,24 @@ class Communicator:
     def __repr__(self):
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
         return f"<Communicator {state}>"
+
+
+def node_oversubscribed(comm) -> bool:
+    """Whether the ranks of ``comm`` on this node share fewer cores than they are.
+
+    Collective over ``comm``.  The cores are the union of the local ranks'
+    CPU affinity sets (``os.sched_getaffinity``; all of ``os.cpu_count()``
+    where it does not exist), so ranks bound to the same few cores count as
+    oversubscribed.  Open MPI makes its waits yield in that case
+    (``mpi_yield_when_idle``); the wait-avoiding collective does the same.
+    The verdict is this node's and may differ across nodes.
+    """
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        if hasattr(os, "sched_getaffinity"):
+            cores = os.sched_getaffinity(0)
+        else:
+            cores = set(range(os.cpu_count() or 1))
+        return len(set().union(*node.allgather(cores))) < node.Get_size()
+    finally:
+        node.Free()

@@ -19,58 +19,62 @@ TAG_GROUP = 31
 
 
 def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
-                                 overlap=None):
-    """Sum ``buf`` over the group spanned by ``masks``, whole buffer per phase.
+                                 src=None):
+    """Sum over the group spanned by ``masks`` into ``buf``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
     ``rank ^ mask`` and add.  log2 S messages of the full size: the schedule
     for small buffers.  Partners compute a + b and b + a, bitwise equal.
-    ``overlap``, if given, is called once while the first message is in
-    flight, before ``buf`` is first written (at once if there is no phase):
-    the wait-avoiding collective copies W'_t aside there.
+    The inputs are ``src`` when given (only read: the first phase sends it
+    and writes ``src + received`` into ``buf``, so out of place costs no
+    extra pass), else ``buf`` itself (in place).
     """
-    if not masks and overlap is not None:
-        overlap()
-    scratch = buf.scratch(buf.numel) if masks else None
-    for phase, mask in enumerate(masks):
-        peer = comm.rank ^ mask
-        comm.exchange(buf.msg(0, buf.numel), peer,
-                      scratch.msg(0, buf.numel), peer, tag,
-                      overlap if phase == 0 else None)
-        buf.add_(0, buf.numel, scratch)
+    if not masks:
+        if src is not None:
+            buf.copy_(src)
+    else:
+        scratch = buf.scratch(buf.numel)
+        for phase, mask in enumerate(masks):
+            peer = comm.rank ^ mask
+            first = src if phase == 0 and src is not None else buf
+            comm.exchange(first.msg(0, buf.numel), peer, scratch.msg(0, buf.numel),
+                          peer, tag)
+            buf.add_(0, buf.numel, scratch, base=first)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
 
 
 def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
-                               overlap=None):
-    """Sum ``buf`` over the group spanned by ``masks`` by halving, then doubling.
+                               src=None):
+    """Sum over the group spanned by ``masks`` into ``buf``, halving then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
     its side of the phase's mask and adds its partner's copy of it), leaving
     1/S of the buffer reduced over the group on each member; the phases in
     reverse order double it back.  2 log2 S messages, 2 (S - 1)/S of the
     buffer sent: the schedule for large buffers.  Each element is reduced on
-    one rank and copied, so group members agree bitwise.  ``overlap`` as for
-    :func:`butterfly_recursive_doubling`.
+    one rank and copied, so group members agree bitwise.  ``src`` as for
+    :func:`butterfly_recursive_doubling`: the first phase reads it, every
+    element of ``buf`` is written by a reduction or a receive.
     """
-    if not masks and overlap is not None:
-        overlap()
+    if not masks:
+        butterfly_recursive_doubling(buf, comm, masks, scale, tag, src)
+        return
     rank = comm.rank
     lo, hi = 0, buf.numel
     windows = []
     scratch = None
     for phase, mask in enumerate(masks):
+        first = src if phase == 0 and src is not None else buf
         windows.append((lo, hi))
         mid = lo + (hi - lo) // 2
         (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else (
             (mid, hi), (lo, mid))
         if scratch is None:
             scratch = buf.scratch(hi - lo)
-        comm.exchange(buf.msg(slo, shi), rank ^ mask,
-                      scratch.msg(0, hi - lo), rank ^ mask, tag,
-                      overlap if phase == 0 else None)
-        buf.add_(lo, hi, scratch)
+        comm.exchange(first.msg(slo, shi), rank ^ mask,
+                      scratch.msg(0, hi - lo), rank ^ mask, tag)
+        buf.add_(lo, hi, scratch, base=first)
     if scale is not None:
         buf.scale_(lo, hi, scale)
     for mask, (wlo, whi) in zip(reversed(masks), reversed(windows)):

@@ -1,6 +1,5 @@
 """The progress thread of the wait-avoiding group allreduce: activation and execution."""
 
-import functools
 import threading
 from collections import deque
 
@@ -9,7 +8,7 @@ from mpi4py import MPI
 
 from .activation import ActivationState, version_from_tag, version_tag
 from .backoff import Backoff
-from .buffers import copy_into, empty_like
+from .buffers import address, copy_into, empty_like
 
 __all__ = ["ProgressEngine"]
 
@@ -21,28 +20,54 @@ _ARRIVE = 1     # "my main thread reached this version" (majority activation)
 class ProgressEngine:
     """Executes every group version on one rank, actively or passively.
 
+    Buffers change hands instead of being copied.  A contribution the main
+    thread publishes is *lent*: every version executed from then on reads it
+    (never writes it) until the next publication replaces it.  Every version
+    writes its group sum out of place (the schedule's ``src``) into a buffer
+    nobody holds, and that buffer goes to the main thread as its result; a
+    published buffer that has been replaced and is no longer read joins the
+    free ones.  So the main thread's model and the published contribution
+    ping-pong between two buffers, and a stale result takes one more.
+
+    Who executes version v: the main thread itself when it arrives first
+    (nothing has begun v here, activation by first arrival, every earlier
+    version done); otherwise this thread, once v is activated: passively
+    while the main thread computes (waits that yield the core), or for a
+    main thread that waits for v (majority activation).  Executions the main
+    thread waits for spin in ``MPI_Waitall`` like the blocking group
+    allreduce, or yield with ``yield_awaited`` (oversubscribed nodes).  One
+    version at a time, in order.  While the main thread executes, this
+    thread makes no MPI call (on MPICH its probes contend for the global
+    lock and cost the main thread's transfers about a quarter of their time
+    at 16 MiB); activations that arrive meanwhile are forwarded after it.
+    That delays nothing the execution needs: the main thread activated v
+    itself first, which sends this rank's target (>= v) on every dimension
+    it had not covered (:meth:`~collectives.activation.ActivationState.activate`),
+    so no activation of a version <= target that arrives later calls for a
+    send, and later versions do not hold up v.
+
     Shared with the main thread, under one lock: the published contribution
-    (the newest local model and its iteration), the highest version whose
-    execution has begun (``started``), the finished results, message counts.
-    The thread alone owns the :class:`~collectives.activation.ActivationState`
-    and the majority arrival counts.
+    and its iteration, the highest version begun (``started``), the next
+    version to execute, whether one is executing, the free buffers, the
+    finished results, message counts.  The thread alone owns the
+    :class:`~collectives.activation.ActivationState` and the majority
+    arrival counts.
 
     The loop: receive control messages (forwarding activations at once), send
     what the main thread asked for, execute every activated version in order,
     and when none of this made progress sleep with back-off (0.1 ms doubling
-    to 4 ms, cut short when the main thread hands work over).  Executing
-    version v: copy the published contribution (noting its iteration), run
-    the butterfly schedule of iteration v on the data channel with tag
-    ``v mod (TAG_UB + 1)``, store the group sum for the main thread.
+    to 4 ms, cut short when the main thread hands work over).  Data messages
+    of version v carry the tag ``v mod (TAG_UB + 1)``.
 
     Args:
-        comm: a :class:`~collectives.comm.Communicator` used by this thread
-            alone (``data``: group exchanges, ``control``: activations).
-        like: the initial contribution (published as iteration -1) and the
-            template for every buffer.
+        comm: a :class:`~collectives.comm.Communicator` with yielding waits,
+            used by this engine alone (``data``: group exchanges, ``control``:
+            activations).
+        like: the initial contribution (a copy is published as iteration
+            ``first_iteration - 1``) and the template for every buffer.
         masks: ``masks(v)``, the butterfly masks of iteration v.
         schedule: a butterfly schedule,
-            ``schedule(buf, comm, masks, scale, tag, overlap)``.
+            ``schedule(buf, comm, masks, scale, tag, src)``.
         scale: None for the group sum, or the factor of the mean (1 / S).
         is_group_version: whether iteration v is a group version (not a sync step).
         quorum: None to let every arriving rank activate (first arrival), or
@@ -50,13 +75,16 @@ class ProgressEngine:
             waits for before activating (majority).
         history: how many ``(version, contribution_iteration)`` records to
             keep, 0 for none.
-        first_iteration: versions before it count as executed; ``like`` is
-            published as iteration ``first_iteration - 1``.
+        first_iteration: versions before it count as executed.
+        yield_awaited: executions the main thread waits for yield the core
+            instead of spinning.
     """
 
     def __init__(self, comm, like, *, masks, schedule, is_group_version,
-                 scale=None, quorum=None, history=0, first_iteration=0):
+                 scale=None, quorum=None, history=0, first_iteration=0,
+                 yield_awaited=False):
         self._comm = comm
+        self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
         self._masks, self._schedule, self._scale = masks, schedule, scale
         self._is_group_version = is_group_version
@@ -64,15 +92,21 @@ class ProgressEngine:
         self._tag_space = comm.control.Get_attr(MPI.TAG_UB) + 1
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
+        # Held while a thread receives, forwards or sends control messages;
+        # never taken while holding _lock.
+        self._messaging = threading.Lock()
         self._wake = threading.Event()
         # Shared with the main thread (under _lock).
         self._published = empty_like(like)
         copy_into(self._published, like)
         self._published_iteration = first_iteration - 1
+        self._reading = None      # the published buffer the executing version reads
+        self._free = []
         self.started = first_iteration - 1
-        self._arrived = {}        # version -> the main thread's buffer, reduced in place
+        self._next = self._following(first_iteration - 1)
+        self._executing = False
+        self._awaited = None      # the version the main thread waits for
         self._results = {}
-        self._spare = []
         self._requests = []
         self._sent = self._received = 0
         self._error = None
@@ -80,7 +114,6 @@ class ProgressEngine:
         self.history = deque(maxlen=history) if history else None
         # Owned by the progress thread.
         self._activation = ActivationState(self._rank, self._size, first_iteration - 1)
-        self._next = self._following(first_iteration - 1)
         self._arrivals = {}
         self._pending_sends = []
         self._thread = threading.Thread(
@@ -93,53 +126,70 @@ class ProgressEngine:
         self._thread.start()
 
     def arrive(self, contribution, t: int):
-        """Publish ``contribution`` as iteration t; activate t unless it began.
+        """Lend ``contribution`` as iteration t; the result of version t.
 
-        If version t has not begun here, this rank's contribution to it is
-        fresh: version t, the next to run here, will be reduced in place in
-        ``contribution`` itself (the main thread waits for it, so nothing
-        else writes there), and the copy that publishes it for later versions
-        is taken by the progress thread while the first message of version t
-        is in flight.  If version t has begun, the contribution is stale: it
-        is copied now and serves later versions.  Deciding and publishing
-        happen under the lock that the progress thread takes to begin a
-        version, so no version begins between the two.
+        Fresh (version t has not begun here): t is activated (or, majority,
+        this arrival counted) and executed with ``contribution``; by this
+        thread at once when it may (see the class), else by the progress
+        thread while this one waits.  Stale (t has begun): ``contribution``
+        serves later versions, and this thread waits for t's result.
+        Deciding and publishing happen under the lock the executor takes to
+        begin a version, so no version begins between the two.
+
+        Returns ``(result buffer, contribution_iteration)``; the caller owns
+        the buffer, and must not write ``contribution`` until it publishes
+        another one.
         """
         with self._lock:
             self._raise_if_failed()
+            self._check_not_lent(contribution)
             fresh = self.started < t
+            self._publish(contribution, t)
             if fresh:
-                self._arrived[t] = contribution
                 self._requests.append(t)
+            execute_here = (fresh and self._quorum is None and self._next == t
+                            and not self._executing)
+            if execute_here:
+                work = self._begin(t)
             else:
-                copy_into(self._published, contribution)
-                self._published_iteration = t
-        if fresh:
+                self._awaited = t
+        if not execute_here:
             self._wake.set()
+            return self._result(t)
+        with self._messaging:   # forward what came in, activate t as its root
+            self._poll()
+            self._serve_requests()
+        outcome = self._execute(work, self._awaited_comm)
+        self._wake.set()    # activations of later versions may wait for this one
+        return outcome
 
-    def publish(self, contribution, t: int):
-        """Publish ``contribution`` as iteration t without activating anything."""
+    def publish_copy(self, contribution, t: int):
+        """Publish a copy of ``contribution`` as iteration t (the caller keeps
+        ``contribution``), activating nothing."""
         with self._lock:
             self._raise_if_failed()
-            copy_into(self._published, contribution)
-            self._published_iteration = t
+            copy = self._take_free()
+            copy_into(copy, contribution)
+            self._publish(copy, t)
 
-    def result(self, t: int):
-        """Wait for version t; returns ``(reduced buffer, contribution_iteration)``.
-
-        The buffer is the main thread's own when it arrived before version t
-        began, else an internal one to :meth:`recycle` after use.
-        """
+    def _result(self, t: int):
         with self._done:
             while t not in self._results:
                 self._raise_if_failed()
                 self._done.wait()
+            self._awaited = None
             return self._results.pop(t)
 
-    def recycle(self, buffer):
-        """Give back a result buffer once the caller is done with it."""
-        with self._lock:
-            self._spare.append(buffer)
+    def _check_not_lent(self, contribution):
+        lent = address(contribution)
+        held = [self._published, *self._free]
+        if self._reading is not None:
+            held.append(self._reading)
+        if any(lent == address(b) for b in held):
+            raise ValueError(
+                "buf is a buffer this collective holds (the contribution published "
+                f"as iteration {self._published_iteration}, or one it replaced): "
+                "pass the buffer of the last result (result.value) or one of your own")
 
     def counts(self):
         """``(sent, received)`` control messages; a received one counts once
@@ -188,10 +238,15 @@ class ProgressEngine:
                 with self._lock:
                     if self._stop:
                         return
-                progressed = self._poll()
-                progressed |= self._serve_requests()
+                    quiet = self._executing
+                if quiet:   # the main thread executes a version: MPI is its
+                    backoff.wait(self._wake)
+                    continue
+                with self._messaging:
+                    progressed = self._poll()
+                    progressed |= self._serve_requests()
+                    self._complete_sends()
                 progressed |= self._execute_activated()
-                self._complete_sends()
                 if progressed:
                     backoff.reset()
                 else:
@@ -248,33 +303,53 @@ class ProgressEngine:
 
     def _execute_activated(self) -> bool:
         progressed = False
-        while self._next <= self._activation.target:
-            version = self._next
+        while True:
             with self._lock:
-                work = self._arrived.pop(version, None)
-                if work is None:   # passive: the last published contribution
-                    work = self._spare.pop() if self._spare else empty_like(self._published)
-                    copy_into(work, self._published)
-                    contribution_iteration, publish = self._published_iteration, None
-                else:              # active: publish W'_t while sending
-                    contribution_iteration = version
-                    publish = functools.partial(copy_into, self._published, work)
-                self.started = version
-            with self._comm.open_buffer(work) as buf:
-                self._schedule(buf, self._comm, self._masks(version), self._scale,
-                               version_tag(version, self._tag_space), publish)
-            if publish is not None:
-                with self._lock:
-                    self._published_iteration = version
+                if self._executing or self._next > self._activation.target:
+                    return progressed
+                work = self._begin(self._next)
+                awaited = self._awaited == self._next
+            outcome = self._execute(work, self._awaited_comm if awaited else self._comm)
             with self._done:
-                self._results[version] = (work, contribution_iteration)
-                if self.history is not None:
-                    self.history.append((version, contribution_iteration))
+                self._results[work[0]] = outcome
                 self._done.notify_all()
-            self._next = self._following(version)
             progressed = True
-            self._poll()  # forward activations that came in meanwhile
-        return progressed
+            with self._messaging:
+                self._poll()  # forward activations that came in meanwhile
+
+    # -- either thread -------------------------------------------------------
+
+    def _publish(self, contribution, t):
+        """Make ``contribution`` the published one (under the lock)."""
+        replaced = self._published
+        self._published, self._published_iteration = contribution, t
+        if replaced is not self._reading:
+            self._free.append(replaced)
+
+    def _take_free(self):
+        return self._free.pop() if self._free else empty_like(self._published)
+
+    def _begin(self, version):
+        """Claim ``version`` for the calling thread (under the lock)."""
+        self.started, self._executing = version, True
+        self._reading = self._published
+        return version, self._published, self._published_iteration, self._take_free()
+
+    def _execute(self, work, comm):
+        """Run ``work`` from :meth:`_begin`; ``(result, contribution_iteration)``."""
+        version, source, contribution_iteration, result = work
+        with comm.open_buffer(result) as out, \
+                comm.open_buffer(source, writeback=False) as inp:
+            self._schedule(out, comm, self._masks(version), self._scale,
+                           version_tag(version, self._tag_space), inp)
+        with self._lock:
+            self._executing, self._reading = False, None
+            if source is not self._published:
+                self._free.append(source)
+            self._next = self._following(version)
+            if self.history is not None:
+                self.history.append((version, contribution_iteration))
+        return result, contribution_iteration
 
     def _following(self, version):
         version += 1

@@ -10,7 +10,7 @@ from .agreement import agree
 from .backoff import Backoff
 from .blocking import allreduce, reduction_problem
 from .buffers import describe
-from .comm import Communicator
+from .comm import Communicator, node_oversubscribed
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
@@ -18,6 +18,7 @@ from .progress import ProgressEngine
 __all__ = [
     "ACTIVATIONS",
     "GroupResult",
+    "WAITS",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
     "solo_allreduce",
@@ -29,6 +30,13 @@ __all__ = [
 #: (eager-SGD's majority collective).
 ACTIVATIONS = ("first", "majority")
 
+#: How the executions the main thread waits for wait for their transfers:
+#: ``"spin"`` in ``MPI_Waitall`` (a core per rank), ``"yield"`` testing with a
+#: back-off (more ranks than cores: a spinning rank takes the core a passive
+#: partner's progress thread needs), ``"auto"`` by
+#: :func:`~collectives.comm.node_oversubscribed`.
+WAITS = ("auto", "spin", "yield")
+
 
 @dataclass(frozen=True)
 class GroupResult:
@@ -36,10 +44,9 @@ class GroupResult:
 
     Attributes:
         value: the group's sum (``op="sum"``) or mean (``op="avg"``) of
-            version ``version``.  When ``fresh`` it is the caller's own buffer,
-            reduced in place; when stale an internal buffer that the caller
-            may overwrite, valid until the next call, and the caller's buffer
-            still holds its contribution.
+            version ``version``, in a buffer the caller owns from now on
+            (never the one it passed, which the collective keeps: see
+            :meth:`WaitAvoidingGroupAllreduce.allreduce`).
         version: the iteration t.
         fresh: whether this rank's own contribution was its iteration-t
             contribution (it arrived before version t began here).
@@ -67,8 +74,8 @@ class WaitAvoidingGroupAllreduce:
     progress thread executes t with the contribution it last published, even
     while its main thread still computes an older iteration).  The main
     thread at t gets the group sum (or mean) and whether its own contribution
-    was fresh (WAGMA: W_{t+1} = sum / S, computed in place in the caller's
-    buffer) or stale (W_{t+1} = (sum + W'_t) / (S + 1)).
+    was fresh (WAGMA: W_{t+1} = sum / S) or stale (W_{t+1} = (sum + W'_t) /
+    (S + 1)).
     Sync steps are blocking allreduces over all P ranks on a communicator of
     their own, so they cannot match group messages still in flight.
 
@@ -84,12 +91,22 @@ class WaitAvoidingGroupAllreduce:
     rank, joins the thread, checks that no message is left unmatched).  A
     ``with`` block opens and closes.
 
-    Cost on the fresh path: one copy of the buffer (publishing W'_t, which
-    later passive versions need) on top of the blocking group allreduce,
-    which runs in place in the caller's buffer.  Memory: the published copy,
-    and one buffer per stale result not yet taken by the main thread; a rank
-    whose main thread lags k versions behind holds k of them, which ``tau``
-    bounds.
+    Buffers are lent, not copied.  Later passive versions need W'_t after
+    the main thread has moved on, so W'_t must outlive the call.  The
+    paper's implementation copies the model into a send buffer every
+    iteration (section 3.1: "the data in the send buffer of P1 is updated
+    by W'_t"); here the caller's buffer *is* the send buffer: :meth:`allreduce`
+    keeps it as the published contribution and writes the group sum into
+    another buffer, ``value``, which becomes the caller's (double buffering:
+    the model and the published contribution trade places every
+    iteration).  The first phase of the schedule reads the contribution and
+    writes ``contribution + received`` into ``value`` in one pass, so the
+    fresh path costs the blocking group allreduce's passes and no copy, and
+    is executed by the main thread itself (no hand-over to the progress
+    thread), spinning like the blocking version or, on an oversubscribed
+    node, yielding (``waits``).  Memory: the caller's buffer and the published one, plus one
+    per stale result the main thread has not reached yet (a rank lagging k
+    versions holds k; ``tau`` bounds k).
 
     Args:
         comm: the MPI communicator (P ranks, a power of two); MPI must provide
@@ -110,29 +127,36 @@ class WaitAvoidingGroupAllreduce:
         first_iteration: the first iteration t to be called (a resumed run's
             step counter); ``like`` is published as iteration
             ``first_iteration - 1``.
+        waits: one of :data:`WAITS`; :attr:`waits_used` says what ``"auto"``
+            chose (set by :meth:`open`).
 
     Example::
 
-        wa = WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, flat_params, group_size=4,
+        wa = WaitAvoidingGroupAllreduce(MPI.COMM_WORLD, model, group_size=4,
                                         tau=10, op="avg")
         with wa:
             for t in range(steps):
-                train_step()                       # W'_t in flat_params
+                train_step(model)                  # W'_t in model
                 if wa.is_group_version(t):
-                    r = wa.allreduce(flat_params, t)
-                    if not r.fresh:                # flat_params still holds W'_t
-                        flat_params[:] = (4 * r.value + flat_params) / 5
+                    r = wa.allreduce(model, t)     # model is lent from here on
+                    if not r.fresh:                # Algorithm 2, line 13
+                        r.value *= 4 / 5
+                        r.value += model / 5
+                    model = r.value                # W_{t+1}
                 else:
-                    wa.sync_allreduce(flat_params, t, op="avg")
+                    wa.sync_allreduce(model, t, op="avg")
     """
 
     def __init__(self, comm, like, *, group_size, tau=None, op="sum",
-                 activation="first", algorithm="auto", history=0, first_iteration=0):
+                 activation="first", algorithm="auto", history=0, first_iteration=0,
+                 waits="auto"):
         self._raw = comm
         self._like = like
         self.first_iteration = first_iteration
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
+        self.waits = waits
+        self.waits_used = None
         self._history = history
         self._like_info = describe(like)
         self._problem = self._check_arguments(comm.Get_size())
@@ -158,6 +182,9 @@ class WaitAvoidingGroupAllreduce:
         if self.activation not in ACTIVATIONS:
             return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
                     f"got {self.activation!r}"), ValueError
+        if self.waits not in WAITS:
+            return (f"waits must be one of {', '.join(map(repr, WAITS))}, "
+                    f"got {self.waits!r}"), ValueError
         if not isinstance(self._history, int) or self._history < 0:
             return f"history must be an int >= 0, got {self._history!r}", ValueError
         if isinstance(self.first_iteration, bool) or not isinstance(
@@ -187,7 +214,8 @@ class WaitAvoidingGroupAllreduce:
             agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
                   tau=self.tau, op=self.op, activation=self.activation,
-                  algorithm=self.algorithm, first_iteration=self.first_iteration)
+                  algorithm=self.algorithm, first_iteration=self.first_iteration,
+                  waits=self.waits)
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"
@@ -196,8 +224,10 @@ class WaitAvoidingGroupAllreduce:
         if algorithm == "auto":
             algorithm = choose_group_allreduce(self._like.nbytes)
         quorum = None if self.activation == "first" else -(-self._main.size // 2)
+        self.waits_used = self.waits
+        if self.waits == "auto":
+            self.waits_used = "yield" if node_oversubscribed(self._main.data) else "spin"
         self._t = self.first_iteration
-        self._lent = None
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
                                           yield_while_waiting=True)
@@ -208,7 +238,8 @@ class WaitAvoidingGroupAllreduce:
                 is_group_version=self.is_group_version,
                 scale=1.0 / self.group_size if self.op == "avg" else None,
                 quorum=quorum, history=self._history,
-                first_iteration=self.first_iteration)
+                first_iteration=self.first_iteration,
+                yield_awaited=self.waits_used == "yield")
             self._engine.start()
             atexit.register(self._engine.halt)
         self._state = "open"
@@ -273,35 +304,40 @@ class WaitAvoidingGroupAllreduce:
     # -- one call per iteration -------------------------------------------------
 
     def allreduce(self, buf, t: int) -> GroupResult:
-        """The group reduction of version t; ``buf`` holds W'_t.
+        """The group reduction of version t; ``buf`` holds W'_t and is lent.
 
-        Publishes ``buf`` as this rank's newest contribution.  If version t
-        has not begun here (fresh), activates it and reduces it in place in
-        ``buf``, waiting only for the communication of the group.  If it has
-        (stale), ``buf`` is left as it is and the reduction, made with an
-        older contribution, comes in an internal buffer.
+        ``buf`` becomes this rank's published contribution: every version
+        executed here from now on reads it until the next call (or sync
+        step) publishes another, and then the collective reuses it (it may
+        come back as a later ``value``).  So ``buf`` is the collective's from
+        this call on: read it (line 13 of Algorithm 2 does), never write it.
+        The result comes in another buffer, ``value``, which the caller owns
+        from now on: the natural place for W_{t+1}, and the buffer to pass
+        next time.  If version t has not begun here (fresh), this call activates
+        it and executes it itself, waiting only for the communication of the
+        group.  If it has (stale), the reduction was made with an older
+        contribution.
+
+        Raises:
+            ValueError: ``buf`` is a buffer this collective holds (the one
+                published last time, or one it replaced and still uses).
         """
         self._expect(t, group=True, buffer=buf)
-        if self._lent is not None:
-            self._engine.recycle(self._lent)
-            self._lent = None
-        self._engine.arrive(buf, t)
-        value, contribution_iteration = self._engine.result(t)
-        if value is not buf:
-            self._lent = value
+        value, contribution_iteration = self._engine.arrive(buf, t)
         self._t = t + 1
         return GroupResult(value, t, contribution_iteration == t, contribution_iteration)
 
     def sync_allreduce(self, buf, t: int, op="sum"):
         """The blocking allreduce of a sync step over all P ranks, in place.
 
-        Then publishes the result as this rank's contribution of iteration t
-        (with ``op="avg"`` that is WAGMA's W_{t+1}).
+        Then publishes a copy of the result as this rank's contribution of
+        iteration t (with ``op="avg"`` that is WAGMA's W_{t+1}); the caller
+        keeps ``buf``.  One copy per tau iterations.
         """
         self._expect(t, group=False, buffer=buf)
         allreduce(buf, comm=self._main, op=op)
         if self._engine:
-            self._engine.publish(buf, t)
+            self._engine.publish_copy(buf, t)
         self._t = t + 1
         return buf
 

@@ -71,6 +71,32 @@ def test_backward_fills_the_flat_gradients_and_training_works():
     flat.check_views()
 
 
+def test_rebind_moves_the_model_and_keeps_training_equal():
+    # Rebinding to a copy of the buffers every step (what the wait-avoiding
+    # collective's double buffering does) trains exactly like not rebinding.
+    model, reference = _model(), _model()
+    flat = FlatParameters(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    tokens, target = torch.randint(0, 10, (16,)), torch.randint(0, 10, (16,))
+    for _ in range(3):
+        for net, opt in ((model, optimizer), (reference, reference_optimizer)):
+            torch.nn.functional.cross_entropy(net(tokens), target).backward()
+            opt.step()
+        old = flat.params[torch.float32]
+        flat.rebind(torch.float32, params=old.clone(), grads=flat.grads[torch.float32].clone())
+        old.fill_(float("nan"))          # the old buffer is no longer the model
+        flat.check_views()
+        flat.zero_grad()
+        reference_optimizer.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+    with pytest.raises(ValueError, match="rebind needs a contiguous torch.float32 tensor of"):
+        flat.rebind(torch.float32, params=torch.zeros(3))
+    with pytest.raises(ValueError, match="rebind needs"):
+        flat.rebind(torch.float64, params=torch.zeros(3, dtype=torch.float32))
+
+
 def test_gradients_set_to_none_are_caught_and_reattached():
     model = _model()
     flat = FlatParameters(model)

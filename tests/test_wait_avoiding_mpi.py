@@ -44,23 +44,34 @@ def _delays(kind, seed=7):
 
 
 def _run(wa, delays):
-    """Drive ``wa`` for ITERATIONS steps; returns the per-step records."""
-    records, reference = [], WORLD.Dup()
+    """Drive ``wa`` for ITERATIONS steps; returns the per-step records.
+
+    Every contribution is a new buffer, lent to the collective; the results
+    are kept as they came (the caller owns them).  A lent buffer must still
+    hold its contribution when the next one replaces it: while published it
+    is only read.
+    """
+    records, lent, reference = [], None, WORLD.Dup()
     with wa:
         start = time.perf_counter()
         for t in range(ITERATIONS):
             time.sleep(delays[t])
+            if lent is not None:
+                np.testing.assert_array_equal(lent[1], value(WORLD.rank, lent[0]),
+                                              err_msg=f"the buffer lent at {lent[0]} was written")
             contribution = value(WORLD.rank, t)
             if wa.is_group_version(t):
                 result = wa.allreduce(contribution, t)
                 assert result.version == t
-                assert (result.value is contribution) == result.fresh
+                assert result.value is not contribution
+                lent = (t, contribution)
                 records.append((t, result.fresh, result.contribution_iteration,
-                                result.value.copy()))
+                                result.value))
             else:
                 expected = np.empty_like(contribution)
                 reference.Allreduce(contribution, expected)
-                wa.sync_allreduce(contribution, t)
+                wa.sync_allreduce(contribution, t)   # publishes a copy
+                lent = None
                 np.testing.assert_array_equal(contribution, expected)
                 records.append((t, None, None, contribution.copy()))
         elapsed = time.perf_counter() - start
@@ -107,6 +118,17 @@ def test_group_sums_are_what_members_published(group_size, tau):
     _check(wa, records, history)
     assert not any(t.name.startswith("wait-avoiding-progress") and t.is_alive()
                    for t in threading.enumerate())
+
+
+@needs_pow2
+@pytest.mark.parametrize("waits", ["spin", "yield"])
+def test_both_wait_policies_give_the_same_semantics(waits):
+    # "auto" (the other tests) picks one by the node's cores; both are run here.
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=min(2, P),
+                                    waits=waits, history=ITERATIONS)
+    records, history, _ = _run(wa, _delays("random"))
+    _check(wa, records, history)
+    assert wa.waits_used == waits
 
 
 @needs_pow2
@@ -158,10 +180,17 @@ def test_misuse_is_refused():
             wa.allreduce(value(WORLD.rank, 3), 3)
         with pytest.raises(ValueError, match="buffer must be contiguous with 33 elements"):
             wa.allreduce(np.zeros(5, dtype=np.int64), 0)
-        wa.allreduce(value(WORLD.rank, 0), 0)
+        mine = value(WORLD.rank, 0)
+        result = wa.allreduce(mine, 0)
         with pytest.raises(ValueError, match=r"iteration 1 is a sync step \(tau=2\)"):
             wa.allreduce(value(WORLD.rank, 1), 1)
-        wa.sync_allreduce(value(WORLD.rank, 1), 1)
+        wa.sync_allreduce(result.value, 1)
+        # Iteration 0's buffer is still lent: passing it again would let the
+        # caller write into what later passive versions read.
+        with pytest.raises(ValueError, match="buf is a buffer this collective holds"):
+            wa.allreduce(mine, 2)
+        wa.allreduce(result.value, 2)
+        wa.sync_allreduce(value(WORLD.rank, 3), 3)
     with pytest.raises(RuntimeError, match="open\\(\\) on a closed"):
         wa.open()
 
@@ -173,6 +202,7 @@ def test_misuse_is_refused():
     (dict(group_size=1, tau=0), ValueError, "tau must be an int >= 1 or None, got 0"),
     (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'majority'"),
     (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
+    (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
 ])
 def test_bad_arguments_raise_on_every_rank(options, error, text):
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), **options)

@@ -114,6 +114,38 @@ class FlatParameters:
                     continue
                 p.grad = view
 
+    def rebind(self, dtype, *, params=None, grads=None):
+        """Make ``params`` (and/or ``grads``) the flat buffer of ``dtype``:
+        every parameter (gradient) of that dtype becomes a view into it.
+
+        For collectives that hand back their result in another buffer (the
+        wait-avoiding group allreduce keeps the one it was given as the
+        published contribution): the model moves to the result instead of
+        the result being copied into the model.  O(number of parameters),
+        no data is copied; optimizer state (keyed by parameter) is kept.
+
+        Raises:
+            ValueError: a buffer of another dtype, size or device.
+        """
+        with torch.no_grad():
+            for flat, tensor, attribute in ((self.params, params, "data"),
+                                            (self.grads, grads, "grad")):
+                if tensor is None:
+                    continue
+                if flat is None:
+                    raise RuntimeError("FlatParameters was built with grads=False")
+                old = flat[dtype]
+                if (tensor.dtype, tensor.shape, tensor.device) != (
+                        old.dtype, old.shape, old.device) or not tensor.is_contiguous():
+                    raise ValueError(
+                        f"rebind needs a contiguous {old.dtype} tensor of "
+                        f"{old.numel()} elements on {old.device}, got {tensor.dtype} "
+                        f"{tuple(tensor.shape)} on {tensor.device}")
+                flat[dtype] = tensor
+                for p, d, offset in self._slices:
+                    if d == dtype:
+                        setattr(p, attribute, self._view(flat, p, d, offset))
+
     def zero_grad(self):
         """Zero the flat gradients, keeping every ``p.grad`` a view."""
         self.attach_grads()

@@ -8,9 +8,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import Communicator
+from ..comm import Communicator, node_oversubscribed
 from ..group_allreduce import group_allreduce
-from ..wait_avoiding import WaitAvoidingGroupAllreduce
+from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce
 from .provenance import results_file, run_attributes
 
 __all__ = ["main"]
@@ -37,29 +37,31 @@ def delayed_ranks(scenario, size, iterations, seed):
     return table
 
 
-def _run(implementation, comm, buf, group_size, delays, delay_s):
+def _run(implementation, comm, buf, group_size, delays, delay_s, waits):
     """Seconds per step on this rank (the injected delay plus the collective),
-    and whether this rank's contribution was fresh at each step."""
+    and whether this rank's contribution was fresh at each step.  The
+    wait-avoiding and the blocking group allreduce wait for transfers the same
+    way (``waits``; ``comm`` is set up so)."""
     steps = np.zeros(len(delays))
     fresh = np.ones(len(delays), dtype=bool)
     wa = None
     if implementation == "wait_avoiding":
         wa = WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size,
-                                        op="avg").open()
+                                        op="avg", waits=waits).open()
     comm.data.Barrier()
     for t, delayed in enumerate(delays[:, comm.rank]):
         start = time.perf_counter()
         if delayed:
             time.sleep(delay_s)
         if wa is not None:
-            result = wa.allreduce(buf, t)
+            result = wa.allreduce(buf, t)     # buf is lent; the model moves to value
             fresh[t] = result.fresh
-            if not result.fresh:   # WAGMA: W_{t+1} = (S * mean + W'_t) / (S + 1)
-                np.multiply(result.value, group_size / (group_size + 1), out=result.value)
-                buf *= 1.0 / (group_size + 1)
-                buf += result.value
+            if not result.fresh:
+                combine_stale(result.value, buf, group_size)
+            buf = result.value
         elif implementation == "group_blocking":
-            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg")
+            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg",
+                            check=False)
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / comm.size
@@ -67,6 +69,20 @@ def _run(implementation, comm, buf, group_size, delays, delay_s):
     if wa is not None:
         wa.close()
     return steps, fresh
+
+
+def combine_stale(mean, contribution, group_size, chunk=1 << 16):
+    """WAGMA Algorithm 2, line 13, in ``mean``: W_{t+1} = (S * mean + W'_t) / (S + 1).
+
+    Chunk by chunk, so the scaled contribution is a temporary that stays in
+    cache (numpy has no fused a * x + y).
+    """
+    scaled = np.empty(min(chunk, mean.size), dtype=mean.dtype)
+    for lo in range(0, mean.size, chunk):
+        out, part = mean[lo:lo + chunk], scaled[:min(chunk, mean.size - lo)]
+        np.multiply(contribution[lo:lo + chunk], 1.0 / (group_size + 1), out=part)
+        out *= group_size / (group_size + 1)
+        out += part
 
 
 def idle_progress_cpu(comm, buf, group_size, seconds):
@@ -102,6 +118,10 @@ def main(argv=None):
                         help="comma-separated, from: " + ", ".join(SCENARIOS))
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--waits", choices=WAITS, default="auto",
+                        help="how the two group allreduces wait for transfers: spin "
+                             "(MPI_Waitall), yield (test with a back-off), auto (yield "
+                             "when the node has more ranks than cores)")
     parser.add_argument("--out", default=None,
                         help="HDF5 file (default results/wagma_n{ranks}.h5)")
     args = parser.parse_args(argv)
@@ -110,7 +130,10 @@ def main(argv=None):
         parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
     if not 0 <= args.warmup < args.iterations or args.delay_ms < 0 or args.size_mib <= 0:
         parser.error("0 <= --warmup < --iterations, --delay-ms >= 0 and --size-mib > 0 needed")
-    with Communicator(MPI.COMM_WORLD) as comm:
+    waits = args.waits
+    if waits == "auto":
+        waits = "yield" if node_oversubscribed(MPI.COMM_WORLD) else "spin"
+    with Communicator(MPI.COMM_WORLD, yield_while_waiting=waits == "yield") as comm:
         group_size = args.group_size or default_group_size(comm.size)
         attrs = run_attributes(comm.data)
         buf = np.zeros(int(args.size_mib * MIB) // 4, dtype=np.float32)
@@ -119,12 +142,12 @@ def main(argv=None):
             delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
             for implementation in IMPLEMENTATIONS:
                 seconds, fresh = _run(implementation, comm, buf, group_size,
-                                      delays, args.delay_ms / 1e3)
+                                      delays, args.delay_ms / 1e3, waits)
                 steps[scenario, implementation] = (np.array(comm.data.gather(seconds)),
                                                    delays, np.array(comm.data.gather(fresh)))
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
-            _report(comm.size, group_size, args, attrs, steps, idle)
+            _report(comm.size, group_size, args, attrs, steps, idle, waits)
 
 
 def _fast_ms(seconds, delays, warmup):
@@ -136,10 +159,11 @@ def _fast_ms(seconds, delays, warmup):
     return float(seconds[:, warmup:].T[kept].mean() * 1e3)
 
 
-def _report(size, group_size, args, attrs, steps, idle):
+def _report(size, group_size, args, attrs, steps, idle, waits):
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
           f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
-          f"{args.iterations} iterations, delay {args.delay_ms:g} ms; {attrs['mpi_library']}")
+          f"{args.iterations} iterations, delay {args.delay_ms:g} ms, group allreduces' "
+          f"waits {waits}; {attrs['mpi_library']}")
     print(f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
           f"steps, first {args.warmup} steps left out); '-': every rank delayed")
     print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS)
@@ -155,7 +179,8 @@ def _report(size, group_size, args, attrs, steps, idle):
         f.attrs.update(size_bytes=int(args.size_mib * MIB), group_size=group_size,
                        iterations=args.iterations, warmup=args.warmup,
                        delay_ms=args.delay_ms,
-                       seed=args.seed, sync_steps="none", dtype="float32")
+                       seed=args.seed, sync_steps="none", dtype="float32",
+                       waits=waits)
         f["idle_progress_cpu_fraction"] = np.array(idle)
         for (scenario, implementation), (seconds, delays, fresh) in steps.items():
             g = f.require_group(scenario)

@@ -57,9 +57,11 @@ class EagerSGD(Algorithm):
                                              first_iteration=t).open()
                 for dtype, grad in self.flat.grads.items()}
         for dtype, grad in self.flat.grads.items():
+            # The gradient buffer is lent (a late rank's previous gradient);
+            # the gradients move to the result buffer.
             result = self._collectives[dtype].allreduce(grad, t)
+            self.flat.rebind(dtype, grads=result.value)
             if not result.fresh:
-                grad.copy_(result.value)
                 self.stale_steps += 1
         self.optimizer.step()
 

@@ -24,7 +24,10 @@ class WagmaSGD(Algorithm):
 
     One :class:`~collectives.WaitAvoidingGroupAllreduce` per parameter dtype,
     opened at the first step with this step's counter (so a resumed run's
-    versions continue) and closed by :meth:`close`.
+    versions continue) and closed by :meth:`close`.  The flat parameter
+    buffer it is given at step t stays the published W'_t, and the
+    parameters are rebound to the result buffer
+    (:meth:`~wagma.flat.FlatParameters.rebind`), so no step copies the model.
 
     Args:
         group_size: S, a power of two <= P (the paper: about sqrt(P)).
@@ -73,11 +76,14 @@ class WagmaSGD(Algorithm):
                 else:
                     allreduce(tensor, comm=self.comm, op="avg")
             elif self.wait_avoiding:
+                # W'_t (tensor) is lent to the collective; the model moves to
+                # the result buffer instead of the result being copied back.
                 result = self._collectives[dtype].allreduce(tensor, t)
                 if not result.fresh:     # W_{t+1} = (S * mean + W'_t) / (S + 1)
                     s = self.group_size
-                    tensor.mul_(1.0 / (s + 1)).add_(result.value, alpha=s / (s + 1))
+                    result.value.mul_(s / (s + 1)).add_(tensor, alpha=1.0 / (s + 1))
                     self.stale_steps += 1
+                self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
                 group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
                                 t=t, op="avg")
