@@ -239,8 +239,8 @@ class ProgressEngine:
                     if self._stop:
                         return
                     quiet = self._executing
-                if quiet:   # the main thread executes a version: MPI is its
-                    backoff.wait(self._wake)
+                if quiet:   # the main thread executes a version and wakes
+                    self._wake.wait()   # this one when it is done
                     continue
                 with self._messaging:
                     progressed = self._poll()
