@@ -49,9 +49,10 @@ class ProgressEngine:
     Shared with the main thread, under one lock: the published contribution
     and its iteration, the highest version begun (``started``), the next
     version to execute, whether one is executing, the free buffers, the
-    finished results, message counts.  The thread alone owns the
-    :class:`~collectives.activation.ActivationState` and the majority
-    arrival counts.
+    finished results, message counts.  Under a second lock (messaging),
+    taken by the main thread only to activate the version it executes: the
+    :class:`~collectives.activation.ActivationState`, the majority arrival
+    counts and the sends in flight.
 
     The loop: receive control messages (forwarding activations at once), send
     what the main thread asked for, execute every activated version in order,

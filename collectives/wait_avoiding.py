@@ -21,6 +21,7 @@ __all__ = [
     "WAITS",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
+    "resolve_waits",
     "solo_allreduce",
 ]
 
@@ -36,6 +37,15 @@ ACTIVATIONS = ("first", "majority")
 #: partner's progress thread needs), ``"auto"`` by
 #: :func:`~collectives.comm.node_oversubscribed`.
 WAITS = ("auto", "spin", "yield")
+
+
+def resolve_waits(waits: str, comm) -> str:
+    """``"spin"`` or ``"yield"``: ``waits`` itself, or for ``"auto"`` what
+    :func:`~collectives.comm.node_oversubscribed` calls for (collective over
+    ``comm`` then)."""
+    if waits != "auto":
+        return waits
+    return "yield" if node_oversubscribed(comm) else "spin"
 
 
 @dataclass(frozen=True)
@@ -104,9 +114,9 @@ class WaitAvoidingGroupAllreduce:
     fresh path costs the blocking group allreduce's passes and no copy, and
     is executed by the main thread itself (no hand-over to the progress
     thread), spinning like the blocking version or, on an oversubscribed
-    node, yielding (``waits``).  Memory: the caller's buffer and the published one, plus one
-    per stale result the main thread has not reached yet (a rank lagging k
-    versions holds k; ``tau`` bounds k).
+    node, yielding (``waits``).  Memory: the caller's buffer and the
+    published one, plus one per stale result the main thread has not
+    reached yet (a rank lagging k versions holds k; ``tau`` bounds k).
 
     Args:
         comm: the MPI communicator (P ranks, a power of two); MPI must provide
@@ -224,9 +234,7 @@ class WaitAvoidingGroupAllreduce:
         if algorithm == "auto":
             algorithm = choose_group_allreduce(self._like.nbytes)
         quorum = None if self.activation == "first" else -(-self._main.size // 2)
-        self.waits_used = self.waits
-        if self.waits == "auto":
-            self.waits_used = "yield" if node_oversubscribed(self._main.data) else "spin"
+        self.waits_used = resolve_waits(self.waits, self._main.data)
         self._t = self.first_iteration
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,

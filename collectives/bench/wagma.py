@@ -8,9 +8,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..comm import Communicator, node_oversubscribed
+from ..comm import Communicator
 from ..group_allreduce import group_allreduce
-from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce
+from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
 from .provenance import results_file, run_attributes
 
 __all__ = ["main"]
@@ -130,9 +130,7 @@ def main(argv=None):
         parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
     if not 0 <= args.warmup < args.iterations or args.delay_ms < 0 or args.size_mib <= 0:
         parser.error("0 <= --warmup < --iterations, --delay-ms >= 0 and --size-mib > 0 needed")
-    waits = args.waits
-    if waits == "auto":
-        waits = "yield" if node_oversubscribed(MPI.COMM_WORLD) else "spin"
+    waits = resolve_waits(args.waits, MPI.COMM_WORLD)
     with Communicator(MPI.COMM_WORLD, yield_while_waiting=waits == "yield") as comm:
         group_size = args.group_size or default_group_size(comm.size)
         attrs = run_attributes(comm.data)
