@@ -107,11 +107,8 @@ class FlatBuffer:
         """
         raise NotImplementedError
 
-    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0,
-             base: Optional["FlatBuffer"] = None):
-        """``self[lo:hi] = base[lo:hi] + other[at:at + hi - lo]``; ``base``
-        defaults to ``self`` (in place).  With another ``base`` the sum is
-        written out of place in one pass, ``base`` only read."""
+    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0):
+        """``self[lo:hi] += other[at:at + hi - lo]``, in place."""
         raise NotImplementedError
 
     def copy_(self, other: "FlatBuffer"):
@@ -137,10 +134,9 @@ class _NumpyBuffer(FlatBuffer):
         raw = self._workspace.bytes_for(np.uint8, numel * self._itemsize, None)
         return _NumpyBuffer(raw.view(self._typed.dtype), self._workspace)
 
-    def add_(self, lo, hi, other, at=0, base=None):
+    def add_(self, lo, hi, other, at=0):
         dst = self._typed[lo:hi]
-        first = dst if base is None else base._typed[lo:hi]
-        np.add(first, other._typed[at:at + hi - lo], out=dst)
+        np.add(dst, other._typed[at:at + hi - lo], out=dst)
 
     def copy_(self, other):
         np.copyto(self._typed, other._typed)
@@ -154,7 +150,9 @@ class _TorchBuffer(FlatBuffer):
     def __init__(self, tensor, workspace: "Workspace"):
         torch = _torch_or_none()
         self._workspace = workspace
-        self._typed = tensor.view(-1)
+        # An empty tensor may have stride 0 (from_numpy), which torch cannot
+        # view as bytes; an empty one of its own has nothing to lose.
+        self._typed = tensor.view(-1) if tensor.numel() else tensor.new_empty(0)
         raw = self._typed.view(torch.uint8)
         # CPU tensors travel as numpy views (zero copy); CUDA tensors as
         # device tensors, which mpi4py passes to a CUDA-aware MPI through
@@ -178,12 +176,8 @@ class _TorchBuffer(FlatBuffer):
         if self._cuda:
             _torch_or_none().cuda.current_stream(self._typed.device).synchronize()
 
-    def add_(self, lo, hi, other, at=0, base=None):
-        summand = other._typed[at:at + hi - lo]
-        if base is None:
-            self._typed[lo:hi].add_(summand)
-        else:
-            _torch_or_none().add(base._typed[lo:hi], summand, out=self._typed[lo:hi])
+    def add_(self, lo, hi, other, at=0):
+        self._typed[lo:hi].add_(other._typed[at:at + hi - lo])
         self._sync()
 
     def copy_(self, other):

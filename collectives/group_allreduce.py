@@ -25,21 +25,29 @@ def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
     ``rank ^ mask`` and add.  log2 S messages of the full size: the schedule
     for small buffers.  Partners compute a + b and b + a, bitwise equal.
-    The inputs are ``src`` when given (only read: the first phase sends it
-    and writes ``src + received`` into ``buf``, so out of place costs no
-    extra pass), else ``buf`` itself (in place).
+    The inputs are ``src`` when given (only read), else ``buf`` itself (in
+    place).  Out of place, the first phase sends ``src``, receives the
+    partner's buffer straight into ``buf`` and adds ``src`` to it: the
+    memory traffic of the in-place phase (which receives into scratch), so
+    out of place costs nothing extra.
     """
     if not masks:
         if src is not None:
             buf.copy_(src)
     else:
-        scratch = buf.scratch(buf.numel)
+        scratch = None
         for phase, mask in enumerate(masks):
             peer = comm.rank ^ mask
-            first = src if phase == 0 and src is not None else buf
-            comm.exchange(first.msg(0, buf.numel), peer, scratch.msg(0, buf.numel),
+            if phase == 0 and src is not None:
+                comm.exchange(src.msg(0, buf.numel), peer, buf.msg(0, buf.numel),
+                              peer, tag)
+                buf.add_(0, buf.numel, src)
+                continue
+            if scratch is None:
+                scratch = buf.scratch(buf.numel)
+            comm.exchange(buf.msg(0, buf.numel), peer, scratch.msg(0, buf.numel),
                           peer, tag)
-            buf.add_(0, buf.numel, scratch, base=first)
+            buf.add_(0, buf.numel, scratch)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
 
@@ -54,8 +62,9 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
     reverse order double it back.  2 log2 S messages, 2 (S - 1)/S of the
     buffer sent: the schedule for large buffers.  Each element is reduced on
     one rank and copied, so group members agree bitwise.  ``src`` as for
-    :func:`butterfly_recursive_doubling`: the first phase reads it, every
-    element of ``buf`` is written by a reduction or a receive.
+    :func:`butterfly_recursive_doubling`: the first phase receives the
+    partner's copy of the kept half straight into ``buf`` and adds ``src``'s
+    to it; every element of ``buf`` is written by a reduction or a receive.
     """
     if not masks:
         butterfly_recursive_doubling(buf, comm, masks, scale, tag, src)
@@ -65,16 +74,20 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
     windows = []
     scratch = None
     for phase, mask in enumerate(masks):
-        first = src if phase == 0 and src is not None else buf
         windows.append((lo, hi))
         mid = lo + (hi - lo) // 2
         (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else (
             (mid, hi), (lo, mid))
+        if phase == 0 and src is not None:
+            comm.exchange(src.msg(slo, shi), rank ^ mask,
+                          buf.msg(lo, hi), rank ^ mask, tag)
+            buf.add_(lo, hi, src, at=lo)
+            continue
         if scratch is None:
             scratch = buf.scratch(hi - lo)
-        comm.exchange(first.msg(slo, shi), rank ^ mask,
+        comm.exchange(buf.msg(slo, shi), rank ^ mask,
                       scratch.msg(0, hi - lo), rank ^ mask, tag)
-        buf.add_(lo, hi, scratch, base=first)
+        buf.add_(lo, hi, scratch)
     if scale is not None:
         buf.scale_(lo, hi, scale)
     for mask, (wlo, whi) in zip(reversed(masks), reversed(windows)):

@@ -27,6 +27,7 @@ from collectives.blocking import (
     REDUCE_SCATTER_ALGORITHMS,
 )
 from collectives.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from collectives.groups import ButterflyGrouping
 from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
@@ -172,6 +173,30 @@ def test_group_allreduce_equals_mpi_allreduce_within_group(pow2, algorithm):
                 assert len(set(digests)) == 1, "group members disagree bitwise"
             group_comm.Free()
         group_size *= 2
+
+
+@pytest.mark.parametrize("algorithm", GROUP_ALLREDUCE_ALGORITHMS)
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_group_schedules_out_of_place_equal_in_place(pow2, algorithm, library):
+    """With ``src`` (how the wait-avoiding collective runs them) the
+    schedules write the in-place result bitwise into ``buf``, whatever it
+    held, and leave ``src`` as it was."""
+    comm = member(pow2)
+    schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
+    for group_size in sorted({1, min(2, comm.size), comm.size}):
+        masks = ButterflyGrouping(comm.size, group_size).masks(5)
+        for n in (0, 1, 7, 1001, 300_001):
+            x = _random(n, np.float32, seed=(comm.rank, group_size, n))
+            source, in_place = x.copy(), x.copy()
+            out = np.full(n, np.nan, dtype=np.float32)
+            if library == "torch":
+                source, in_place, out = map(torch.from_numpy, (source, in_place, out))
+            with comm.open_buffer(in_place) as buf:
+                schedule(buf, comm, masks, 1.0 / group_size)
+            with comm.open_buffer(out) as buf, comm.open_buffer(source) as src:
+                schedule(buf, comm, masks, 1.0 / group_size, src=src)
+            assert np.asarray(out).tobytes() == np.asarray(in_place).tobytes()
+            assert np.asarray(source).tobytes() == x.tobytes(), "src was written"
 
 
 def test_group_allreduce_average(pow2):
