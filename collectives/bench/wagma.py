@@ -37,25 +37,53 @@ def delayed_ranks(scenario, size, iterations, seed):
     return table
 
 
-def _run(implementation, comm, buf, group_size, delays, delay_s, waits):
-    """Seconds per step on this rank (the injected delay plus the collective),
-    and whether this rank's contribution was fresh at each step.  The
-    wait-avoiding and the blocking group allreduce wait for transfers the same
-    way (``waits``; ``comm`` is set up so)."""
+def round_bounds(iterations, rounds):
+    """``[(first, end)]`` steps of each round: ``iterations`` split into
+    ``rounds`` consecutive, nearly equal runs."""
+    edges = np.linspace(0, iterations, rounds + 1).round().astype(int)
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+def kept_steps(bounds, warmup):
+    """Steps in the statistics: all but the first ``warmup`` of each round."""
+    kept = np.zeros(bounds[-1][1], dtype=bool)
+    for first, end in bounds:
+        kept[first + warmup:end] = True
+    return kept
+
+
+def round_order(round_index):
+    """The implementations in the order round ``round_index`` runs them:
+    rotated by one each round, so none always runs first or last."""
+    shift = round_index % len(IMPLEMENTATIONS)
+    return IMPLEMENTATIONS[shift:] + IMPLEMENTATIONS[:shift]
+
+
+def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
+    """Steps ``first, first + 1, ...`` of one implementation (``delays``:
+    their rows of the delay table).  Seconds per step on this rank (the
+    injected delay plus the collective), and whether this rank's contribution
+    was fresh at each step.  The wait-avoiding and the blocking group
+    allreduce wait for transfers the same way (``waits``; ``comm`` is set up
+    so) and use the groups of the same iterations.  The wait-avoiding
+    collective is opened for the round and closed after it (untimed), so its
+    progress thread does not run while the others are timed."""
     steps = np.zeros(len(delays))
     fresh = np.ones(len(delays), dtype=bool)
     wa = None
     if implementation == "wait_avoiding":
         wa = WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size,
-                                        op="avg", waits=waits).open()
+                                        op="avg", waits=waits,
+                                        first_iteration=first).open()
     comm.data.Barrier()
-    for t, delayed in enumerate(delays[:, comm.rank]):
+    for i, delayed in enumerate(delays[:, comm.rank]):
+        t = first + i
         start = time.perf_counter()
         if delayed:
             time.sleep(delay_s)
         if wa is not None:
             result = wa.allreduce(buf, t)     # buf is lent; the model moves to value
-            fresh[t] = result.fresh
+            fresh[i] = result.fresh
             if not result.fresh:
                 combine_stale(result.value, buf, group_size)
             buf = result.value
@@ -65,7 +93,7 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits):
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / comm.size
-        steps[t] = time.perf_counter() - start
+        steps[i] = time.perf_counter() - start
     if wa is not None:
         wa.close()
     return steps, fresh
@@ -110,9 +138,16 @@ def main(argv=None):
     parser.add_argument("--size-mib", type=float, default=16.0)
     parser.add_argument("--group-size", type=int, default=None,
                         help="S (default 2**ceil(log2(P)/2), the paper's ~sqrt(P))")
-    parser.add_argument("--iterations", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=5,
-                        help="first steps left out of the statistics")
+    parser.add_argument("--iterations", type=int, default=150,
+                        help="steps per implementation and scenario")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="the steps are run in this many rounds, the implementations "
+                             "taking turns within each (so drift in the machine's load "
+                             "reaches all of them alike)")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="first steps of each round left out of the statistics (the "
+                             "wait-avoiding collective is opened anew each round: its "
+                             "first steps allocate buffers and start a thread)")
     parser.add_argument("--delay-ms", type=float, default=50.0)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help="comma-separated, from: " + ", ".join(SCENARIOS))
@@ -128,64 +163,89 @@ def main(argv=None):
     scenarios = args.scenarios.split(",")
     if any(s not in SCENARIOS for s in scenarios):
         parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
-    if not 0 <= args.warmup < args.iterations or args.delay_ms < 0 or args.size_mib <= 0:
-        parser.error("0 <= --warmup < --iterations, --delay-ms >= 0 and --size-mib > 0 needed")
+    if not 1 <= args.rounds <= args.iterations:
+        parser.error(f"--rounds must be in 1..--iterations ({args.iterations}), "
+                     f"got {args.rounds}")
+    bounds = round_bounds(args.iterations, args.rounds)
+    shortest = min(end - first for first, end in bounds)
+    if not 0 <= args.warmup < shortest:
+        parser.error(f"--warmup must be in 0..{shortest - 1} (the shortest round has "
+                     f"{shortest} steps), got {args.warmup}")
+    if args.delay_ms < 0 or args.size_mib <= 0:
+        parser.error("--delay-ms >= 0 and --size-mib > 0 needed")
     waits = resolve_waits(args.waits, MPI.COMM_WORLD)
     with Communicator(MPI.COMM_WORLD, yield_while_waiting=waits == "yield") as comm:
         group_size = args.group_size or default_group_size(comm.size)
         attrs = run_attributes(comm.data)
         buf = np.zeros(int(args.size_mib * MIB) // 4, dtype=np.float32)
+        kept = kept_steps(bounds, args.warmup)
         steps = {}
         for scenario in scenarios:
             delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
+            seconds = {i: np.zeros(args.iterations) for i in IMPLEMENTATIONS}
+            fresh = {i: np.ones(args.iterations, dtype=bool) for i in IMPLEMENTATIONS}
+            for r, (first, end) in enumerate(bounds):
+                for implementation in round_order(r):
+                    seconds[implementation][first:end], fresh[implementation][first:end] = _run(
+                        implementation, comm, buf, group_size, delays[first:end],
+                        args.delay_ms / 1e3, waits, first)
             for implementation in IMPLEMENTATIONS:
-                seconds, fresh = _run(implementation, comm, buf, group_size,
-                                      delays, args.delay_ms / 1e3, waits)
-                steps[scenario, implementation] = (np.array(comm.data.gather(seconds)),
-                                                   delays, np.array(comm.data.gather(fresh)))
+                steps[scenario, implementation] = (
+                    np.array(comm.data.gather(seconds[implementation])), delays,
+                    np.array(comm.data.gather(fresh[implementation])))
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
-            _report(comm.size, group_size, args, attrs, steps, idle, waits)
+            _report(comm.size, group_size, args, attrs, steps, idle, waits, kept)
 
 
-def _fast_ms(seconds, delays, warmup):
-    """Mean step time over the (rank, step) pairs that were not delayed, in
-    ms, leaving out the first ``warmup`` steps."""
-    kept = ~delays[warmup:]
-    if not kept.any():
+def _fast_ms(seconds, delays, kept):
+    """Mean step time over the (rank, step) pairs of the ``kept`` steps whose
+    rank was not delayed, in ms."""
+    fast = ~delays[kept]
+    if not fast.any():
         return float("nan")
-    return float(seconds[:, warmup:].T[kept].mean() * 1e3)
+    return float(seconds[:, kept].T[fast].mean() * 1e3)
 
 
-def _report(size, group_size, args, attrs, steps, idle, waits):
+def _report(size, group_size, args, attrs, steps, idle, waits, kept):
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
           f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
-          f"{args.iterations} iterations, delay {args.delay_ms:g} ms, group allreduces' "
+          f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
+          f"{args.delay_ms:g} ms, group allreduces' "
           f"waits {waits}; {attrs['mpi_library']}")
     print(f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
-          f"steps, first {args.warmup} steps left out); '-': every rank delayed")
+          f"steps, first {args.warmup} steps of each round left out); "
+          f"'-': every rank delayed")
     print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS)
           + "   WA/blocking  global/WA  WA fresh")
     for scenario in dict.fromkeys(s for s, _ in steps):
-        ms = [_fast_ms(*steps[scenario, i][:2], args.warmup) for i in IMPLEMENTATIONS]
-        fresh = steps[scenario, "wait_avoiding"][2][:, args.warmup:].mean()
+        ms = [_fast_ms(*steps[scenario, i][:2], kept) for i in IMPLEMENTATIONS]
+        fresh = steps[scenario, "wait_avoiding"][2][:, kept].mean()
         print(f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms).replace("nan", "  -")
               + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}")
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
           f"(largest over ranks, {args.idle_seconds:g} s idle)")
     with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
         f.attrs.update(size_bytes=int(args.size_mib * MIB), group_size=group_size,
-                       iterations=args.iterations, warmup=args.warmup,
+                       iterations=args.iterations, rounds=args.rounds,
+                       warmup_per_round=args.warmup,
                        delay_ms=args.delay_ms,
                        seed=args.seed, sync_steps="none", dtype="float32",
                        waits=waits)
         f["idle_progress_cpu_fraction"] = np.array(idle)
+        f["kept_steps"] = kept
+        f["kept_steps"].attrs["axes"] = "step (in the statistics: not a round's warm-up)"
+        f["round_order"] = np.array([[IMPLEMENTATIONS.index(i) for i in round_order(r)]
+                                     for r in range(args.rounds)])
+        f["round_order"].attrs["axes"] = ("round, turn (index into the implementations "
+                                          "attribute)")
+        f.attrs["implementations"] = ",".join(IMPLEMENTATIONS)
         for (scenario, implementation), (seconds, delays, fresh) in steps.items():
             g = f.require_group(scenario)
             g[implementation] = seconds
             g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
             g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
-                seconds, delays, args.warmup)
+                seconds, delays, kept)
             if implementation == "wait_avoiding":
                 g["wait_avoiding_fresh"] = fresh
                 g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"

@@ -1,0 +1,67 @@
+"""``python -m collectives.bench wagma`` end to end: a real 2-rank job and its HDF5 file."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from launcher import mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+IMPLEMENTATIONS = ["wait_avoiding", "group_blocking", "global_allreduce"]
+
+pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
+
+
+def _bench(*args):
+    return subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
+                           "collectives.bench", "wagma", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path):
+    out = tmp_path / "wagma.h5"
+    job = _bench("--size-mib", "0.25", "--iterations", "7", "--rounds", "3",
+                 "--warmup", "1", "--delay-ms", "2", "--idle-seconds", "0.1",
+                 "--out", str(out))
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "WA/blocking" in job.stdout and "idle progress thread" in job.stdout
+    with h5py.File(out) as f:
+        assert f.attrs["implementations"].split(",") == IMPLEMENTATIONS
+        assert (f.attrs["ranks"], f.attrs["rounds"], f.attrs["warmup_per_round"]) == (2, 3, 1)
+        # Rounds of 2, 3 and 2 steps, the first step of each left out.
+        assert f["kept_steps"][:].tolist() == [False, True, False, True, True, False, True]
+        order = f["round_order"][:]
+        assert order.tolist() == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+        for scenario in ("none", "random2", "straggler"):
+            group = f[scenario]
+            delayed = group["delayed"][:]
+            assert delayed.shape == (7, 2)
+            assert delayed.sum(axis=1).tolist() == {
+                "none": [0] * 7, "random2": [2] * 7, "straggler": [1] * 7}[scenario]
+            for implementation in IMPLEMENTATIONS:
+                seconds = group[implementation][:]
+                assert seconds.shape == (2, 7) and (seconds > 0).all()
+                # A delayed step lasts at least the delay.
+                assert (seconds.T[delayed] >= 2e-3).all()
+            assert group["wait_avoiding_fresh"].shape == (2, 7)
+        fast = f["straggler/wait_avoiding"].attrs["fast_rank_ms_per_iteration"]
+        assert np.isfinite(fast) and fast > 0
+        assert np.isnan(f["random2/wait_avoiding"].attrs["fast_rank_ms_per_iteration"])
+        assert f["idle_progress_cpu_fraction"].shape == (2,)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--rounds", "9", "--iterations", "6"], "--rounds must be in 1..--iterations (6)"),
+    (["--iterations", "6", "--rounds", "3", "--warmup", "2"], "--warmup must be in 0..1"),
+    (["--scenarios", "none,slow"], "--scenarios must be from none, random2, straggler"),
+])
+def test_bad_arguments_name_the_parameter_and_nothing_is_written(tmp_path, args, words):
+    out = tmp_path / "wagma.h5"
+    job = _bench(*args, "--out", str(out))
+    assert job.returncode != 0
+    assert words in job.stderr
+    assert not out.exists()
