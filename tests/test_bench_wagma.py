@@ -1,6 +1,7 @@
 """``python -m collectives.bench wagma`` end to end: a real 2-rank job and its HDF5 file."""
 
 import subprocess
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
+from collectives.bench.wagma import round_order
 from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,3 +67,12 @@ def test_bad_arguments_name_the_parameter_and_nothing_is_written(tmp_path, args,
     assert job.returncode != 0
     assert words in job.stderr
     assert not out.exists()
+
+
+def test_six_rounds_balance_who_runs_first_and_who_follows_whom():
+    orders = [round_order(r) for r in range(6)]
+    assert all(sorted(order) == sorted(IMPLEMENTATIONS) for order in orders)
+    firsts = Counter(order[0] for order in orders)
+    follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
+    assert set(firsts.values()) == {2}
+    assert len(follows) == 6 and set(follows.values()) == {2}
