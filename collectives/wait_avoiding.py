@@ -109,12 +109,13 @@ class WaitAvoidingGroupAllreduce:
     keeps it as the published contribution and writes the group sum into
     another buffer, ``value``, which becomes the caller's (double buffering:
     the model and the published contribution trade places every
-    iteration).  The first phase of the schedule reads the contribution and
-    writes ``contribution + received`` into ``value`` in one pass, so the
-    fresh path costs the blocking group allreduce's passes and no copy, and
-    is executed by the main thread itself (no hand-over to the progress
-    thread), spinning like the blocking version or, on an oversubscribed
-    node, yielding (``waits``).  Memory: the caller's buffer and the
+    iteration).  The first phase of the schedule sends from the
+    contribution, receives the partner's part straight into ``value`` and
+    adds the contribution's part there, so the fresh path costs the blocking
+    group allreduce's memory traffic and no copy, and is executed by the
+    main thread itself (no hand-over to the progress thread), spinning like
+    the blocking version or, on an oversubscribed node, yielding
+    (``waits``).  Memory: the caller's buffer and the
     published one, plus one per stale result the main thread has not
     reached yet (a rank lagging k versions holds k; ``tau`` bounds k).
 
