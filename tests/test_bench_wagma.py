@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.bench.wagma import round_order
+from collectives.bench.wagma import ratio_spread, round_order
 from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +31,7 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                  "--out", str(out))
     assert job.returncode == 0, job.stdout + job.stderr
     assert "WA/blocking" in job.stdout and "idle progress thread" in job.stdout
+    assert "round by round" in job.stdout
     with h5py.File(out) as f:
         assert f.attrs["implementations"].split(",") == IMPLEMENTATIONS
         assert (f.attrs["ranks"], f.attrs["rounds"], f.attrs["warmup_per_round"]) == (2, 3, 1)
@@ -50,6 +51,16 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                 # A delayed step lasts at least the delay.
                 assert (seconds.T[delayed] >= 2e-3).all()
             assert group["wait_avoiding_fresh"].shape == (2, 7)
+            # Per round, over the same kept steps: 1, 2 and 1 of them (no
+            # rank delayed), so their weighted mean is the overall figure.
+            if scenario == "none":
+                for implementation in IMPLEMENTATIONS:
+                    attrs = group[implementation].attrs
+                    rounds = attrs["fast_rank_ms_per_round"]
+                    assert rounds.shape == (3,)
+                    assert np.average(rounds, weights=[1, 2, 1]) == pytest.approx(
+                        attrs["fast_rank_ms_per_iteration"])
+        assert np.isnan(f["random2/wait_avoiding"].attrs["fast_rank_ms_per_round"]).all()
         fast = f["straggler/wait_avoiding"].attrs["fast_rank_ms_per_iteration"]
         assert np.isfinite(fast) and fast > 0
         assert np.isnan(f["random2/wait_avoiding"].attrs["fast_rank_ms_per_iteration"])
@@ -76,3 +87,10 @@ def test_six_rounds_balance_who_runs_first_and_who_follows_whom():
     follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
     assert set(firsts.values()) == {2}
     assert len(follows) == 6 and set(follows.values()) == {2}
+
+
+def test_ratio_spread_is_over_the_rounds_where_both_were_measured():
+    wa = np.array([2.0, 3.0, np.nan, 4.0])
+    blocking = np.array([1.0, 2.0, 1.0, 4.0])
+    assert ratio_spread(wa, blocking) == (1.5, 1.0, 2.0)
+    assert all(np.isnan(ratio_spread(np.full(2, np.nan), np.ones(2))))

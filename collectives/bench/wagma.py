@@ -186,7 +186,6 @@ def main(argv=None):
         group_size = args.group_size or default_group_size(comm.size)
         attrs = run_attributes(comm.data)
         buf = np.zeros(int(args.size_mib * MIB) // 4, dtype=np.float32)
-        kept = kept_steps(bounds, args.warmup)
         steps = {}
         for scenario in scenarios:
             delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
@@ -203,7 +202,7 @@ def main(argv=None):
                     np.array(comm.data.gather(fresh[implementation])))
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
-            _report(comm.size, group_size, args, attrs, steps, idle, waits, kept)
+            _report(comm.size, group_size, args, attrs, steps, idle, waits, bounds)
 
 
 def _fast_ms(seconds, delays, kept):
@@ -215,7 +214,38 @@ def _fast_ms(seconds, delays, kept):
     return float(seconds[:, kept].T[fast].mean() * 1e3)
 
 
-def _report(size, group_size, args, attrs, steps, idle, waits, kept):
+def round_fast_ms(seconds, delays, bounds, warmup):
+    """:func:`_fast_ms` of each round alone (its steps after the warm-up), in ms.
+
+    The implementations run the same round back to back, so a ratio of two
+    of them within one round compares them under the same machine load;
+    the spread of those ratios over the rounds is the run's own measure of
+    how far its overall ratio can be trusted.
+    """
+    steps = np.arange(seconds.shape[1])
+    return np.array([_fast_ms(seconds, delays, (steps >= first + warmup) & (steps < end))
+                     for first, end in bounds])
+
+
+def ratio_spread(numerator, denominator):
+    """``(median, min, max)`` over the rounds of ``numerator / denominator``
+    (per-round arrays), NaN where no round has both."""
+    ratios = numerator / denominator
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return (float("nan"),) * 3
+    return float(np.median(ratios)), float(ratios.min()), float(ratios.max())
+
+
+def _spread(stats):
+    median, low, high = stats
+    return "-" if np.isnan(median) else f"{median:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
+    kept = kept_steps(bounds, args.warmup)
+    per_round = {key: round_fast_ms(seconds, delays, bounds, args.warmup)
+                 for key, (seconds, delays, _) in steps.items()}
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
           f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
           f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
@@ -229,8 +259,15 @@ def _report(size, group_size, args, attrs, steps, idle, waits, kept):
     for scenario in dict.fromkeys(s for s, _ in steps):
         ms = [_fast_ms(*steps[scenario, i][:2], kept) for i in IMPLEMENTATIONS]
         fresh = steps[scenario, "wait_avoiding"][2][:, kept].mean()
-        print(f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms).replace("nan", "  -")
-              + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}")
+        print((f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms)
+               + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}"
+               ).replace("nan", "  -"))
+    print(f"the same ratios round by round (median [min, max] over the {args.rounds} "
+          f"rounds; each round runs the implementations back to back):")
+    for scenario in dict.fromkeys(s for s, _ in steps):
+        wa, blocking, mpi = (per_round[scenario, i] for i in IMPLEMENTATIONS)
+        print(f"{scenario:>10}   WA/blocking {_spread(ratio_spread(wa, blocking))}"
+              f"   global/WA {_spread(ratio_spread(mpi, wa))}")
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
           f"(largest over ranks, {args.idle_seconds:g} s idle)")
     with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
@@ -254,6 +291,8 @@ def _report(size, group_size, args, attrs, steps, idle, waits, kept):
             g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
             g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
                 seconds, delays, kept)
+            g[implementation].attrs["fast_rank_ms_per_round"] = per_round[
+                scenario, implementation]
             if implementation == "wait_avoiding":
                 g["wait_avoiding_fresh"] = fresh
                 g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
