@@ -31,7 +31,7 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                  "--out", str(out))
     assert job.returncode == 0, job.stdout + job.stderr
     assert "WA/blocking" in job.stdout and "idle progress thread" in job.stdout
-    assert "round by round" in job.stdout
+    assert "round by round" in job.stdout and "CPU ms per rank and step" in job.stdout
     with h5py.File(out) as f:
         assert f.attrs["implementations"].split(",") == IMPLEMENTATIONS
         assert (f.attrs["ranks"], f.attrs["rounds"], f.attrs["warmup_per_round"]) == (2, 3, 1)
@@ -48,8 +48,17 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
             for implementation in IMPLEMENTATIONS:
                 seconds = group[implementation][:]
                 assert seconds.shape == (2, 7) and (seconds > 0).all()
-                # A delayed step lasts at least the delay.
+                # A delayed step lasts at least the delay, which it sleeps
+                # through without using the CPU.
                 assert (seconds.T[delayed] >= 2e-3).all()
+                process = group[f"{implementation}_process_cpu"][:]
+                main_thread = group[f"{implementation}_main_thread_cpu"][:]
+                assert process.shape == main_thread.shape == (2, 7)
+                assert (process >= 0).all() and (main_thread >= 0).all()
+                assert (process.T[delayed] < seconds.T[delayed]).all()
+                kept = f["kept_steps"][:]
+                assert group[f"{implementation}_process_cpu"].attrs[
+                    "ms_per_step"] == pytest.approx(process[:, kept].mean() * 1e3)
             assert group["wait_avoiding_fresh"].shape == (2, 7)
             # Per round, over the same kept steps: 1, 2 and 1 of them (no
             # rank delayed), so their weighted mean is the overall figure.

@@ -4,6 +4,7 @@ import argparse
 import os
 import resource
 import time
+from dataclasses import dataclass, fields
 
 import numpy as np
 from mpi4py import MPI
@@ -67,17 +68,50 @@ def round_order(round_index):
     return cycle[shift:] + cycle[:shift]
 
 
+@dataclass
+class Steps:
+    """What one rank measured per step: wall seconds (the injected delay plus
+    the collective), CPU seconds of the whole process (every thread: the
+    progress thread's work shows here) and of the main thread alone, and
+    whether its contribution was fresh: arrays over steps, and after
+    :meth:`gather` (on the root) over (rank, step)."""
+
+    seconds: np.ndarray
+    process_cpu: np.ndarray
+    main_cpu: np.ndarray
+    fresh: np.ndarray
+
+    @classmethod
+    def empty(cls, count):
+        return cls(np.zeros(count), np.zeros(count), np.zeros(count),
+                   np.ones(count, dtype=bool))
+
+    def store(self, lo, hi, other):
+        """Put ``other``'s steps at ``lo:hi``."""
+        for field in fields(self):
+            getattr(self, field.name)[lo:hi] = getattr(other, field.name)
+
+    def gather(self, comm):
+        """Every rank's steps on rank 0 (collective over ``comm``)."""
+        return Steps(*(np.array(comm.gather(getattr(self, field.name)))
+                       for field in fields(self)))
+
+
+def _process_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
     """Steps ``first, first + 1, ...`` of one implementation (``delays``:
-    their rows of the delay table).  Seconds per step on this rank (the
-    injected delay plus the collective), and whether this rank's contribution
-    was fresh at each step.  The wait-avoiding and the blocking group
-    allreduce wait for transfers the same way (``waits``; ``comm`` is set up
-    so) and use the groups of the same iterations.  The wait-avoiding
+    their rows of the delay table), as :class:`Steps`.  On an oversubscribed
+    node the CPU per step is the cost that matters: every cycle one rank
+    spends is one the others wait for.  The wait-avoiding and the blocking
+    group allreduce wait for transfers the same way (``waits``; ``comm`` is
+    set up so) and use the groups of the same iterations.  The wait-avoiding
     collective is opened for the round and closed after it (untimed), so its
     progress thread does not run while the others are timed."""
-    steps = np.zeros(len(delays))
-    fresh = np.ones(len(delays), dtype=bool)
+    steps = Steps.empty(len(delays))
     wa = None
     if implementation == "wait_avoiding":
         wa = WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size,
@@ -86,12 +120,12 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
     comm.data.Barrier()
     for i, delayed in enumerate(delays[:, comm.rank]):
         t = first + i
-        start = time.perf_counter()
+        start, cpu, main_cpu = time.perf_counter(), _process_cpu(), time.thread_time()
         if delayed:
             time.sleep(delay_s)
         if wa is not None:
             result = wa.allreduce(buf, t)     # buf is lent; the model moves to value
-            fresh[i] = result.fresh
+            steps.fresh[i] = result.fresh
             if not result.fresh:
                 combine_stale(result.value, buf, group_size)
             buf = result.value
@@ -101,10 +135,12 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / comm.size
-        steps[i] = time.perf_counter() - start
+        steps.seconds[i] = time.perf_counter() - start
+        steps.process_cpu[i] = _process_cpu() - cpu
+        steps.main_cpu[i] = time.thread_time() - main_cpu
     if wa is not None:
         wa.close()
-    return steps, fresh
+    return steps
 
 
 def combine_stale(mean, contribution, group_size, chunk=1 << 16):
@@ -124,13 +160,10 @@ def combine_stale(mean, contribution, group_size, chunk=1 << 16):
 def idle_progress_cpu(comm, buf, group_size, seconds):
     """Share of one core that this process uses while its progress thread idles."""
     with WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        wall = time.perf_counter()
+        cpu, wall = _process_cpu(), time.perf_counter()
         time.sleep(seconds)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        wall = time.perf_counter() - wall
-    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return used / wall
+        cpu, wall = _process_cpu() - cpu, time.perf_counter() - wall
+    return cpu / wall
 
 
 def default_group_size(size):
@@ -189,17 +222,14 @@ def main(argv=None):
         steps = {}
         for scenario in scenarios:
             delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
-            seconds = {i: np.zeros(args.iterations) for i in IMPLEMENTATIONS}
-            fresh = {i: np.ones(args.iterations, dtype=bool) for i in IMPLEMENTATIONS}
+            measured = {i: Steps.empty(args.iterations) for i in IMPLEMENTATIONS}
             for r, (first, end) in enumerate(bounds):
                 for implementation in round_order(r):
-                    seconds[implementation][first:end], fresh[implementation][first:end] = _run(
+                    measured[implementation].store(first, end, _run(
                         implementation, comm, buf, group_size, delays[first:end],
-                        args.delay_ms / 1e3, waits, first)
-            for implementation in IMPLEMENTATIONS:
-                steps[scenario, implementation] = (
-                    np.array(comm.data.gather(seconds[implementation])), delays,
-                    np.array(comm.data.gather(fresh[implementation])))
+                        args.delay_ms / 1e3, waits, first))
+            steps[scenario] = delays, {i: measured[i].gather(comm.data)
+                                       for i in IMPLEMENTATIONS}
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
             _report(comm.size, group_size, args, attrs, steps, idle, waits, bounds)
@@ -243,9 +273,10 @@ def _spread(stats):
 
 
 def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
+    """Print the tables and write the HDF5 file (rank 0); ``steps`` maps each
+    scenario to its delay table and every implementation's gathered
+    :class:`Steps`."""
     kept = kept_steps(bounds, args.warmup)
-    per_round = {key: round_fast_ms(seconds, delays, bounds, args.warmup)
-                 for key, (seconds, delays, _) in steps.items()}
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
           f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
           f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
@@ -256,18 +287,29 @@ def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
           f"'-': every rank delayed")
     print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS)
           + "   WA/blocking  global/WA  WA fresh")
-    for scenario in dict.fromkeys(s for s, _ in steps):
-        ms = [_fast_ms(*steps[scenario, i][:2], kept) for i in IMPLEMENTATIONS]
-        fresh = steps[scenario, "wait_avoiding"][2][:, kept].mean()
+    for scenario, (delays, measured) in steps.items():
+        ms = [_fast_ms(measured[i].seconds, delays, kept) for i in IMPLEMENTATIONS]
+        fresh = measured["wait_avoiding"].fresh[:, kept].mean()
         print((f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms)
                + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}"
                ).replace("nan", "  -"))
     print(f"the same ratios round by round (median [min, max] over the {args.rounds} "
           f"rounds; each round runs the implementations back to back):")
-    for scenario in dict.fromkeys(s for s, _ in steps):
-        wa, blocking, mpi = (per_round[scenario, i] for i in IMPLEMENTATIONS)
+    per_round = {}
+    for scenario, (delays, measured) in steps.items():
+        wa, blocking, mpi = per_round[scenario] = [
+            round_fast_ms(measured[i].seconds, delays, bounds, args.warmup)
+            for i in IMPLEMENTATIONS]
         print(f"{scenario:>10}   WA/blocking {_spread(ratio_spread(wa, blocking))}"
               f"   global/WA {_spread(ratio_spread(mpi, wa))}")
+    print("CPU ms per rank and step, whole process / main thread (mean over all ranks "
+          "and the kept steps; the difference is the progress thread's)")
+    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS))
+    for scenario, (_, measured) in steps.items():
+        print(f"{scenario:>10} " + " ".join(
+            f"{measured[i].process_cpu[:, kept].mean() * 1e3:10.2f} /"
+            f"{measured[i].main_cpu[:, kept].mean() * 1e3:6.2f}"
+            for i in IMPLEMENTATIONS))
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
           f"(largest over ranks, {args.idle_seconds:g} s idle)")
     with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
@@ -285,17 +327,22 @@ def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
         f["round_order"].attrs["axes"] = ("round, turn (index into the implementations "
                                           "attribute)")
         f.attrs["implementations"] = ",".join(IMPLEMENTATIONS)
-        for (scenario, implementation), (seconds, delays, fresh) in steps.items():
-            g = f.require_group(scenario)
-            g[implementation] = seconds
-            g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
-            g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
-                seconds, delays, kept)
-            g[implementation].attrs["fast_rank_ms_per_round"] = per_round[
-                scenario, implementation]
-            if implementation == "wait_avoiding":
-                g["wait_avoiding_fresh"] = fresh
-                g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
-            if "delayed" not in g:
-                g["delayed"] = delays
-                g["delayed"].attrs["axes"] = "step, rank"
+        for scenario, (delays, measured) in steps.items():
+            g = f.create_group(scenario)
+            g["delayed"] = delays
+            g["delayed"].attrs["axes"] = "step, rank"
+            g["wait_avoiding_fresh"] = measured["wait_avoiding"].fresh
+            g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
+            for implementation, rounds in zip(IMPLEMENTATIONS, per_round[scenario]):
+                m = measured[implementation]
+                g[implementation] = m.seconds
+                g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
+                g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
+                    m.seconds, delays, kept)
+                g[implementation].attrs["fast_rank_ms_per_round"] = rounds
+                for name, cpu in (("process_cpu", m.process_cpu),
+                                  ("main_thread_cpu", m.main_cpu)):
+                    g[f"{implementation}_{name}"] = cpu
+                    g[f"{implementation}_{name}"].attrs["axes"] = "rank, step (CPU seconds)"
+                    g[f"{implementation}_{name}"].attrs["ms_per_step"] = float(
+                        cpu[:, kept].mean() * 1e3)
