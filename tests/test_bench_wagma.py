@@ -76,10 +76,33 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
         assert f["idle_progress_cpu_fraction"].shape == (2,)
 
 
+def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
+    out = tmp_path / "pair.h5"
+    job = _bench("--size-mib", "0.25", "--iterations", "8", "--rounds", "4",
+                 "--warmup", "1", "--scenarios", "none",
+                 "--implementations", "group_blocking,global_allreduce",
+                 "--idle-seconds", "0.1", "--out", str(out))
+    assert job.returncode == 0, job.stdout + job.stderr
+    # Neither ratio has both of its members here.
+    assert "WA/blocking" not in job.stdout and "global/WA" not in job.stdout
+    with h5py.File(out) as f:
+        assert f.attrs["implementations"] == "group_blocking,global_allreduce"
+        assert f["round_order"][:].tolist() == [[0, 1], [1, 0], [1, 0], [0, 1]]
+        assert sorted(f["none"]) == sorted([
+            "delayed", "group_blocking", "global_allreduce",
+            "group_blocking_process_cpu", "group_blocking_main_thread_cpu",
+            "global_allreduce_process_cpu", "global_allreduce_main_thread_cpu"])
+        assert f["none/group_blocking"].shape == (2, 8)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--rounds", "9", "--iterations", "6"], "--rounds must be in 1..--iterations (6)"),
     (["--iterations", "6", "--rounds", "3", "--warmup", "2"], "--warmup must be in 0..1"),
     (["--scenarios", "none,slow"], "--scenarios must be from none, random2, straggler"),
+    (["--implementations", "wait_avoiding,wait_avoiding"],
+     "--implementations must be distinct names from wait_avoiding, group_blocking, "
+     "global_allreduce"),
+    (["--implementations", "ring"], "--implementations must be distinct names"),
 ])
 def test_bad_arguments_name_the_parameter_and_nothing_is_written(tmp_path, args, words):
     out = tmp_path / "wagma.h5"
@@ -103,3 +126,13 @@ def test_ratio_spread_is_over_the_rounds_where_both_were_measured():
     blocking = np.array([1.0, 2.0, 1.0, 4.0])
     assert ratio_spread(wa, blocking) == (1.5, 1.0, 2.0)
     assert all(np.isnan(ratio_spread(np.full(2, np.nan), np.ones(2))))
+
+
+def test_any_number_of_implementations_is_balanced_over_twice_as_many_rounds():
+    for implementations in (IMPLEMENTATIONS[:1], IMPLEMENTATIONS[1:], IMPLEMENTATIONS):
+        n = len(implementations)
+        orders = [round_order(r, implementations) for r in range(2 * n)]
+        firsts = Counter(order[0] for order in orders)
+        follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
+        assert set(firsts.values()) == {2} and len(firsts) == n
+        assert len(follows) == n * (n - 1) and set(follows.values()) <= {2}

@@ -19,6 +19,9 @@ __all__ = ["main"]
 MIB = 1 << 20
 SCENARIOS = ("none", "random2", "straggler")
 IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce")
+#: The ratios reported, ``(label, numerator, denominator)``, where both ran.
+RATIOS = (("WA/blocking", "wait_avoiding", "group_blocking"),
+          ("global/WA", "global_allreduce", "wait_avoiding"))
 
 
 def delayed_ranks(scenario, size, iterations, seed):
@@ -53,17 +56,19 @@ def kept_steps(bounds, warmup):
     return kept
 
 
-def round_order(round_index):
-    """The implementations in the order round ``round_index`` runs them.
+def round_order(round_index, implementations=IMPLEMENTATIONS):
+    """``implementations`` in the order round ``round_index`` runs them.
 
     Rotated by one each round, so none always runs first or last, and every
     second cycle of rotations reversed, so none always runs right after the
-    same other one: over 6 rounds each runs twice in each turn and follows
-    each other one equally often (MPI_Allreduce leaves the machine slower
-    for the tens of steps after it at 8 ranks on 2 cores).
+    same other one: over 2n rounds (n implementations) each runs twice in
+    each turn and follows each other one equally often (MPI_Allreduce leaves
+    the machine slower for the tens of steps after it at 8 ranks on 2
+    cores).
     """
-    count = len(IMPLEMENTATIONS)
-    cycle = IMPLEMENTATIONS if (round_index // count) % 2 == 0 else IMPLEMENTATIONS[::-1]
+    implementations = tuple(implementations)
+    count = len(implementations)
+    cycle = implementations if (round_index // count) % 2 == 0 else implementations[::-1]
     shift = round_index % count
     return cycle[shift:] + cycle[:shift]
 
@@ -192,6 +197,10 @@ def main(argv=None):
     parser.add_argument("--delay-ms", type=float, default=50.0)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help="comma-separated, from: " + ", ".join(SCENARIOS))
+    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS),
+                        help="comma-separated, from: " + ", ".join(IMPLEMENTATIONS)
+                             + " (a pair alone: no third one's after-effects in the "
+                               "rounds of the two compared)")
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--waits", choices=WAITS, default="auto",
@@ -204,6 +213,10 @@ def main(argv=None):
     scenarios = args.scenarios.split(",")
     if any(s not in SCENARIOS for s in scenarios):
         parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
+    chosen = tuple(args.implementations.split(","))
+    if any(i not in IMPLEMENTATIONS for i in chosen) or len(set(chosen)) != len(chosen):
+        parser.error(f"--implementations must be distinct names from "
+                     f"{', '.join(IMPLEMENTATIONS)}, got {args.implementations}")
     if not 1 <= args.rounds <= args.iterations:
         parser.error(f"--rounds must be in 1..--iterations ({args.iterations}), "
                      f"got {args.rounds}")
@@ -222,14 +235,13 @@ def main(argv=None):
         steps = {}
         for scenario in scenarios:
             delays = delayed_ranks(scenario, comm.size, args.iterations, args.seed)
-            measured = {i: Steps.empty(args.iterations) for i in IMPLEMENTATIONS}
+            measured = {i: Steps.empty(args.iterations) for i in chosen}
             for r, (first, end) in enumerate(bounds):
-                for implementation in round_order(r):
+                for implementation in round_order(r, chosen):
                     measured[implementation].store(first, end, _run(
                         implementation, comm, buf, group_size, delays[first:end],
                         args.delay_ms / 1e3, waits, first))
-            steps[scenario] = delays, {i: measured[i].gather(comm.data)
-                                       for i in IMPLEMENTATIONS}
+            steps[scenario] = delays, {i: measured[i].gather(comm.data) for i in chosen}
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
             _report(comm.size, group_size, args, attrs, steps, idle, waits, bounds)
@@ -277,6 +289,9 @@ def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
     scenario to its delay table and every implementation's gathered
     :class:`Steps`."""
     kept = kept_steps(bounds, args.warmup)
+    chosen = tuple(next(iter(steps.values()))[1])
+    ratios = [(label, a, b) for label, a, b in RATIOS if a in chosen and b in chosen]
+    with_wa = "wait_avoiding" in chosen
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
           f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
           f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
@@ -285,31 +300,34 @@ def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
     print(f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
           f"steps, first {args.warmup} steps of each round left out); "
           f"'-': every rank delayed")
-    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS)
-          + "   WA/blocking  global/WA  WA fresh")
+    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in chosen)
+          + "".join(f"  {label:>11}" for label, _, _ in ratios)
+          + ("  WA fresh" if with_wa else ""))
     for scenario, (delays, measured) in steps.items():
-        ms = [_fast_ms(measured[i].seconds, delays, kept) for i in IMPLEMENTATIONS]
-        fresh = measured["wait_avoiding"].fresh[:, kept].mean()
-        print((f"{scenario:>10} " + " ".join(f"{m:18.2f}" for m in ms)
-               + f"   {ms[0] / ms[1]:11.2f}  {ms[2] / ms[0]:9.2f}  {fresh:8.0%}"
-               ).replace("nan", "  -"))
-    print(f"the same ratios round by round (median [min, max] over the {args.rounds} "
-          f"rounds; each round runs the implementations back to back):")
-    per_round = {}
-    for scenario, (delays, measured) in steps.items():
-        wa, blocking, mpi = per_round[scenario] = [
-            round_fast_ms(measured[i].seconds, delays, bounds, args.warmup)
-            for i in IMPLEMENTATIONS]
-        print(f"{scenario:>10}   WA/blocking {_spread(ratio_spread(wa, blocking))}"
-              f"   global/WA {_spread(ratio_spread(mpi, wa))}")
+        ms = {i: _fast_ms(measured[i].seconds, delays, kept) for i in chosen}
+        line = (f"{scenario:>10} " + " ".join(f"{ms[i]:18.2f}" for i in chosen)
+                + "".join(f"  {ms[a] / ms[b]:11.2f}" for _, a, b in ratios))
+        if with_wa:
+            line += f"  {measured['wait_avoiding'].fresh[:, kept].mean():8.0%}"
+        print(line.replace("nan", "  -"))
+    per_round = {scenario: {i: round_fast_ms(measured[i].seconds, delays, bounds,
+                                             args.warmup) for i in chosen}
+                 for scenario, (delays, measured) in steps.items()}
+    if ratios:
+        print(f"the same ratios round by round (median [min, max] over the {args.rounds} "
+              f"rounds; each round runs the implementations back to back):")
+        for scenario, rounds in per_round.items():
+            print(f"{scenario:>10}" + "".join(
+                f"   {label} {_spread(ratio_spread(rounds[a], rounds[b]))}"
+                for label, a, b in ratios))
     print("CPU ms per rank and step, whole process / main thread (mean over all ranks "
           "and the kept steps; the difference is the progress thread's)")
-    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in IMPLEMENTATIONS))
+    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in chosen))
     for scenario, (_, measured) in steps.items():
         print(f"{scenario:>10} " + " ".join(
             f"{measured[i].process_cpu[:, kept].mean() * 1e3:10.2f} /"
             f"{measured[i].main_cpu[:, kept].mean() * 1e3:6.2f}"
-            for i in IMPLEMENTATIONS))
+            for i in chosen))
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
           f"(largest over ranks, {args.idle_seconds:g} s idle)")
     with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
@@ -322,24 +340,26 @@ def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
         f["idle_progress_cpu_fraction"] = np.array(idle)
         f["kept_steps"] = kept
         f["kept_steps"].attrs["axes"] = "step (in the statistics: not a round's warm-up)"
-        f["round_order"] = np.array([[IMPLEMENTATIONS.index(i) for i in round_order(r)]
+        f["round_order"] = np.array([[chosen.index(i) for i in round_order(r, chosen)]
                                      for r in range(args.rounds)])
         f["round_order"].attrs["axes"] = ("round, turn (index into the implementations "
                                           "attribute)")
-        f.attrs["implementations"] = ",".join(IMPLEMENTATIONS)
+        f.attrs["implementations"] = ",".join(chosen)
         for scenario, (delays, measured) in steps.items():
             g = f.create_group(scenario)
             g["delayed"] = delays
             g["delayed"].attrs["axes"] = "step, rank"
-            g["wait_avoiding_fresh"] = measured["wait_avoiding"].fresh
-            g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
-            for implementation, rounds in zip(IMPLEMENTATIONS, per_round[scenario]):
+            if with_wa:
+                g["wait_avoiding_fresh"] = measured["wait_avoiding"].fresh
+                g["wait_avoiding_fresh"].attrs["axes"] = "rank, step"
+            for implementation in chosen:
                 m = measured[implementation]
                 g[implementation] = m.seconds
                 g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
                 g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
                     m.seconds, delays, kept)
-                g[implementation].attrs["fast_rank_ms_per_round"] = rounds
+                g[implementation].attrs["fast_rank_ms_per_round"] = per_round[
+                    scenario][implementation]
                 for name, cpu in (("process_cpu", m.process_cpu),
                                   ("main_thread_cpu", m.main_cpu)):
                     g[f"{implementation}_{name}"] = cpu
