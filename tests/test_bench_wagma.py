@@ -1,5 +1,6 @@
 """``python -m collectives.bench wagma`` end to end: a real 2-rank job and its HDF5 file."""
 
+import os
 import subprocess
 from collections import Counter
 import sys
@@ -9,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
+from collectives.bench.provenance import tuning_environment
 from collectives.bench.wagma import ratio_spread, round_order
 from launcher import mpiexec
 
@@ -18,10 +20,10 @@ IMPLEMENTATIONS = ["wait_avoiding", "group_blocking", "global_allreduce"]
 pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 
 
-def _bench(*args):
+def _bench(*args, env=None):
     return subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
                            "collectives.bench", "wagma", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path):
@@ -81,12 +83,14 @@ def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
     job = _bench("--size-mib", "0.25", "--iterations", "8", "--rounds", "4",
                  "--warmup", "1", "--scenarios", "none",
                  "--implementations", "group_blocking,global_allreduce",
-                 "--idle-seconds", "0.1", "--out", str(out))
+                 "--idle-seconds", "0.1", "--out", str(out),
+                 env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
     assert job.returncode == 0, job.stdout + job.stderr
     # Neither ratio has both of its members here.
     assert "WA/blocking" not in job.stdout and "global/WA" not in job.stdout
     with h5py.File(out) as f:
         assert f.attrs["implementations"] == "group_blocking,global_allreduce"
+        assert "MALLOC_MMAP_THRESHOLD_=131072" in f.attrs["tuning_environment"].split(";")
         assert f["round_order"][:].tolist() == [[0, 1], [1, 0], [1, 0], [0, 1]]
         assert sorted(f["none"]) == sorted([
             "delayed", "group_blocking", "global_allreduce",
@@ -136,3 +140,11 @@ def test_any_number_of_implementations_is_balanced_over_twice_as_many_rounds():
         follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
         assert set(firsts.values()) == {2} and len(firsts) == n
         assert len(follows) == n * (n - 1) and set(follows.values()) <= {2}
+
+
+def test_the_tuning_environment_names_only_the_variables_that_tune():
+    environ = {"MALLOC_ARENA_MAX": "2", "HOME": "/root", "MPIR_CVAR_CH4_SHM": "1",
+               "PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert tuning_environment(environ) == (
+        "MALLOC_ARENA_MAX=2;MPIR_CVAR_CH4_SHM=1;OMP_NUM_THREADS=1")
+    assert tuning_environment({"HOME": "/root"}) == ""

@@ -11,7 +11,7 @@ import mpi4py
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["results_file", "run_attributes"]
+__all__ = ["TUNING_PREFIXES", "results_file", "run_attributes", "tuning_environment"]
 
 
 def _git_commit() -> str:
@@ -24,12 +24,28 @@ def _git_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+#: Prefixes of environment variables that change how MPI, the allocator or
+#: threads behave, recorded with every run: a measurement made with
+#: ``MALLOC_MMAP_THRESHOLD_`` or an ``MPIR_CVAR_`` set is another measurement.
+TUNING_PREFIXES = ("MALLOC_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "OMP_",
+                   "COLLECTIVES_")
+
+
+def tuning_environment(environ=os.environ) -> str:
+    """``NAME=value`` pairs, sorted and joined by ``;``, of the variables in
+    ``environ`` whose names start with one of :data:`TUNING_PREFIXES`."""
+    return ";".join(f"{name}={value}" for name, value in sorted(environ.items())
+                    if name.startswith(TUNING_PREFIXES))
+
+
 def run_attributes(comm) -> dict:
     """Attributes for an HDF5 file: who ran what, where, with which MPI.
 
     Collective over ``comm`` (gathers the host names); every rank gets the
     same dictionary. ``slurm_job_id`` is the Slurm job that ran it (empty
-    outside Slurm), so a file in a sweep's folder names its job and log.
+    outside Slurm), so a file in a sweep's folder names its job and log;
+    ``tuning_environment`` is rank 0's :func:`tuning_environment` (``mpiexec
+    -genv`` gives every rank the same).
     """
     hosts = sorted(set(comm.allgather(platform.node())))
     return {
@@ -42,6 +58,7 @@ def run_attributes(comm) -> dict:
         "python_version": platform.python_version(),
         "git_commit": _git_commit(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "tuning_environment": comm.bcast(tuning_environment(), root=0),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
 
