@@ -62,9 +62,9 @@ def round_order(round_index, implementations=IMPLEMENTATIONS):
     Rotated by one each round, so none always runs first or last, and every
     second cycle of rotations reversed, so none always runs right after the
     same other one: over 2n rounds (n implementations) each runs twice in
-    each turn and follows each other one equally often (MPI_Allreduce leaves
-    the machine slower for the tens of steps after it at 8 ranks on 2
-    cores).
+    each turn and follows each other one equally often (at 8 ranks on 2
+    cores the wait-avoiding rounds right after MPI_Allreduce ran slower than
+    after the blocking group allreduce; README, "Benchmark").
     """
     implementations = tuple(implementations)
     count = len(implementations)
@@ -244,7 +244,8 @@ def main(argv=None):
             steps[scenario] = delays, {i: measured[i].gather(comm.data) for i in chosen}
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
-            _report(comm.size, group_size, args, attrs, steps, idle, waits, bounds)
+            _report(comm.size, group_size, args, attrs, chosen, steps, idle, waits,
+                    bounds)
 
 
 def _fast_ms(seconds, delays, kept):
@@ -284,12 +285,11 @@ def _spread(stats):
     return "-" if np.isnan(median) else f"{median:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def _report(size, group_size, args, attrs, steps, idle, waits, bounds):
+def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
     """Print the tables and write the HDF5 file (rank 0); ``steps`` maps each
-    scenario to its delay table and every implementation's gathered
-    :class:`Steps`."""
+    scenario to its delay table and the gathered :class:`Steps` of every
+    implementation in ``chosen``."""
     kept = kept_steps(bounds, args.warmup)
-    chosen = tuple(next(iter(steps.values()))[1])
     ratios = [(label, a, b) for label, a, b in RATIOS if a in chosen and b in chosen]
     with_wa = "wait_avoiding" in chosen
     print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
