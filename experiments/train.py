@@ -34,6 +34,7 @@ from wagma.imbalance import parse_imbalance
 from wagma.results import RunRecorder
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
+from .clock import TrainingClock
 from .compute import StepCompute
 from .datasets import load_dataset
 from .evaluate import Evaluator
@@ -147,22 +148,6 @@ class _UpdateTimer:
             hook.remove()
 
 
-class _Clock:
-    """The training clock: seconds since the common start, pauses excluded."""
-
-    def __init__(self, offset=0.0):
-        self.offset, self._start, self._paused_at = offset, time.perf_counter(), None
-
-    def __call__(self):
-        return self.offset + time.perf_counter() - self._start
-
-    def pause(self):
-        self._paused_at = time.perf_counter()
-
-    def resume(self):
-        self._start += time.perf_counter() - self._paused_at
-
-
 def _train(args, world, comm):
     dataset, model, imbalance = _setup(args, comm)
     device = _device(args, world)
@@ -229,7 +214,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
         bar = tqdm(total=total, initial=start, unit="step", disable=rank != 0 or args.no_progress,
                    dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
         comm.control.Barrier()
-        clock = _Clock(clock_offset)
+        clock = TrainingClock(clock_offset)
         status, step = "complete", start
         epoch, index = divmod(start, steps_per_epoch)
         batches = dataset.train_batches(epoch, args.batch_size, start=index)
@@ -262,7 +247,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
                 if evaluate and (step == total or (end_of_epoch and args.eval_every
                                                    and (epoch + 1) % args.eval_every == 0)):
                     clock.pause()
-                    _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, clock, comm)
+                    _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
                     clock.resume()
                 stopping = vote is not None and vote.vote(step, stop.requested)
                 if args.checkpoint_dir and (stopping or step == total or (
@@ -281,12 +266,15 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
     return status
 
 
-def _evaluate(args, evaluator, recorder, step, epoch, clock, comm):
+def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
+    """Scores the averaged model after ``step`` steps and records it, stamped
+    with the slowest rank's clock at the end of that step (``step_clock`` is
+    this rank's; see :class:`~experiments.clock.TrainingClock`)."""
     loss, accuracy = evaluator.averaged()
     replicas = None
     if args.eval_replicas:
         replicas = np.array(comm.control.allgather(evaluator.replica()))
-    latest = comm.control.allreduce(clock(), op=MPI.MAX)
+    latest = comm.control.allreduce(step_clock, op=MPI.MAX)
     recorder.record_eval(step=step, epoch=epoch, clock=latest, accuracy=accuracy, loss=loss,
                          replica_accuracy=replicas)
     recorder.flush()

@@ -8,6 +8,7 @@ each other, with the imbalance model and with the attributes.
 
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -42,9 +43,12 @@ def _algorithms():
 
 @pytest.fixture
 def shared_dir():
+    """A folder every rank sees, removed by rank 0 once every rank is done with it."""
     path = WORLD.bcast(tempfile.mkdtemp(prefix="wagma-train-") if WORLD.rank == 0 else None)
     yield path
     WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path)
 
 
 @pytest.mark.parametrize("algo, extra", list(_algorithms()), ids=[a for a, _ in _algorithms()])
@@ -81,6 +85,10 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     e = run.eval
     np.testing.assert_array_equal(e["step"], per_epoch * np.arange(1, EPOCHS + 1))
     assert np.all((0 <= e["accuracy"]) & (e["accuracy"] <= 1)) and np.all(np.isfinite(e["loss"]))
+    # An evaluation is stamped with the slowest rank's training clock at the end of the step it
+    # evaluates (experiments.clock.TrainingClock): evaluations themselves are not on the clock, so
+    # the stamps grow with the steps, however long an evaluation or its wait for a peer takes.
+    np.testing.assert_array_equal(e["clock"], s["clock"][:, e["step"].astype(int) - 1].max(axis=0))
     assert np.all(np.diff(e["clock"]) > 0)
     summary = run.summary
     assert summary["final_accuracy"] == e["accuracy"][-1]
