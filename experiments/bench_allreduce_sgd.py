@@ -40,7 +40,7 @@ def _step(model, opt, zero_grad, x, y):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_allreduce_sgd",
+    parser = argparse.ArgumentParser(prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m experiments.bench_allreduce_sgd",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=3)

@@ -1,50 +1,17 @@
 """The command line of ``python -m experiments.train``: parsing, and the checks made before any rank communicates."""
 
 import argparse
-import math
 import os
+import re
 
-from wagma.algorithms import ALGORITHMS
+from wagma.algorithm_options import ALGORITHM_NAMES, add_algorithm_options, flags_problem
 from wagma.imbalance import FORMS
 
-__all__ = ["ALGORITHM_OPTIONS", "add_algorithm_options", "algorithm_options", "auto_group_size", "build_parser",
-           "compute_ms", "default_out", "usage_problem"]
-
-#: Which command-line option feeds which algorithm's keyword (``None`` default
-#: = not given; giving it to an algorithm that has no such option is an error).
-ALGORITHM_OPTIONS = {
-    "bucket_cap_mb": ("allreduce_sgd",),
-    "tau": ("wagma", "local_sgd"),
-    "group_size": ("wagma",),
-    "wait_avoiding": ("wagma",),
-    "group_averaging": ("wagma",),
-    "levels": ("hierarchical_sgd",),
-    "levels_warmup_steps": ("hierarchical_sgd",),
-    "peers": ("sgp",),
-    "quorum": ("eager_sgd",),
-}
+__all__ = ["HelpFormatter", "UsageError", "build_parser", "compute_ms", "default_out", "usage_problem"]
 
 
-def auto_group_size(ranks: int) -> int:
-    """WAGMA-SGD's group size S = sqrt(P) (section 5.2), as a power of two.
-
-    For odd log2 P, sqrt(P) lies between two powers of two; we round up
-    (P = 8 -> 4, P = 32 -> 8): the paper's ablations lose accuracy with
-    smaller groups (S = 4 at P = 64) and only throughput with larger ones.
-    """
-    return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
-
-
-def _levels(text):
-    """``"2:4,10:P"`` -> [(2, "4"), (10, "P")]: period -> group size (P = all ranks)."""
-    levels = []
-    for item in text.split(","):
-        period, sep, size = item.partition(":")
-        if not sep or not period.strip().isdigit() or not (size.strip().isdigit() or size.strip() == "P"):
-            raise argparse.ArgumentTypeError(
-                f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}")
-        levels.append((int(period), size.strip()))
-    return levels
+class UsageError(Exception):
+    """A bad command line or set-up, found on every rank before training."""
 
 
 def _epochs(text):
@@ -55,34 +22,33 @@ def _epochs(text):
         raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
 
 
-def add_algorithm_options(parser):
-    """The flags that feed the algorithms' options (:func:`algorithm_options`),
-    shared by ``experiments.train`` and ``python -m wagma.sim``."""
-    g = parser.add_argument_group("algorithm options (default: the paper's)")
-    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
-    g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
-    g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False,
-                   default=None, help="wagma: alpha off")
-    g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True,
-                   default=None, help="wagma: beta on (blocking group allreduce; needs --no-wait-avoiding)")
-    g.add_argument("--levels", type=_levels, default=None,
-                   help="hierarchical_sgd: PERIOD:SIZE,... groups of SIZE ranks average every PERIOD "
-                        "steps, P = all [2:sqrt(P),10:P]")
-    g.add_argument("--levels-warmup-steps", type=int, default=None,
-                   help="hierarchical_sgd: steps of gradient allreduce first [0]")
-    g.add_argument("--peers", type=int, default=None, help="sgp: out-peers per step [1]; training: 1 or 2, "
-                   "the simulator: up to log2 P")
-    g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
-    g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows ``(default: X)`` after a help text, unless the option has no
+    default (None, False, empty) or its text ends with the default in
+    ``[...]``; the description and the example are printed as written, so
+    that the example stays on one line and can be pasted."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default in ("", argparse.SUPPRESS) \
+                or re.search(r"\[[^\]]*\]$", text):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def build_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(
-        prog="mpiexec -n P python -m experiments.train",
-        description="Train a model with one of the distributed SGD algorithms, with injected "
-                    "load imbalance, writing one HDF5 run file (wagma.results).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--algo", required=True, choices=sorted(ALGORITHMS), help="the training algorithm")
+        prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m experiments.train",
+        description="Train a model with one of the distributed SGD algorithms, with injected\n"
+                    "load imbalance, writing one HDF5 run file (wagma.results).  Any launcher and\n"
+                    "rank count work (mpiexec -n P, srun); the usage line runs 8 ranks with the\n"
+                    "project's virtual environment, from the repository's root.",
+        epilog="example (4 ranks, 2 epochs of WAGMA-SGD on digits, one rank delayed 50 ms a step):\n"
+               "  .venv/bin/mpiexec -n 4 .venv/bin/python -m experiments.train --algo wagma --epochs 2 "
+               "--imbalance random:k=1,ms=50",
+        formatter_class=HelpFormatter)
+    p.add_argument("--algo", required=True, choices=ALGORITHM_NAMES, help="the training algorithm")
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default="mlp",
                    help="mlp, resnet20, resnet18, resnet50, transformer, transformer-base")
@@ -93,18 +59,20 @@ def build_parser(parser_class=argparse.ArgumentParser):
                    help="cuda: one GPU per rank, by local rank")
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
     g = p.add_argument_group("optimization (the paper's set-up)")
-    g.add_argument("--epochs", type=int, default=20)
+    g.add_argument("--epochs", type=int, default=20, help="passes over each rank's shard")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many steps per rank")
     g.add_argument("--batch-size", type=int, default=16, help="per rank")
     g.add_argument("--lr", type=float, default=0.05, help="peak learning rate")
-    g.add_argument("--momentum", type=float, default=0.9)
-    g.add_argument("--weight-decay", type=float, default=1e-4)
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, 0 <= m < 1")
+    g.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty of the local SGD update")
     g.add_argument("--warmup-epochs", type=float, default=1.0,
                    help="linear learning-rate warm-up from --warmup-start x lr")
-    g.add_argument("--warmup-start", type=float, default=0.1)
+    g.add_argument("--warmup-start", type=float, default=0.1,
+                   help="the warm-up's first learning rate, as a fraction of --lr")
     g.add_argument("--decay-epochs", type=_epochs, default="",
-                   help="comma-separated epochs of step decay, e.g. 30,60,80")
-    g.add_argument("--decay-factor", type=float, default=0.1)
+                   help="comma-separated epochs of step decay, e.g. 30,60,80 [none]")
+    g.add_argument("--decay-factor", type=float, default=0.1,
+                   help="the learning rate is multiplied by this at each of --decay-epochs")
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate the averaged model every E epochs (and at the end); 0: only at the end")
     g.add_argument("--eval-replicas", action="store_true", help="also evaluate every rank's own model")
@@ -119,7 +87,7 @@ def build_parser(parser_class=argparse.ArgumentParser):
     add_algorithm_options(p)
     g = p.add_argument_group("output and restart")
     g.add_argument("--out", default=None,
-                   help="run file [results/runs/ALGO_pP_MODEL_DATASET_sSEED.h5]")
+                   help="run file [runs/ALGO_pP_MODEL_DATASET_sSEED.h5]")
     g.add_argument("--checkpoint-dir", default=None, help="per-rank checkpoints of model, optimizer, algorithm")
     g.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (0: only when stopped by a signal and at the end)")
@@ -139,7 +107,7 @@ def compute_ms(args) -> float:
 
 
 def default_out(args, ranks):
-    return os.path.join("results", "runs",
+    return os.path.join("runs",
                         f"{args.algo}_p{ranks}_{args.model}_{args.dataset}_s{args.seed}.h5")
 
 
@@ -171,38 +139,4 @@ def usage_problem(args, ranks):
         return "--resume needs --checkpoint-dir"
     if args.device == "cuda" and args.compute == "emulate":
         return "--compute emulate runs on --device cpu only"
-    for option, algorithms in ALGORITHM_OPTIONS.items():
-        if getattr(args, option) is not None and args.algo not in algorithms:
-            flag = {"wait_avoiding": "--no-wait-avoiding"}.get(option, "--" + option.replace("_", "-"))
-            return f"{flag} is an option of {' and '.join(algorithms)}, not of {args.algo}"
-    if args.group_size not in (None, "auto") and not args.group_size.isdigit():
-        return f"--group-size must be a power of two or 'auto', got {args.group_size!r}"
-    if args.levels:
-        for _, size in args.levels:
-            if size != "P" and int(size) > ranks:
-                return f"--levels group size {size} exceeds the {ranks} ranks"
-    return None
-
-
-def algorithm_options(args, ranks) -> dict:
-    """The keyword options of ``wagma.algorithms.create`` for ``args.algo``."""
-    s = auto_group_size(ranks) if args.group_size in (None, "auto") else int(args.group_size)
-    tau = 10 if args.tau is None else args.tau
-    if args.algo == "allreduce_sgd":
-        return {"bucket_cap_mb": 25.0 if args.bucket_cap_mb is None else args.bucket_cap_mb}
-    if args.algo == "local_sgd":
-        return {"period": tau}
-    if args.algo == "wagma":
-        wait_avoiding = args.wait_avoiding if args.wait_avoiding is not None else not args.group_averaging
-        return {"group_size": s, "tau": tau, "wait_avoiding": wait_avoiding,
-                "group_averaging": bool(args.group_averaging)}
-    if args.algo == "hierarchical_sgd":
-        levels = args.levels or [(2, str(s)), (10, "P")]
-        return {"period_group_size_dict": {period: ranks if size == "P" else int(size)
-                                           for period, size in levels},
-                "warmup_steps": args.levels_warmup_steps or 0}
-    if args.algo == "sgp":
-        return {"peers": 1 if args.peers is None else args.peers}
-    if args.algo == "eager_sgd":
-        return {"quorum": "majority" if args.quorum is None else args.quorum}
-    return {}
+    return flags_problem(args, ranks)

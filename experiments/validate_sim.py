@@ -149,7 +149,7 @@ def paper():
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.validate_sim", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.validate_sim", description=__doc__.split("\n")[0])
     parser.add_argument("--measured", default=os.path.join("results", "sweep"))
     parser.add_argument("--out", default=os.path.join("results", "sim"))
     args = parser.parse_args(argv)

@@ -1,9 +1,14 @@
 """The training command line's checks and the learning-rate schedule (no MPI)."""
 
+import subprocess
+import sys
+
 import pytest
 
-from experiments.options import algorithm_options, auto_group_size, build_parser, usage_problem
+from experiments.options import build_parser, usage_problem
 from experiments.schedule import LearningRate
+from wagma.algorithm_options import ALGORITHM_NAMES, algorithm_options, auto_group_size
+from wagma.algorithms import ALGORITHMS
 
 
 def _args(*argv):
@@ -49,6 +54,44 @@ def test_algorithm_options_follow_the_paper_by_default():
 ])
 def test_usage_problems_name_the_option(argv, words):
     assert words in usage_problem(_args(*argv), 8)
+
+
+@pytest.mark.parametrize("ranks, argv, words", [
+    (6, ["wagma"], "--algo wagma: the number of ranks (mpiexec -n) must be a power of two"),
+    (2, ["wagma", "--group-size", "4"],
+     "--group-size must be a power of two <= the number of ranks (mpiexec -n) 2, got 4"),
+    (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
+    (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
+    (8, ["local_sgd", "--tau", "0"], "--algo local_sgd: --tau must be an int >= 1"),
+    (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (mpiexec -n), got 6"),
+    (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', got 'all'"),
+    (5, ["adpsgd"], "adpsgd needs an even number of ranks (mpiexec -n), got 5"),
+    (8, ["sgp", "--peers", "3"], "--peers must be 1 or 2, got 3"),
+    (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number > 0"),
+    (8, ["hierarchical_sgd", "--levels", "2:3,4:P"],
+     "every group size must divide the number of ranks (mpiexec -n) 8, got [3, 8]"),
+    (8, ["hierarchical_sgd", "--levels", "4:2,2:P"], "--levels periods must be increasing"),
+    (8, ["hierarchical_sgd", "--levels", "2:2,4:4"], "the last group size in --levels must be the number of ranks"),
+])
+def test_algorithm_problems_are_found_before_set_up_in_the_command_lines_words(ranks, argv, words):
+    """The algorithms' own checks (``check_options``, the ones their constructors
+    run) on the options the flags make, for the world size, with no model built;
+    the messages name the flags and the launcher's -n, not Python keywords."""
+    problem = usage_problem(_args(*argv), ranks)
+    assert problem is not None and words in problem, problem
+    assert not any(keyword in problem for keyword in ("group_size", "world_size", "world size", "period_group"))
+
+
+def test_the_algorithm_names_are_the_registrys():
+    assert ALGORITHM_NAMES == tuple(sorted(ALGORITHMS))
+
+
+def test_help_imports_neither_torch_nor_mpi():
+    probe = ("import sys\nfrom experiments.train import main\ntry:\n    main(['--help'])\n"
+             "except SystemExit as exc:\n    assert exc.code == 0\n"
+             "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]"
 
 
 def test_a_good_command_line_has_no_problem():

@@ -124,12 +124,18 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path):
     assert load_run(str(out)).steps["clock"].shape == (RANKS, 12)
 
 
-def test_a_rank_count_the_algorithm_rejects_fails_before_training(tmp_path):
+def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
+    """The algorithm's check of the rank count comes before the data and the model
+    are loaded: with a data folder that does not exist as well, the error reported
+    is the rank count's, in the command line's words (-n, not world_size)."""
     out = tmp_path / "never.h5"
     job = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "experiments.train", "--algo", "wagma",
+                          "--dataset", "cifar10", "--data-dir", str(tmp_path / "no-such-folder"),
                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
     assert job.returncode == 2
-    assert job.stderr.count("world_size must be a power of two") == 1, job.stderr
+    assert job.stderr.count("--algo wagma: the number of ranks (mpiexec -n) must be a power of two") == 1, \
+        job.stderr
+    assert "no-such-folder" not in job.stderr and "world_size" not in job.stderr
     assert not out.exists() and not Path(partial_path(str(out))).exists()
 
 

@@ -1,19 +1,32 @@
 """``python -m collectives.bench NAME [options]``: run one benchmark."""
 
+import argparse
 import sys
 
 from . import allreduce, stragglar, wagma
 
-BENCHMARKS = {"allreduce": allreduce.main, "stragglar": stragglar.main, "wagma": wagma.main}
+__all__ = ["BENCHMARKS", "main"]
+
+BENCHMARKS = {
+    "allreduce": (allreduce.main, "allreduce bandwidth: our schedules against MPI_Allreduce"),
+    "stragglar": (stragglar.main, "StragglAR against ring, RHD and MPI_Allreduce with a delayed rank"),
+    "wagma": (wagma.main, "the wait-avoiding group allreduce against its blocking twin and MPI_Allreduce"),
+}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in BENCHMARKS:
-        sys.exit(f"usage: python -m collectives.bench {{{','.join(BENCHMARKS)}}} "
-                 f"[options]; got {argv[:1] or 'nothing'}")
-    BENCHMARKS[argv[0]](argv[1:])
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench",
+        description="Run one benchmark; it prints its table and writes an HDF5 file.",
+        epilog="benchmarks:\n" + "\n".join(f"  {name:10s} {text}" for name, (_, text) in BENCHMARKS.items())
+               + "\n\n'BENCHMARK --help' lists a benchmark's own options, for example:\n"
+                 "  .venv/bin/python -m collectives.bench allreduce --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark")
+    parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return BENCHMARKS[args.benchmark][0](args.options)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -64,7 +64,7 @@ def _table(names, sizes_mib, times):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m collectives.bench allreduce",
+        prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce",
         description="Allreduce bandwidth of our schedules and of MPI_Allreduce "
                     "in the same run (float32, in place).")
     parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64",

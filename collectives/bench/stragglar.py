@@ -149,7 +149,7 @@ def _sweep_table(delays, totals):
 
 def _parse(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m collectives.bench stragglar",
+        prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench stragglar",
         description="Straggler-aware allreduce (StragglAR, Broadcast) against Ring, "
                     "RHD and MPI_Allreduce with one late rank (float32, in place).")
     parser.add_argument("--delay-ms", type=float, default=20.0,

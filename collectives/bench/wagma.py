@@ -179,7 +179,7 @@ def default_group_size(size):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m collectives.bench wagma",
+        prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench wagma",
         description="Time per iteration of the wait-avoiding group allreduce, the "
                     "blocking group allreduce and MPI_Allreduce under injected delays.")
     parser.add_argument("--size-mib", type=float, default=16.0)

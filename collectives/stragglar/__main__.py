@@ -100,8 +100,10 @@ def _even_range(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m collectives.stragglar",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/python -m collectives.stragglar",
+        description="StragglAR schedules (generated and verified) and the alpha-beta cost model; "
+                    "COMMAND --help lists each command's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     sched = sub.add_parser("schedule", help="generate, verify and show a schedule")
     sched.add_argument("-n", type=int, required=True, help="number of ranks")

@@ -37,10 +37,11 @@ class ADPSGD(Algorithm):
         self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()),
                                      lock=self.lock).open()
 
-    def _check_options(self):
-        if self.comm.size > 1 and self.comm.size % 2:
-            return (f"adpsgd needs an even number of ranks (active even, passive odd "
-                    f"ranks on a ring), got {self.comm.size}")
+    @classmethod
+    def check_options(cls, world_size):
+        if world_size > 1 and world_size % 2:
+            return (f"adpsgd needs an even number of ranks, got {world_size} (active even "
+                    f"and passive odd ranks alternate on a ring)")
         return None
 
     def _step(self):

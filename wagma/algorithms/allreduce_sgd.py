@@ -62,7 +62,8 @@ class AllreduceSGD(Algorithm):
         self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
                        for p in self.flat.parameters]
 
-    def _check_options(self, *, bucket_cap_mb):
+    @classmethod
+    def check_options(cls, world_size, *, bucket_cap_mb):
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
                 or not bucket_cap_mb > 0:
             return f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}"

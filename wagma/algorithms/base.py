@@ -27,8 +27,10 @@ class Algorithm:
     one agreement round raises the same error on every rank if any rank's
     are bad or differ (options, parameter names, shapes and dtypes).
 
-    Subclasses set :attr:`name`, validate their options in
-    :meth:`_check_options` (return a problem sentence or None) and implement
+    Subclasses set :attr:`name`, validate their options against the world
+    size in the class method :meth:`check_options` (a problem sentence or
+    None; it needs no model or communicator, so a command line can be
+    checked before anything is built) and implement
     :meth:`_step` (the optimizer step and the communication of one step).
 
     Attributes a training loop may read:
@@ -58,7 +60,7 @@ class Algorithm:
         self.steps = 0
         self.stale_steps = 0
         self.lock = contextlib.nullcontext()
-        problem = self._check_model_and_optimizer() or self._check_options(**options)
+        problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
         agree(comm, self.name, problem, ValueError,
               options=sorted(options.items()),
@@ -86,7 +88,10 @@ class Algorithm:
                     f"{len(owned - model)} of its are not the model's)")
         return None
 
-    def _check_options(self, **options):
+    @classmethod
+    def check_options(cls, world_size, **options):
+        """The first problem with ``options`` on ``world_size`` ranks, as a
+        sentence naming the keyword, or None.  Pure: no model, no MPI."""
         return None
 
     def step(self):

@@ -41,11 +41,12 @@ class EagerSGD(Algorithm):
         self.quorum = quorum
         self._collectives = None
 
-    def _check_options(self, *, quorum):
+    @classmethod
+    def check_options(cls, world_size, *, quorum):
         if quorum not in _QUORUMS:
             return f"quorum must be one of {', '.join(map(repr, _QUORUMS))}, got {quorum!r}"
-        if self.comm.size & (self.comm.size - 1):
-            return f"eager_sgd needs a power-of-two number of ranks, got {self.comm.size}"
+        if world_size & (world_size - 1):
+            return f"eager_sgd needs a power-of-two number of ranks, got {world_size}"
         return None
 
     def _step(self):

@@ -51,7 +51,8 @@ class HierarchicalSGD(Algorithm):
                 split.Free()
             self.levels.append((period, group))
 
-    def _check_options(self, *, period_group_size_dict, warmup_steps):
+    @classmethod
+    def check_options(cls, world_size, *, period_group_size_dict, warmup_steps):
         levels = period_group_size_dict
         if not isinstance(levels, dict) or not levels:
             return f"period_group_size_dict must be a non-empty dict, got {levels!r}"
@@ -60,11 +61,11 @@ class HierarchicalSGD(Algorithm):
             return f"period_group_size_dict must map ints >= 1 to ints >= 1, got {levels!r}"
         if periods != sorted(set(periods)):
             return f"periods must be increasing, got {periods}"
-        if sizes[-1] != self.comm.size:
+        if sizes[-1] != world_size:
             return (f"the last group size in period_group_size_dict must be the world "
-                    f"size {self.comm.size}, got {sizes[-1]}")
-        if any(self.comm.size % s for s in sizes):
-            return f"every group size must divide the world size {self.comm.size}, got {sizes}"
+                    f"size {world_size}, got {sizes[-1]}")
+        if any(world_size % s for s in sizes):
+            return f"every group size must divide the world size {world_size}, got {sizes}"
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             return f"warmup_steps must be an int >= 0, got {warmup_steps!r}"
         return None

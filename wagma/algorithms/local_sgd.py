@@ -38,7 +38,8 @@ class LocalSGD(Algorithm):
         super().__init__(model, optimizer, comm, period=period)
         self.period = period
 
-    def _check_options(self, *, period):
+    @classmethod
+    def check_options(cls, world_size, *, period):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             return f"period must be an int >= 1, got {period!r}"
         return None

@@ -40,7 +40,8 @@ class SGP(Algorithm):
         self.weight = torch.ones(1, dtype=torch.float64)
         self._rounds = max(1, (comm.size - 1).bit_length())  # ceil(log2 P)
 
-    def _check_options(self, *, peers):
+    @classmethod
+    def check_options(cls, world_size, *, peers):
         if peers not in (1, 2) or isinstance(peers, bool):
             return f"peers must be 1 or 2, got {peers!r}"
         return None

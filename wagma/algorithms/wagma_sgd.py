@@ -46,9 +46,10 @@ class WagmaSGD(Algorithm):
         self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
         self._collectives = None
 
-    def _check_options(self, *, group_size, tau, wait_avoiding, group_averaging):
+    @classmethod
+    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging):
         try:
-            ButterflyGrouping(self.comm.size, group_size)
+            ButterflyGrouping(world_size, group_size)
         except (TypeError, ValueError) as exc:
             return str(exc)
         if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:

@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m wagma.analysis",
+        prog=".venv/bin/python -m wagma.analysis",
         description="Compare training runs (HDF5 run files): throughput, speedup, accuracy, waiting.")
     parser.add_argument("paths", nargs="+", metavar="FILE_OR_DIR",
                         help="run files, or directories searched for *.h5 (*.partial.h5 included)")

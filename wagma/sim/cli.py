@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from experiments.options import add_algorithm_options, algorithm_options
+from wagma.algorithm_options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table, render
 
@@ -57,7 +57,7 @@ def _int_list(text):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="python -m wagma.sim",
+        prog=".venv/bin/python -m wagma.sim",
         description="Simulate training algorithms at scale (alpha-beta communication, the training "
                     "entry point's imbalance models) and compare their throughput.")
     p.add_argument("--algo", default="all", help=f"comma-separated, or all: {', '.join(ALGORITHMS)}")

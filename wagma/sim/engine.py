@@ -21,7 +21,7 @@ from .network import COLLECTIVES, Network
 __all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "age_summary", "compute_times", "save", "simulate"]
 
 #: Simulated algorithms and the options each takes, with their defaults:
-#: those of :func:`wagma.algorithms.create` (``experiments.options.algorithm_options``
+#: those of :func:`wagma.algorithms.create` (``wagma.algorithm_options.algorithm_options``
 #: fills in the paper's settings).
 ALGORITHMS = {name: option_defaults(name) for name in sorted(ALGORITHM_CLASSES)}
 

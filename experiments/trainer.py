@@ -1,0 +1,270 @@
+"""One training run of ``experiments.train``: set-up agreed by all ranks, the step loop, evaluations, checkpoints."""
+
+import json
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+from tqdm import tqdm
+
+from collectives import Communicator
+from collectives.agreement import agree
+from collectives.bench.provenance import run_attributes
+from collectives.collect import LaggedVote
+from wagma.algorithm_options import algorithm_options
+from wagma.algorithms import create
+from wagma.imbalance import parse_imbalance
+from wagma.results import RunRecorder
+
+from .checkpoint import latest_step, load_checkpoint, save_checkpoint
+from .clock import TrainingClock
+from .compute import StepCompute
+from .datasets import load_dataset
+from .evaluate import Evaluator
+from .models import build_model
+from .options import UsageError, compute_ms, default_out, usage_problem
+from .schedule import LearningRate
+
+__all__ = ["train"]
+
+
+class _StopRequest:
+    """Set by SIGTERM / SIGUSR1 (what Slurm sends before the time limit)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+
+def _setup(args, comm):
+    """Everything that can fail because of the command line or the files, agreed
+    on by all ranks before any training message is sent."""
+    problem, dataset, model, imbalance = usage_problem(args, comm.size), None, None, None
+    if problem is None:
+        try:
+            imbalance = parse_imbalance(args.imbalance, comm.size, args.seed)
+            dataset = load_dataset(args.dataset, model=args.model, root=args.data_dir, seed=args.seed,
+                                   rank=comm.rank, ranks=comm.size, synthetic_size=args.synthetic_size)
+            torch.manual_seed(args.seed)
+            model = build_model(args.model, dataset.spec)
+        except (ValueError, FileNotFoundError) as exc:
+            problem = str(exc)
+    if problem is None:
+        try:
+            dataset.steps_per_epoch(args.batch_size)
+        except ValueError as exc:
+            problem = f"--batch-size: {exc}"
+    if problem is None and args.device == "cuda" and not torch.cuda.is_available():
+        problem = "--device cuda: torch sees no CUDA device"
+    try:
+        agree(comm, "experiments.train", problem)
+    except ValueError as exc:
+        raise UsageError(str(exc).removeprefix("experiments.train: ")) from None
+    return dataset, model, imbalance
+
+
+def _device(args, world):
+    if args.device == "cpu":
+        return torch.device("cpu")
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank() % torch.cuda.device_count()
+    local.Free()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _attributes(args, comm, options, model, dataset, total_steps, steps_per_epoch):
+    return {
+        **run_attributes(comm.control),
+        "kind": "measured",
+        "config": json.dumps({**vars(args), "algorithm_options": options}, default=str),
+        "algorithm": args.algo, "group_size": options.get("group_size", 0),
+        "tau": options.get("tau", options.get("period", 0)),
+        "imbalance": args.imbalance, "compute": args.compute,
+        "compute_ms": compute_ms(args),
+        "model": args.model, "dataset": args.dataset,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch_size": args.batch_size, "seed": args.seed,
+        "steps_planned": total_steps, "steps_per_epoch": steps_per_epoch,
+        "torch_version": torch.__version__,
+    }
+
+
+class _UpdateTimer:
+    """Seconds spent in ``optimizer.step()`` since :attr:`seconds` was reset
+    (the optimizer's step hooks), to tell the update from the waiting in an
+    algorithm's ``step()``."""
+
+    def __init__(self, optimizer):
+        self.seconds, self._start = 0.0, 0.0
+        self._hooks = [optimizer.register_step_pre_hook(self._enter),
+                       optimizer.register_step_post_hook(self._exit)]
+
+    def _enter(self, *args):
+        self._start = time.perf_counter()
+
+    def _exit(self, *args):
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self):
+        for hook in self._hooks:
+            hook.remove()
+
+
+def train(args, world, comm):
+    """Runs the training that ``args`` describe on ``comm`` (a duplicate of
+    ``world``); returns ``"complete"``, ``"stopped"`` (at a checkpoint, by a
+    signal) or ``"nothing to do"`` (the checkpoint is at the end already).
+
+    Raises:
+        UsageError: on every rank, for a problem with the command line or the
+            files, found before the model is built and before any training
+            message is sent.
+    """
+    dataset, model, imbalance = _setup(args, comm)
+    device = _device(args, world)
+    model.to(device)
+    torch.set_num_threads(args.threads)
+    options = algorithm_options(args, comm.size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    try:
+        algo = create(args.algo, model, optimizer, comm, **options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
+    total = steps_per_epoch * args.epochs
+    total = min(total, args.max_steps) if args.max_steps else total
+    start, clock_offset = 0, 0.0
+    if args.resume:
+        found = latest_step(comm, args.checkpoint_dir)
+        if found is not None:
+            state = load_checkpoint(comm, args.checkpoint_dir, found)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            algo.load_state_dict(state["algorithm"])
+            torch.set_rng_state(state["torch_rng"])
+            start, clock_offset = state["step"], state["clock"]
+    if start >= total:
+        if comm.rank == 0:
+            print(f"experiments.train: the checkpoint in {args.checkpoint_dir} is at step {start} "
+                  f"of {total}: nothing left to run", file=sys.stderr)
+        algo.close()
+        return "nothing to do"
+    out = args.out or default_out(args, comm.size)
+    recorder = RunRecorder(world, out, _attributes(args, comm, options, model, dataset, total,
+                                                   steps_per_epoch),
+                           resume_step=start if args.resume else None)
+    try:
+        status = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorder,
+                       start, total, steps_per_epoch, clock_offset)
+    except BaseException:
+        recorder.abandon("failed")
+        raise
+    algo.close()
+    path = recorder.close(status)
+    if path:
+        print(f"{'wrote' if status == 'complete' else 'stopped; wrote'} {path}", file=sys.stderr)
+    return status
+
+
+def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorder, start, total,
+          steps_per_epoch, clock_offset):
+    """The training steps ``start .. total - 1``; returns the run's status."""
+    rank, ranks = comm.rank, comm.size
+    lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
+                      args.decay_epochs, args.decay_factor)
+    compute = StepCompute(model, dataset.spec, imbalance, args.compute, compute_ms(args), rank)
+    evaluate = args.compute == "real"
+    with Communicator(world) as eval_comm:
+        evaluator = Evaluator(model, eval_comm, dataset, max(args.batch_size, 256),
+                              lock=algo.lock) if evaluate else None
+        # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
+        stop = _StopRequest() if args.checkpoint_dir else None
+        vote = LaggedVote(world, args.stop_check_every) if stop else None
+        update = _UpdateTimer(optimizer)
+        bar = tqdm(total=total, initial=start, unit="step", disable=rank != 0 or args.no_progress,
+                   dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
+        comm.control.Barrier()
+        clock = TrainingClock(clock_offset)
+        status, step = "complete", start
+        epoch, index = divmod(start, steps_per_epoch)
+        batches = dataset.train_batches(epoch, args.batch_size, start=index)
+        last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
+        try:
+            while step < total:
+                if index == steps_per_epoch:
+                    epoch, index = epoch + 1, 0
+                    batches = dataset.train_batches(epoch, args.batch_size)
+                batch = next(batches) if evaluate else None     # emulated steps use no data
+                lr.apply(optimizer, step)
+                c0 = time.perf_counter()
+                loss, injected = compute(step, batch, algo.zero_grad)
+                c1 = time.perf_counter()
+                stale_before, update.seconds = algo.stale_steps, 0.0
+                algo.step()
+                c2 = time.perf_counter()
+                now = clock()
+                recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected,
+                                comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
+                                loss=loss, stale=float(algo.stale_steps > stale_before),
+                                clock=now)
+                last = now
+                step, index = step + 1, index + 1
+                bar.update(1)
+                if rank == 0 and bar.n % 10 == 0:
+                    rate = ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
+                    bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{rate:.0f}")
+                end_of_epoch = index == steps_per_epoch
+                if evaluate and (step == total or (end_of_epoch and args.eval_every
+                                                   and (epoch + 1) % args.eval_every == 0)):
+                    clock.pause()
+                    _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
+                    clock.resume()
+                stopping = vote is not None and vote.vote(step, stop.requested)
+                if args.checkpoint_dir and (stopping or step == total or (
+                        args.checkpoint_every and step % args.checkpoint_every == 0)):
+                    clock.pause()
+                    _checkpoint(args, comm, model, optimizer, algo, step, clock())
+                    clock.resume()
+                if stopping and step < total:
+                    status = "stopped"
+                    break
+        finally:
+            bar.close()
+            update.remove()
+            if vote is not None:
+                vote.close()
+    return status
+
+
+def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
+    """Scores the averaged model after ``step`` steps and records it, stamped
+    with the slowest rank's clock at the end of that step (``step_clock`` is
+    this rank's; see :class:`~experiments.clock.TrainingClock`)."""
+    loss, accuracy = evaluator.averaged()
+    replicas = None
+    if args.eval_replicas:
+        replicas = np.array(comm.control.allgather(evaluator.replica()))
+    latest = comm.control.allreduce(step_clock, op=MPI.MAX)
+    recorder.record_eval(step=step, epoch=epoch, clock=latest, accuracy=accuracy, loss=loss,
+                         replica_accuracy=replicas)
+    recorder.flush()
+    if comm.rank == 0:
+        tqdm.write(f"step {step} epoch {epoch:g}: averaged model accuracy {100 * accuracy:.2f} %, "
+                   f"loss {loss:.4f}", file=sys.stderr)
+
+
+def _checkpoint(args, comm, model, optimizer, algo, step, clock):
+    with algo.lock:
+        state = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                 "optimizer": optimizer.state_dict()}
+    state.update(algorithm=algo.state_dict(), torch_rng=torch.get_rng_state(), step=step, clock=clock)
+    save_checkpoint(comm, args.checkpoint_dir, step, state)
