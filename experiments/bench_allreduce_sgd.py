@@ -18,6 +18,8 @@ from collectives.bench.provenance import results_file, run_attributes
 from wagma.algorithms import create
 from wagma.torch_distributed import init_gloo
 
+from .options import HelpFormatter
+
 __all__ = ["main", "mlp"]
 
 
@@ -40,16 +42,17 @@ def _step(model, opt, zero_grad, x, y):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m experiments.bench_allreduce_sgd",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--depth", type=int, default=3)
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m experiments.bench_allreduce_sgd",
+        description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
+    parser.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch size")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps of each implementation")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="gradient bucket size of both")
     parser.add_argument("--out", default=None,
-                        help="HDF5 file (default results/allreduce_sgd_vs_ddp_n{ranks}.h5)")
+                        help="HDF5 file [results/allreduce_sgd_vs_ddp_n{ranks}.h5]")
     args = parser.parse_args(argv)
     if args.steps < 1 or not 0 <= args.warmup or args.width < 1 or args.depth < 1:
         parser.error("--steps >= 1, --warmup >= 0, --width >= 1 and --depth >= 1 needed")

@@ -149,9 +149,14 @@ def paper():
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.validate_sim", description=__doc__.split("\n")[0])
-    parser.add_argument("--measured", default=os.path.join("results", "sweep"))
-    parser.add_argument("--out", default=os.path.join("results", "sim"))
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/python -m experiments.validate_sim",
+        description="Validate the scale simulator (wagma.sim) against measured runs and set it beside the paper.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--measured", default=os.path.join("results", "sweep"),
+                        help="folder of the measured sweep's run files")
+    parser.add_argument("--out", default=os.path.join("results", "sim"),
+                        help="folder for validation.md, paper.md and the simulated runs")
     args = parser.parse_args(argv)
     table, worst, _ = validate(args.measured, args.out)
     comparison = paper()
