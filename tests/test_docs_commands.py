@@ -8,7 +8,8 @@ stripped, ``$ `` prompts of console blocks removed).
 * For every such command the program must exist: the file under
   ``.venv/bin/``, each module after ``-m`` (found by the venv's Python with
   ``importlib.util.find_spec``), the code after ``-c`` must compile, each
-  ``make`` target must be a rule of the Makefile.
+  ``make`` target must be a rule of the Makefile and each ``VAR=value``
+  a variable the Makefile uses.
 * The cheap ones are run, each with a time limit, and must exit with status
   0: every ``--help`` invocation and the commands of ``CHEAP`` below, which
   finish in seconds.  They run in a temporary directory that mirrors the
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
-TIMEOUT_S = 120
+TIMEOUT_S = 100             # per command; under make test's 120 s per test (pytest-timeout)
 README_FIRST_SCREEN = 50     # lines
 
 # Commands run although they are not --help invocations: each finishes in
@@ -205,9 +206,13 @@ def _modules_and_problems(command):
     tokens = shlex.split(command)
     problems, modules = [], []
     if tokens[0] == "make":
-        targets = makefile_targets()
+        targets, makefile = makefile_targets(), (ROOT / "Makefile").read_text()
         for token in tokens[1:]:
-            if not token.startswith("-") and "=" not in token and token not in targets:
+            if "=" in token:
+                name = token.split("=", 1)[0]
+                if not re.search(rf"\$[({{]{re.escape(name)}[)}}]", makefile):
+                    problems.append(f"make variable {name} is not used by the Makefile")
+            elif not token.startswith("-") and token not in targets:
                 problems.append(f"make target {token!r} is not a rule of the Makefile")
         return modules, problems
     for i, token in enumerate(tokens):
