@@ -47,7 +47,7 @@ ALLGATHER_ALGORITHMS = {
 #: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
 #: messages); from it on a bandwidth-optimal schedule.  On 4 ranks of this
 #: project's 2-core reference machine recursive doubling was the fastest of
-#: ours from 4 KiB to 1 MiB (README, "Allreduce benchmark").
+#: ours from 4 KiB to 1 MiB (docs/benchmarks.md, "Allreduce benchmark").
 SMALL_ALLREDUCE_BYTES = 1 << 20
 
 

@@ -194,7 +194,7 @@ class Workspace:
 
     Host allocations above glibc's mmap threshold (at most 32 MiB) come as
     fresh pages that fault in on every call: reusing the block made
-    recursive doubling 1.23x and RHD's fold 1.29x faster at 64 MiB (README,
+    recursive doubling 1.23x and RHD's fold 1.29x faster at 64 MiB (docs/benchmarks.md,
     "Allreduce benchmark").  A communicator keeps one block per device and
     hands out views of its first bytes.
     """

@@ -1,13 +1,13 @@
-"""The README's experiments: one ``mpiexec`` run per algorithm, then the comparison table.
+"""The main job and the throughput sweep (docs/main-job.md): one ``mpiexec`` run per algorithm, then the table.
 
-``python -m experiments.campaign main``
+``.venv/bin/python -m experiments.campaign main``
     8 ranks train an MLP on scikit-learn's digits with the WAGMA paper's
     imbalance (2 random ranks delayed 320 ms at every step), once per
     algorithm: Allreduce-SGD, local SGD, WAGMA-SGD, D-PSGD, AD-PSGD, SGP,
     eager-SGD; same seed, epochs and learning-rate schedule (warm-up for an
     epoch, then constant) for all.
 
-``python -m experiments.campaign sweep``
+``.venv/bin/python -m experiments.campaign sweep``
     Throughput at 4, 8, 16, 32 ranks with emulated compute (no forward or
     backward: each step sleeps; full-size ResNet-20 buffers are communicated),
     the same 2 x 320 ms imbalance; what the paper's Figure 4 measures, scaled

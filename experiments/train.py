@@ -3,8 +3,8 @@
 Every rank trains its replica on its own shard with the chosen algorithm
 (``wagma.algorithms``), sleeping as the imbalance model says, and records
 every step; rank 0 writes the run file (``wagma.results``) as the run goes
-and shows a progress bar.  ``--help`` lists the options; the README's
-"Training" section explains the set-up and the output.
+and shows a progress bar.  ``--help`` lists the options; docs/training.md
+explains the set-up and the output.
 
 Exit status: 0 when the run completed, 2 for a bad command line (reported
 by rank 0 before any training, the same verdict on every rank), 75

@@ -64,7 +64,8 @@ def round_order(round_index, implementations=IMPLEMENTATIONS):
     same other one: over 2n rounds (n implementations) each runs twice in
     each turn and follows each other one equally often (at 8 ranks on 2
     cores the wait-avoiding rounds right after MPI_Allreduce ran slower than
-    after the blocking group allreduce; README, "Benchmark").
+    after the blocking group allreduce; docs/benchmarks.md, "Wait-avoiding
+    group allreduce benchmark").
     """
     implementations = tuple(implementations)
     count = len(implementations)

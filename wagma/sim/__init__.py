@@ -7,7 +7,7 @@ communication from the alpha-beta model (:mod:`wagma.sim.network`), and each
 algorithm's rule of who waits for whom.  Results are runs in the schema of
 measured ones (:func:`~wagma.sim.engine.save`), so ``wagma.analysis``
 compares simulated and measured files side by side.  CLI:
-``python -m wagma.sim`` (README "Scale simulator").
+``python -m wagma.sim`` (docs/simulator.md).
 """
 
 from .engine import ALGORITHMS, Scenario, SimulatedRun, compute_times, save, simulate

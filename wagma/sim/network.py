@@ -80,7 +80,7 @@ class Network:
             return GlobalAllreduce(rhd_time(n, nbytes, self.alpha, self.beta))
         if collective == "recursive_doubling":
             return GlobalAllreduce(math.ceil(math.log2(n)) * self.message(nbytes))
-        rounds = lower_bound(n)        # what the generator reaches (README "StragglAR")
+        rounds = lower_bound(n)        # what the generator reaches (docs/stragglar.md)
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
