@@ -1,8 +1,10 @@
-# make venv   create .venv (torch pinned to a CPU build, MPICH wheel, test tools)
+# make venv   create .venv from the lock file (torch pinned to a CPU build, MPICH wheel, test tools)
 # make test   serial tests, then the MPI tests on 2, 4 and 8 ranks
-# make bench  allreduce benchmark on 4 ranks
+# make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce_n4.h5 refreshes the reference)
 # make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
-#             once per algorithm (7 runs, about 8 minutes on 2 cores), then the table
+#             once per algorithm (7 runs, about 8 minutes on 2 cores), then the table and
+#             figures, all in a fresh runs/main-TIMESTAMP (OUT=results/main refreshes the reference)
+# make lock   re-resolve the newest versions in a scratch venv and rewrite the lock file
 # make clean  remove build files, caches and test logs (distclean: the venv too)
 #
 # Nothing depends on an activated shell: every command names $(VENV)/bin/...
@@ -15,6 +17,10 @@ MPIEXEC ?= $(VENV)/bin/mpiexec
 # Pinned: a looser spec pulls the multi-GB CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,mpich
+# Exact versions of everything installed (pip constraints); `make lock` rewrites it.
+LOCK ?= requirements/lock.txt
+# Where `make main` / `make bench` write; empty: a fresh place under runs/ (git-ignored).
+OUT ?=
 
 MPI_SIZES ?= 2 4 8
 # Seconds: one test (pytest-timeout), one whole stage (coreutils timeout).
@@ -27,18 +33,32 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv test bench main clean distclean
+.PHONY: venv test bench main lock clean distclean
 
 venv: $(STAMP)
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
 
-# Reinstalls only when the package metadata changes (or the venv is new).
-$(STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install '$(TORCH_SPEC)'
-	$(PY) -m pip install -e '.[$(EXTRAS)]'
+# Reinstalls only when the package metadata or the lock file changes (or the venv is new).
+$(STAMP): setup.cfg pyproject.toml $(LOCK) | $(VENV)/bin/python
+	$(PY) -m pip install -c $(LOCK) '$(TORCH_SPEC)'
+	$(PY) -m pip install -c $(LOCK) -e '.[$(EXTRAS)]'
 	touch $@
+
+# The newest versions the specs in setup.cfg allow, resolved in a scratch venv
+# (nothing of .venv is reused), frozen into $(LOCK). Run the tests, then commit it.
+lock:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	python3 -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install -q '$(TORCH_SPEC)'; \
+	"$$tmp/venv/bin/python" -m pip install -q -e '.[$(EXTRAS)]'; \
+	{ echo "# The lock file: exact versions of everything 'make venv' installs (pip constraints)."; \
+	  echo "# Made by 'make lock' (a scratch venv from the unpinned specs of setup.cfg, then pip freeze);"; \
+	  echo "# refresh it with 'make lock' and commit it with the test results of the new versions."; \
+	  "$$tmp/venv/bin/python" -m pip freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+.*/\1/'; \
+	} > $(LOCK).new; \
+	mv $(LOCK).new $(LOCK); echo "wrote $(LOCK)"
 
 # One recipe line per MPI stage: make stops at the first stage that fails.
 # `-m mpi` selects the MPI tests. (pytest-mpi 0.6's --only-mpi is not used: next
@@ -52,16 +72,19 @@ define mpi_stage
 
 endef
 
+# The serial stage deselects the MPI tests (-m 'not mpi': their count shows as
+# deselected, instead of a SKIPPED line each); the MPI stages run them.
 test: venv
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) \
-	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest -m 'not mpi' --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
 bench: venv
-	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m collectives.bench allreduce
+	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m collectives.bench allreduce \
+	  --out $(or $(OUT),runs/bench-$(shell date +%Y%m%d-%H%M%S)/allreduce_n4.h5)
 
 main: venv
-	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.campaign main
+	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.campaign main $(if $(OUT),--out-dir $(OUT))
 
 clean:
 	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache

@@ -50,3 +50,11 @@ def test_failure_on_one_rank_ends_the_job(tmp_path):
     assert elapsed < SUBPROCESS_TIMEOUT, info
     assert failed_at is not None, f"rank 1's failure is missing from the report: {info}"
     assert "==== rank 1 of 2 ====" in output, info
+    # Rank 0's report was shown live, before the failing rank's report.
+    assert 0 <= output.find("collected 1 item") < output.index("==== rank 1 of 2 ===="), info
+    # One line with the counts over all ranks, the per-rank lines, then pytest's own closing line.
+    assert re.search(r"^mpi-pytest: 2 ranks, 1 finished, ranks with failures or errors: 1; "
+                     r"over all ranks 0 passed, 1 failed, 0 errors, 0 skipped; exit status 1 after",
+                     output, re.M), info
+    assert "  rank 0: (no summary: ended before pytest finished)" in output, info
+    assert re.search(r"=+ 1 failed in [0-9.]+s =+\s*$", proc.stdout), info
