@@ -44,9 +44,12 @@ PAPER_IMBALANCE = "random:k=2,ms=320"
 
 def find_mpiexec():
     """``$MPIEXEC``, else the ``mpiexec`` next to this interpreter (the MPICH
-    wheel's), else the one on PATH, else None."""
-    return os.environ.get("MPIEXEC") or shutil.which("mpiexec", path=os.path.dirname(sys.executable)) \
-        or shutil.which("mpiexec")
+    wheel's), else the one on PATH, else None.  A path (``MPIEXEC=.venv/bin/mpiexec``,
+    as make passes it) is made absolute, so it still works from another directory."""
+    given = os.environ.get("MPIEXEC")
+    if given:
+        return os.path.abspath(given) if os.sep in given else given
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 
 
 def _shown(path):
