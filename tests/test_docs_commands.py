@@ -390,3 +390,40 @@ def test_relative_links_resolve():
                 bad.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
     assert not bad, "\n".join(bad)
 
+
+
+# ---------------------------------------------------------------- --help
+
+def _run_in_mirror(command, mirror):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    return subprocess.run(["bash", "-c", command], cwd=mirror, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+
+
+def _usage_program(help_text):
+    """The program of a --help's usage line (``usage: PROG [-h] ...``), as it would be typed."""
+    first = help_text.splitlines()[0].removeprefix("usage: ")
+    words = []
+    for word in first.split():
+        if word.startswith(("[", "{")):
+            break
+        words.append(word)
+    return " ".join(words)
+
+
+@pytest.mark.parametrize("command", sorted(c for c in COMMANDS if is_help(c)), ids=lambda c: COMMANDS[c][0])
+def test_help_shows_commands_that_work_as_pasted(command, mirror, venv_python):
+    """What a --help shows is runnable from the repository root: its usage
+    line's program (run again with --help) and every example line that starts
+    with .venv/bin/ (run; each takes seconds and writes only under runs/)."""
+    shown = _run_in_mirror(command, mirror)
+    assert shown.returncode == 0, f"{command}\n{shown.stderr[-4000:]}"
+    program = _usage_program(shown.stdout)
+    assert program.startswith(".venv/bin/"), f"{command}: the usage line shows {program!r}"
+    examples = [line.strip() for line in shown.stdout.splitlines()[1:] if line.strip().startswith(".venv/bin/")]
+    for example in [f"{program} --help", *examples]:
+        problems = _modules_and_problems(example)[1] + _writes_outside_runs(example)
+        assert not problems, f"{command} shows: {example}\n" + "\n".join(problems)
+        result = _run_in_mirror(example, mirror)
+        assert result.returncode == 0, (f"{command} shows: {example}\nexit status {result.returncode}\n"
+                                        f"stderr:\n{result.stderr[-4000:]}")
