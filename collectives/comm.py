@@ -9,6 +9,7 @@ from mpi4py import MPI
 from .backoff import Backoff
 from .buffers import StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
+from .tuning import load_tuning
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
 
@@ -87,6 +88,23 @@ class Communicator:
         self.staging = StagingArea()
         self.workspace = Workspace()
         self.yield_while_waiting = yield_while_waiting
+        self._tuning = self._NOT_LOADED
+
+    _NOT_LOADED = object()
+
+    @property
+    def tuning(self):
+        """The allreduce tuning table for this communicator's library, size
+        and node shape (:mod:`.tuning`), or None where there is none.
+
+        Loaded the first time it is asked for, collectively over the control
+        channel: every rank must ask at the same point, as
+        ``allreduce(algorithm="auto")`` does on every rank.
+        """
+        if self._tuning is self._NOT_LOADED:
+            self._check_open()
+            self._tuning = load_tuning(self.control)
+        return self._tuning
 
     @property
     def cuda_aware(self) -> bool:

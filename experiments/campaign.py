@@ -21,35 +21,25 @@ results committed in ``results/main`` and ``results/sweep``; refreshing those
 is done on purpose, with ``--out-dir results/main`` (``make main
 OUT=results/main``), which replaces the run files, the table and the figures
 together.  Every run is a separate ``mpiexec`` job, launched with the
-``mpiexec`` next to this Python (the MPICH wheel's) unless ``MPIEXEC`` names
-another; each job's command line is printed as it can be pasted to run it
-again.
+``mpiexec`` next to this Python (the MPI wheel's) unless ``MPIEXEC`` names
+another, and the flags its library needs (:mod:`experiments.mpirun`); each
+job's command line is printed as it can be pasted to run it again.
 """
 
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 
+from .mpirun import find_mpiexec, mpiexec_command
 from .options import HelpFormatter
 
-__all__ = ["MAIN_ALGORITHMS", "default_out_dir", "find_mpiexec", "main"]
+__all__ = ["MAIN_ALGORITHMS", "default_out_dir", "main"]
 
 MAIN_ALGORITHMS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp", "eager_sgd")
 PAPER_IMBALANCE = "random:k=2,ms=320"
-
-
-def find_mpiexec():
-    """``$MPIEXEC``, else the ``mpiexec`` next to this interpreter (the MPICH
-    wheel's), else the one on PATH, else None.  A path (``MPIEXEC=.venv/bin/mpiexec``,
-    as make passes it) is made absolute, so it still works from another directory."""
-    given = os.environ.get("MPIEXEC")
-    if given:
-        return os.path.abspath(given) if os.sep in given else given
-    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 
 
 def _shown(path):
@@ -64,9 +54,9 @@ def default_out_dir(campaign, now=None):
 
 
 def _run(mpiexec, ranks, algo, out, extra):
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "experiments.train",
-               "--algo", algo, "--out", out, *extra]
-    print(f"\n$ {shlex.join([_shown(mpiexec), '-n', str(ranks), _shown(sys.executable), *command[4:]])}",
+    launch = mpiexec_command(ranks, mpiexec)
+    command = [*launch, sys.executable, "-m", "experiments.train", "--algo", algo, "--out", out, *extra]
+    print(f"\n$ {shlex.join([_shown(mpiexec), *launch[1:], _shown(sys.executable), *command[len(launch) + 1:]])}",
           flush=True)
     start = time.monotonic()
     subprocess.run(command, check=True)

@@ -1,8 +1,12 @@
 # Sourced by the sbatch scripts: how ranks are started and which device they use.
 #
 #   launch ARGS...    start $SLURM_NTASKS ranks of "$PYTHON ARGS..." with
-#                     LAUNCHER=srun (default: srun --mpi=$SRUN_MPI, pmi2 unless set)
-#                     or LAUNCHER=mpiexec (the mpiexec next to $PYTHON, else on PATH)
+#                     LAUNCHER=srun (default): srun --mpi=$SRUN_MPI, by default the
+#                       plugin of the MPI library mpi4py loads (pmi2 for MPICH,
+#                       pmix for Open MPI; Cray MPICH: set SRUN_MPI=cray_shasta)
+#                     or LAUNCHER=mpiexec: $MPIEXEC, else the mpiexec next to
+#                       $PYTHON, else on PATH, with the flags its library needs
+#                     (both through experiments.mpirun)
 #   default_device    cuda when the job was given GPUs, else cpu (DEVICE overrides)
 #
 # GPUs: with --gpus-per-task=1 Slurm gives each rank one device in
@@ -25,12 +29,13 @@ default_device() {
 launch() {
     case ${LAUNCHER:-srun} in
         srun)
-            srun --mpi="${SRUN_MPI:-pmi2}" --kill-on-bad-exit=1 "$PYTHON" "$@" ;;
+            local plugin=${SRUN_MPI:-}
+            if [[ -z $plugin ]]; then
+                plugin=$("$PYTHON" -m experiments.mpirun --srun-mpi) || return 2
+            fi
+            srun --mpi="$plugin" --kill-on-bad-exit=1 "$PYTHON" "$@" ;;
         mpiexec)
-            local mpiexec
-            mpiexec=$(dirname "$PYTHON")/mpiexec
-            [[ -x $mpiexec ]] || mpiexec=mpiexec
-            "$mpiexec" -n "$SLURM_NTASKS" "$PYTHON" "$@" ;;
+            "$PYTHON" -m experiments.mpirun -n "$SLURM_NTASKS" -- "$PYTHON" "$@" ;;
         *)
             echo "launch: LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" >&2
             return 2 ;;

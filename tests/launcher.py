@@ -2,10 +2,12 @@
 
 import h5py
 
-# The launcher the experiments use, or None.
-from experiments.campaign import find_mpiexec as mpiexec
+# The launcher the experiments use, or None; and the command line that starts
+# N ranks with it, with the flags its library needs.
+from experiments.mpirun import find_mpiexec as mpiexec
+from experiments.mpirun import mpiexec_command
 
-__all__ = ["mpiexec", "steps_written"]
+__all__ = ["mpiexec", "mpiexec_command", "steps_written"]
 
 
 def steps_written(path):

@@ -68,7 +68,7 @@ def test_unsupported_dtype(comm):
 
 def test_unknown_algorithm(comm):
     with pytest.raises(ValueError, match=rf"rank {LAST}: algorithm must be one of "
-                                         rf"'ring', 'rhd', 'recursive_doubling', got 'tree'"):
+                                         rf"'ring', 'rhd', 'recursive_doubling', 'mpi', got 'tree'"):
         allreduce(np.zeros(4), comm=comm, algorithm=_on_last("tree", "ring"))
 
 

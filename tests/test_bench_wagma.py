@@ -12,16 +12,16 @@ import pytest
 
 from collectives.bench.provenance import tuning_environment
 from collectives.bench.wagma import ratio_spread, round_order
-from launcher import mpiexec
+from launcher import mpiexec, mpiexec_command
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLEMENTATIONS = ["wait_avoiding", "group_blocking", "global_allreduce"]
 
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
+pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
 
 
 def _bench(*args, env=None):
-    return subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m",
+    return subprocess.run([*mpiexec_command(2), sys.executable, "-m", "mpi4py", "-m",
                            "collectives.bench", "wagma", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 

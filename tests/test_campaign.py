@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from experiments.options import build_parser
-from launcher import mpiexec
+from launcher import mpiexec, mpiexec_command
 from wagma.results import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.launcher
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_commands(tmp_path):
     """Run from an empty working directory, as a fresh clone's `make main` would
@@ -36,8 +37,10 @@ def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_com
     assert job.stdout.rstrip().endswith(f"to {os.path.join('runs', out_dir.name)}")
     (shown,) = [line[2:] for line in job.stdout.splitlines() if line.startswith("$ ")]
     words = shlex.split(shown)
-    assert words[:3] == [mpiexec(), "-n", "2"] and os.access(words[0], os.X_OK)
-    assert words[3] == sys.executable and words[4:6] == ["-m", "experiments.train"]
-    args = build_parser().parse_args(words[6:])
+    launch = mpiexec_command(2)                 # with the flags its library needs
+    assert words[:len(launch)] == launch and os.access(words[0], os.X_OK)
+    words = words[len(launch):]
+    assert words[0] == sys.executable and words[1:3] == ["-m", "experiments.train"]
+    args = build_parser().parse_args(words[3:])
     assert (args.algo, args.epochs, args.out) == ("local_sgd", 1, os.path.join("runs", out_dir.name,
                                                                                "local_sgd_p2.h5"))

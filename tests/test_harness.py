@@ -17,6 +17,7 @@ DELIBERATE = "tests/harness/deliberate_failure.py"
 SUBPROCESS_TIMEOUT = 120  # seconds; the job normally ends within a few
 
 
+@pytest.mark.launcher
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_failure_on_one_rank_ends_the_job(tmp_path):
     env = dict(

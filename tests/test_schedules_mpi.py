@@ -24,6 +24,7 @@ from collectives import (
 from collectives.blocking import (
     ALLGATHER_ALGORITHMS,
     ALLREDUCE_ALGORITHMS,
+    ALLREDUCE_CHOICES,
     REDUCE_SCATTER_ALGORITHMS,
 )
 from collectives.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
@@ -76,7 +77,7 @@ def _assert_same_everywhere(data, comm):
     assert digests == [digests[0]] * comm.size, "ranks disagree bitwise"
 
 
-@pytest.mark.parametrize("algorithm", [*ALLREDUCE_ALGORITHMS, "auto"])
+@pytest.mark.parametrize("algorithm", [*ALLREDUCE_CHOICES, "auto"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_allreduce_equals_mpi_allreduce(sub, algorithm, dtype):
     comm = member(sub)
@@ -88,7 +89,7 @@ def test_allreduce_equals_mpi_allreduce(sub, algorithm, dtype):
         _assert_same_everywhere(x, comm)
 
 
-@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALLREDUCE_CHOICES)
 def test_allreduce_average(sub, algorithm):
     comm = member(sub)
     x = _random(1001, np.float64, seed=comm.rank)
@@ -112,7 +113,17 @@ def test_allreduce_half_precision_tensors(sub, algorithm, dtype):
     np.testing.assert_array_equal(x.float().numpy(), ref)
 
 
-@pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
+def test_the_library_allreduce_refuses_half_precision_on_every_rank_before_moving_data(sub):
+    # MPI 3.1 has no float16 datatype to sum: the error names the accepted dtypes.
+    comm = member(sub)
+    x = torch.ones(17, dtype=torch.float16)
+    with pytest.raises((TypeError, ValueError), match="algorithm 'mpi'.*float32, float64, int32, int64; got float16"):
+        allreduce(x, comm=comm, algorithm="mpi")
+    assert torch.equal(x, torch.ones(17, dtype=torch.float16))
+    assert not comm.data.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
+
+@pytest.mark.parametrize("algorithm", ALLREDUCE_CHOICES)
 def test_tensor_and_array_give_bitwise_equal_results(sub, algorithm):
     comm = member(sub)
     x = _random(4099, np.float32, seed=comm.rank)

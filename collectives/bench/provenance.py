@@ -9,7 +9,8 @@ import subprocess
 import h5py
 import mpi4py
 import numpy as np
-from mpi4py import MPI
+
+from ..mpi_library import mpi_library
 
 __all__ = ["TUNING_PREFIXES", "results_file", "run_attributes", "tuning_environment"]
 
@@ -52,7 +53,7 @@ def run_attributes(comm) -> dict:
         "ranks": comm.Get_size(),
         "hostnames": ",".join(hosts),
         "cores_per_host": os.cpu_count() or 0,
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": mpi_library()[2],
         "mpi4py_version": mpi4py.__version__,
         "numpy_version": np.__version__,
         "python_version": platform.python_version(),

@@ -1,0 +1,51 @@
+"""The MPI library's own ``MPI_Allreduce`` as one more allreduce schedule.
+
+``allreduce(..., algorithm="mpi")`` hands the buffer to the library, in place
+(``MPI_IN_PLACE``, ``MPI_SUM``), on the data channel of the
+:class:`~collectives.comm.Communicator`; ``algorithm="auto"`` takes it where
+the tuning table (:mod:`collectives.tuning`) measured the library faster than
+our schedules. Unlike our schedules, which move raw bytes and reduce with
+numpy or torch, the library needs an MPI datatype with a sum: float16 and
+bfloat16 have none in MPI 3.1, so they stay with our schedules.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["LIBRARY_DTYPES", "library_allreduce", "library_allreduce_in_place", "library_dtype_problem"]
+
+#: dtype name -> the MPI datatype the library reduces it as.
+LIBRARY_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int32": MPI.INT32_T, "int64": MPI.INT64_T}
+
+
+def library_dtype_problem(dtype: str):
+    """None if the library can sum ``dtype``, else a sentence saying it cannot."""
+    if dtype in LIBRARY_DTYPES:
+        return None
+    return (f"algorithm 'mpi' (the library's MPI_Allreduce) needs a dtype MPI can sum, one of "
+            f"{', '.join(LIBRARY_DTYPES)}; got {dtype}")
+
+
+def library_allreduce(buf, comm, scale=None):
+    """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
+    ``scale`` (averaging) on every rank alike: the schedule form, on a
+    :class:`~collectives.buffers.FlatBuffer` (CUDA tensors, staged or not)."""
+    comm.data.Allreduce(MPI.IN_PLACE, [buf.msg(0, buf.numel), buf.numel, LIBRARY_DTYPES[buf.dtype]], MPI.SUM)
+    if scale is not None:
+        buf.scale_(0, buf.numel, scale)
+
+
+def library_allreduce_in_place(data, comm, scale=None):
+    """:func:`library_allreduce` on the caller's numpy array or CPU tensor
+    itself, without the flat-buffer view: the library's call is what
+    ``auto`` chose where it is fastest, mostly for small buffers, where a few
+    microseconds of Python per call would show (on 2 ranks at 64 KiB the
+    view cost 5 us of MPICH's 21). Returns False for a buffer it does not
+    take (CUDA tensors), which then goes through :func:`library_allreduce`."""
+    array = data if isinstance(data, np.ndarray) else (None if data.is_cuda else data.numpy())
+    if array is None:
+        return False
+    comm.data.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
+    if scale is not None:
+        np.multiply(array, scale, out=array)
+    return True

