@@ -5,6 +5,7 @@ import os
 import re
 
 from wagma.algorithm_options import ALGORITHM_NAMES, add_algorithm_options, flags_problem
+from wagma.faults import FAULT_FORMS
 from wagma.imbalance import FORMS
 
 __all__ = ["HelpFormatter", "UsageError", "build_parser", "compute_ms", "default_out", "usage_problem"]
@@ -79,6 +80,9 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--seed", type=int, default=0, help="model init, data shards, imbalance draws")
     g = p.add_argument_group("imbalance and compute")
     g.add_argument("--imbalance", default="none", help="one of: " + "; ".join(FORMS))
+    g.add_argument("--fault", action="append", default=None, metavar="SPEC",
+                   help="inject a fault (repeatable), one of: " + "; ".join(FAULT_FORMS)
+                        + " (steps from 0; stop: SIGSTOP, then SIGCONT after SEC; kill: SIGKILL)")
     g.add_argument("--compute", default="real", choices=("real", "emulate"),
                    help="emulate: sleep instead of forward/backward, communicate full-size buffers")
     g.add_argument("--compute-ms", type=float, default=None,

@@ -16,6 +16,7 @@ from collectives.bench.provenance import run_attributes
 from collectives.collect import LaggedVote
 from wagma.algorithm_options import algorithm_options
 from wagma.algorithms import create
+from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
 from wagma.results import RunRecorder
 
@@ -43,10 +44,16 @@ class _StopRequest:
         self.requested = True
 
 
+def _planned_steps(args, dataset):
+    """The run's steps: ``--epochs`` of ``--batch-size`` batches, at most ``--max-steps``."""
+    total = dataset.steps_per_epoch(args.batch_size) * args.epochs
+    return min(total, args.max_steps) if args.max_steps else total
+
+
 def _setup(args, comm):
     """Everything that can fail because of the command line or the files, agreed
     on by all ranks before any training message is sent."""
-    problem, dataset, model, imbalance = usage_problem(args, comm.size), None, None, None
+    problem, dataset, model, imbalance, faults = usage_problem(args, comm.size), None, None, None, []
     if problem is None:
         try:
             imbalance = parse_imbalance(args.imbalance, comm.size, args.seed)
@@ -61,13 +68,18 @@ def _setup(args, comm):
             dataset.steps_per_epoch(args.batch_size)
         except ValueError as exc:
             problem = f"--batch-size: {exc}"
+    if problem is None:
+        try:
+            faults = parse_faults(args.fault, comm.size, _planned_steps(args, dataset))
+        except ValueError as exc:
+            problem = str(exc)
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
         problem = "--device cuda: torch sees no CUDA device"
     try:
         agree(comm, "experiments.train", problem)
     except ValueError as exc:
         raise UsageError(str(exc).removeprefix("experiments.train: ")) from None
-    return dataset, model, imbalance
+    return dataset, model, imbalance, FaultInjector(faults, comm.rank)
 
 
 def _device(args, world):
@@ -128,7 +140,7 @@ def train(args, world, comm):
             files, found before the model is built and before any training
             message is sent.
     """
-    dataset, model, imbalance = _setup(args, comm)
+    dataset, model, imbalance, faults = _setup(args, comm)
     device = _device(args, world)
     model.to(device)
     torch.set_num_threads(args.threads)
@@ -140,8 +152,7 @@ def train(args, world, comm):
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
-    total = steps_per_epoch * args.epochs
-    total = min(total, args.max_steps) if args.max_steps else total
+    total = _planned_steps(args, dataset)
     start, clock_offset = 0, 0.0
     if args.resume:
         found = latest_step(comm, args.checkpoint_dir)
@@ -159,11 +170,11 @@ def train(args, world, comm):
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
-    recorder = RunRecorder(world, out, _attributes(args, comm, options, model, dataset, total,
-                                                   steps_per_epoch),
+    recorder = RunRecorder(world, out, {**_attributes(args, comm, options, model, dataset, total,
+                                                      steps_per_epoch), "faults": faults.record()},
                            resume_step=start if args.resume else None)
     try:
-        status = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorder,
+        status = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
                        start, total, steps_per_epoch, clock_offset)
     except BaseException:
         recorder.abandon("failed")
@@ -175,7 +186,7 @@ def train(args, world, comm):
     return status
 
 
-def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorder, start, total,
+def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, start, total,
           steps_per_epoch, clock_offset):
     """The training steps ``start .. total - 1``; returns the run's status."""
     rank, ranks = comm.rank, comm.size
@@ -206,13 +217,14 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, recorde
                 batch = next(batches) if evaluate else None     # emulated steps use no data
                 lr.apply(optimizer, step)
                 c0 = time.perf_counter()
+                slowed = faults.before_step(step)       # a stop returns when continued; a kill never
                 loss, injected = compute(step, batch, algo.zero_grad)
                 c1 = time.perf_counter()
                 stale_before, update.seconds = algo.stale_steps, 0.0
                 algo.step()
                 c2 = time.perf_counter()
                 now = clock()
-                recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected,
+                recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected + slowed,
                                 comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
                                 loss=loss, stale=float(algo.stale_steps > stale_before),
                                 clock=now)

@@ -152,3 +152,22 @@ def test_an_error_on_one_rank_reaches_the_user_with_its_rank_and_ends_the_job(tm
     assert "[rank 0] Traceback" not in output
     run = load_run(partial_path(str(out)))      # what rank 0 had written stays readable
     assert run.attrs["status"] in ("running", "failed")
+
+
+def test_a_rank_killed_by_its_fault_ends_the_job_and_the_file_keeps_the_steps_before_it(tmp_path):
+    # Without fault tolerance the launcher ends the job when a rank dies (the
+    # training algorithms have no survivors' path yet); what rank 0 had
+    # written before stays readable, marked with the fault that ended it.
+    out = tmp_path / "dies.h5"
+    job = _start([*COMMAND, "--out", str(out), "--fault", "kill:rank=1,step=60"])
+    output = job.communicate(timeout=DEADLINE)[0]
+    assert job.returncode != 0, output
+    run = load_run(partial_path(str(out)))
+    assert run.attrs["status"] == "running"
+    assert json.loads(run.attrs["faults"]) == [{"kind": "kill", "rank": 1, "first": 60, "last": 60, "seconds": 0.0}]
+    # Rank 1 died at the start of step 60. Rank 0 writes every 2 s
+    # (RunRecorder's flush_seconds), so the file holds the steps up to its last
+    # write before the launcher ended it: not yet every step (issue 17).
+    written = run.steps["clock"].shape[1]
+    assert written <= 60
+    assert np.all(np.isfinite(run.steps["step_time"]))

@@ -1,0 +1,74 @@
+"""Injected faults under mpiexec: a synchronous algorithm waits out a stopped rank, and the run file says why.
+
+The stop is real: the last rank sends itself SIGSTOP at the start of step
+STOP_AT, and a helper process continues it after STOP_S seconds. Allreduce-SGD
+is EnsembleSync's "Sync SGD": every other rank must wait the outage out in
+the step's allreduce.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from experiments.train import EXIT_USAGE, main
+from wagma.results import load_run
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+P = WORLD.size
+STOP_AT, STOP_S, STEPS = 4, 1.5, 10
+
+
+@pytest.fixture
+def folder():
+    path = WORLD.bcast(tempfile.mkdtemp(prefix="wagma-faults-") if WORLD.rank == 0 else None)
+    yield path
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(folder):
+    out = os.path.join(folder, "stop.h5")
+    victim = P - 1
+    rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
+               "--max-steps", str(STEPS), "--eval-every", "0", "--out", out, "--no-progress",
+               "--fault", f"stop:rank={victim},step={STOP_AT},seconds={STOP_S}",
+               "--fault", "slow:rank=0,steps=7-8,ms=200"])
+    assert rc == 0
+    WORLD.Barrier()
+    if WORLD.rank:
+        return
+    run = load_run(out)
+    assert run.attrs["status"] == "complete"
+    assert json.loads(run.attrs["faults"]) == [
+        {"kind": "stop", "rank": victim, "first": STOP_AT, "last": STOP_AT, "seconds": STOP_S},
+        {"kind": "slow", "rank": 0, "first": 7, "last": 8, "seconds": 0.2}]
+    steps = run.steps
+    # Every rank's step STOP_AT lasted the whole outage: the victim was stopped,
+    # the others waited for it in the allreduce (the helper continues it after
+    # STOP_S; the stop itself is not in the outage, so no upper bound is tight).
+    assert np.all(steps["step_time"][:, STOP_AT] >= STOP_S)
+    others = [r for r in range(P) if r != victim]
+    assert np.all(steps["wait_time"][others, STOP_AT] >= STOP_S - 0.1)   # 0.1 s: the step's own work before it waited
+    assert np.all(steps["step_time"][:, [s for s in range(STEPS) if s != STOP_AT]] < STOP_S)
+    # The slow steps are rank 0's recorded delay, and every rank waited for them.
+    np.testing.assert_allclose(steps["delay"][0, 7:9], 0.2)
+    assert np.all(steps["step_time"][:, 7:9] >= 0.2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_fault_on_a_rank_or_step_that_does_not_exist_fails_every_rank_before_training(folder):
+    out = os.path.join(folder, "bad.h5")
+    for spec in (f"kill:rank={P},step=1", "stop:rank=0,step=10,seconds=1"):
+        rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
+                   "--max-steps", "10", "--out", out, "--no-progress", "--fault", spec])
+        assert rc == EXIT_USAGE
+    assert not os.path.exists(out)

@@ -1,0 +1,139 @@
+"""Injected faults, by rank and step: a rank that is slow for a while, stops answering, or dies.
+
+The three kinds of fault of EnsembleSync (Xie and Yasunaga, section 4.2),
+each injected for real into the rank's own process at the start of a step,
+the same plan on every rank (``experiments.train --fault SPEC``, repeatable):
+
+``slow:rank=R,steps=A-B,ms=MS``
+    rank R's steps A..B (inclusive) each take MS longer (a sleep before the
+    step's compute; the paper: +0.5 s per step over epochs 5-15).
+``stop:rank=R,step=S,seconds=SEC``
+    at the start of step S rank R stops answering for SEC seconds: it starts
+    a helper process that sends it ``SIGCONT`` after SEC seconds and sends
+    itself ``SIGSTOP`` (the paper's unresponsive worker; its MPI progress
+    stops with it).
+``kill:rank=R,step=S``
+    at the start of step S rank R sends itself ``SIGKILL`` and never
+    returns (the paper's dead worker).
+
+What the other ranks do about it is the algorithm's and the MPI library's
+business: a synchronous algorithm waits out a stop and, without fault
+tolerance, the launcher ends the job after a kill. The plan is stored in the
+run file (attribute ``faults``) and the outage shows in the steps' times.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from typing import NamedTuple
+
+__all__ = ["FAULT_FORMS", "Fault", "FaultInjector", "parse_fault", "parse_faults"]
+
+FAULT_FORMS = ("slow:rank=R,steps=A-B,ms=MS", "stop:rank=R,step=S,seconds=SEC", "kill:rank=R,step=S")
+_FIELDS = {"slow": ("rank", "steps", "ms"), "stop": ("rank", "step", "seconds"), "kill": ("rank", "step")}
+
+
+class Fault(NamedTuple):
+    """One injected fault: ``kind`` on ``rank`` from step ``first`` to
+    ``last`` (one step for stop and kill), ``seconds`` per step (slow) or in
+    all (stop)."""
+
+    kind: str
+    rank: int
+    first: int
+    last: int
+    seconds: float
+
+
+def _bad(spec, why):
+    return ValueError(f"--fault {spec!r}: {why}; accepted forms: {'; '.join(FAULT_FORMS)}")
+
+
+def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
+    """The :class:`Fault` that ``spec`` names, for a run of ``ranks`` ranks
+    and ``steps`` steps (numbered from 0).
+
+    Raises:
+        ValueError: an unknown kind, a missing, unknown or malformed field, a
+            rank or step that does not exist in the run, a non-positive
+            duration; the message names ``--fault`` and the accepted forms.
+            Pure, so every rank raises the same error before any message.
+    """
+    kind, _, body = spec.strip().partition(":")
+    if kind not in _FIELDS:
+        raise _bad(spec, f"unknown kind {kind!r}")
+    fields = dict(item.partition("=")[::2] for item in body.split(",") if item)
+    if sorted(fields) != sorted(_FIELDS[kind]):
+        raise _bad(spec, f"{kind} takes exactly the fields {', '.join(_FIELDS[kind])}")
+    if not re.fullmatch(r"\d+", fields["rank"]) or int(fields["rank"]) >= ranks:
+        raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}] (the ranks of this run), "
+                         f"got {fields['rank']!r}")
+    span = fields.get("steps") or fields["step"]
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", span)
+    if not match or (kind != "slow" and match.group(2)):
+        raise _bad(spec, f"{'steps must be A-B' if kind == 'slow' else 'step must be an integer'}, got {span!r}")
+    first = int(match.group(1))
+    last = int(match.group(2) or first)
+    if not first <= last < steps:
+        raise _bad(spec, f"steps must lie in [0, {steps - 1}] (this run has {steps} steps), got {span}")
+    seconds = 0.0
+    if kind != "kill":
+        try:
+            seconds = float(fields["ms"]) / 1e3 if kind == "slow" else float(fields["seconds"])
+        except ValueError:
+            raise _bad(spec, "the duration must be a number") from None
+        if not seconds > 0:
+            raise _bad(spec, "the duration must be above zero")
+    return Fault(kind, int(fields["rank"]), first, last, seconds)
+
+
+def parse_faults(specs, ranks: int, steps: int) -> list:
+    """:func:`parse_fault` for each of ``specs`` (``None``: no faults)."""
+    return [parse_fault(spec, ranks, steps) for spec in specs or ()]
+
+
+class FaultInjector:
+    """Carries out this rank's share of a fault plan, step by step."""
+
+    def __init__(self, faults, rank: int):
+        self.faults = list(faults)
+        self._mine = [f for f in self.faults if f.rank == rank]
+
+    def before_step(self, step: int) -> float:
+        """Inject this rank's faults for ``step``; returns the seconds a slow
+        fault slept (a stop returns after the rank was continued, a kill does
+        not return)."""
+        slept = 0.0
+        for fault in self._mine:
+            if not fault.first <= step <= fault.last:
+                continue
+            if fault.kind == "slow":
+                time.sleep(fault.seconds)
+                slept += fault.seconds
+            elif fault.kind == "stop":
+                _stop_for(fault.seconds)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return slept
+
+    def record(self) -> str:
+        """The plan as JSON, for the run file's ``faults`` attribute."""
+        return json.dumps([f._asdict() for f in self.faults])
+
+
+def _stop_for(seconds: float):
+    """Stop this process (``SIGSTOP``) for ``seconds``: a helper in a
+    session of its own waits until the process is stopped (its state in
+    ``/proc``, so that a short stop cannot race ahead of the ``SIGSTOP``),
+    then ``seconds`` more, and sends ``SIGCONT``; it is waited for afterwards
+    so that no zombie is left."""
+    pid = os.getpid()
+    helper = subprocess.Popen(
+        ["sh", "-c", f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do sleep 0.005; done; "
+                     f"sleep {seconds:.3f}; kill -CONT {pid}"],
+        start_new_session=True)
+    os.kill(pid, signal.SIGSTOP)
+    helper.wait()
