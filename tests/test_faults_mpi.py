@@ -8,8 +8,6 @@ the step's allreduce.
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -25,18 +23,9 @@ P = WORLD.size
 STOP_AT, STOP_S, STEPS = 4, 1.5, 10
 
 
-@pytest.fixture
-def folder():
-    path = WORLD.bcast(tempfile.mkdtemp(prefix="wagma-faults-") if WORLD.rank == 0 else None)
-    yield path
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path)
-
-
 @pytest.mark.mpi(min_size=2)
-def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(folder):
-    out = os.path.join(folder, "stop.h5")
+def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(shared_dir):
+    out = os.path.join(shared_dir, "stop.h5")
     victim = P - 1
     rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
                "--max-steps", str(STEPS), "--eval-every", "0", "--out", out, "--no-progress",
@@ -65,8 +54,8 @@ def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(folder):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_fault_on_a_rank_or_step_that_does_not_exist_fails_every_rank_before_training(folder):
-    out = os.path.join(folder, "bad.h5")
+def test_a_fault_on_a_rank_or_step_that_does_not_exist_fails_every_rank_before_training(shared_dir):
+    out = os.path.join(shared_dir, "bad.h5")
     for spec in (f"kill:rank={P},step=1", "stop:rank=0,step=10,seconds=1"):
         rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
                    "--max-steps", "10", "--out", out, "--no-progress", "--fault", spec])

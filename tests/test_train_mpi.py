@@ -8,8 +8,6 @@ each other, with the imbalance model and with the attributes.
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -39,16 +37,6 @@ def _algorithms():
         yield "eager_sgd", ["--quorum", "majority"]
     if P % 2 == 0 or P == 1:
         yield "adpsgd", []
-
-
-@pytest.fixture
-def shared_dir():
-    """A folder every rank sees, removed by rank 0 once every rank is done with it."""
-    path = WORLD.bcast(tempfile.mkdtemp(prefix="wagma-train-") if WORLD.rank == 0 else None)
-    yield path
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path)
 
 
 @pytest.mark.parametrize("algo, extra", list(_algorithms()), ids=[a for a, _ in _algorithms()])
