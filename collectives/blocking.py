@@ -41,6 +41,8 @@ ALLREDUCE_ALGORITHMS = {
 #: schedules, and ``"mpi"``, the library's own ``MPI_Allreduce``
 #: (:mod:`.library_allreduce`; float32, float64, int32 and int64 only).
 ALLREDUCE_CHOICES = {**ALLREDUCE_ALGORITHMS, "mpi": library_allreduce}
+# What auto may pick from a tuning table: all, or ours alone for a dtype the library cannot sum.
+_AUTO_WITH_LIBRARY, _AUTO_OURS = tuple(ALLREDUCE_CHOICES), tuple(ALLREDUCE_ALGORITHMS)
 REDUCE_SCATTER_ALGORITHMS = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,
@@ -73,8 +75,7 @@ def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32"
     whole buffer twice more).
     """
     if tuning is not None:
-        allowed = tuple(name for name in ALLREDUCE_CHOICES
-                        if name != "mpi" or library_dtype_problem(dtype) is None)
+        allowed = _AUTO_OURS if library_dtype_problem(dtype) else _AUTO_WITH_LIBRARY
         measured = tuning.fastest(nbytes, allowed)
         if measured:
             return measured

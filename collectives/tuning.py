@@ -34,7 +34,8 @@ from mpi4py import MPI
 
 from .mpi_library import mpi_library
 
-__all__ = ["DEFAULT_TUNING_DIR", "TUNING_ENV", "TuningTable", "load_tuning", "node_shape", "table_name"]
+__all__ = ["DEFAULT_TUNING_DIR", "TUNING_ENV", "TuningTable", "load_tuning", "node_shape", "table_name",
+           "tuning_setting"]
 
 TUNING_ENV = "COLLECTIVES_TUNING"
 #: The repository's tables (next to the package, as an editable install has it).
@@ -51,6 +52,14 @@ def node_shape(comm) -> tuple:
         return leaders, comm.allreduce(local.Get_size(), op=MPI.MAX)
     finally:
         local.Free()
+
+
+def tuning_setting(comm) -> dict:
+    """What a table is keyed by, for ``comm`` (collective: :func:`node_shape`):
+    ``{"library", "version", "ranks", "nodes", "ranks_per_node"}``."""
+    library, version, _ = mpi_library()
+    nodes, per_node = node_shape(comm)
+    return dict(library=library, version=version, ranks=comm.Get_size(), nodes=nodes, ranks_per_node=per_node)
 
 
 def table_name(library: str, version: str, ranks: int, nodes: int, ranks_per_node: int) -> str:
@@ -81,10 +90,10 @@ class TuningTable:
             raise ValueError(f"tuning table {source or record}: sizes must ascend and every algorithm "
                              f"must have one time per size")
 
-    def fastest(self, nbytes: int, allowed) -> str:
-        """The fastest of ``allowed`` at the measured size nearest ``nbytes``
+    def fastest(self, nbytes: int, allowed: tuple) -> str:
+        """The fastest of ``allowed`` (a tuple of names) at the measured size nearest ``nbytes``
         (log scale), or None if the table measured none of them."""
-        key = (nbytes, tuple(allowed))
+        key = (nbytes, allowed)
         if key not in self._chosen:         # called for every auto allreduce: decide each size once
             candidates = [name for name in self.seconds if name in allowed]
             target = math.log2(max(nbytes, 1))
@@ -129,10 +138,7 @@ def load_tuning(comm):
     A table that cannot be read raises on every rank (``ValueError`` naming
     the file), rather than silently falling back on some ranks only.
     """
-    library, version, _ = mpi_library()
-    nodes, per_node = node_shape(comm)
-    setting = dict(library=library, version=version, ranks=comm.Get_size(), nodes=nodes,
-                   ranks_per_node=per_node)
+    setting = tuning_setting(comm)
     found = error = None
     if comm.Get_rank() == 0:
         location = os.environ.get(TUNING_ENV, DEFAULT_TUNING_DIR)

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ..blocking import ALLREDUCE_ALGORITHMS
 from ..comm import Communicator
 from ..mpi_library import mpi_library
-from ..tuning import DEFAULT_TUNING_DIR, TuningTable, node_shape, table_name
+from ..tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
 from .allreduce import measure_bytes
 
 __all__ = ["main"]
@@ -76,26 +76,26 @@ def main(argv=None):
     if not sizes or min(sizes) < 4 or args.reps < 1 or args.warmup < 0:
         parser.error("--sizes must give sizes of 4 bytes or more, --reps >= 1, --warmup >= 0")
     with Communicator(MPI.COMM_WORLD) as comm:
-        nodes, per_node = node_shape(comm.data)
+        setting = tuning_setting(comm.data)
         names = ["mpi", *ALLREDUCE_ALGORITHMS]
         times = measure_bytes(comm, sizes, names, args.reps, args.warmup)
         if comm.rank:
             return 0
         median = np.median(times, axis=2)
-        library, version, description = mpi_library()
-        record = TuningTable({
-            "library": library, "version": version, "ranks": comm.size, "nodes": nodes,
-            "ranks_per_node": per_node, "sizes_bytes": sizes,
-            "median_seconds": {name: median[i].tolist() for i, name in enumerate(names)}}).to_record()
+        description = mpi_library()[2]
+        record = TuningTable({**setting, "sizes_bytes": sizes,
+                              "median_seconds": {name: median[i].tolist() for i, name in enumerate(names)}}
+                             ).to_record()
         record.update(description=description, dtype="float32", reps=args.reps, warmup=args.warmup,
                       cores_per_node=os.cpu_count(), timing="max over ranks, barrier to return, seconds",
                       fastest=[names[int(i)] for i in np.argmin(median, axis=0)],
                       measured=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        print(f"allreduce tuning on {comm.size} ranks ({nodes} x {per_node}), {os.cpu_count()} cores per node, "
+        print(f"allreduce tuning on {comm.size} ranks ({setting['nodes']} x {setting['ranks_per_node']}), "
+              f"{os.cpu_count()} cores per node, "
               f"{description}")
         print(_table(sizes, ["MPI_Allreduce" if n == "mpi" else n for n in names], median))
         os.makedirs(args.out_dir, exist_ok=True)
-        path = os.path.join(args.out_dir, table_name(library, version, comm.size, nodes, per_node))
+        path = os.path.join(args.out_dir, table_name(**setting))
         with open(path, "w") as f:
             json.dump(record, f, indent=1)
             f.write("\n")
