@@ -9,6 +9,8 @@ hide exactly the behaviour being measured.
 import numpy as np
 from mpi4py import MPI
 
+from .failures import any_source
+
 __all__ = ["LaggedVote", "RootCollector"]
 
 _ROWS, _FINAL = 1, 2
@@ -52,7 +54,7 @@ class RootCollector:
         out, self._inbox = self._inbox, []
         status = MPI.Status()
         while True:
-            message = self.comm.improbe(MPI.ANY_SOURCE, _ROWS, status)
+            message = any_source(self.comm, self.comm.improbe, MPI.ANY_SOURCE, _ROWS, status)
             if message is None:
                 return out
             out.append((status.Get_source(), self._receive(message, status)))
@@ -62,18 +64,19 @@ class RootCollector:
         message.Recv(rows)
         return rows.reshape(-1, self.width)
 
-    def finish(self) -> list:
-        """Collective: the root gets every block not yet polled; others get ``[]``."""
+    def finish(self, absent=()) -> list:
+        """Collective over the ranks not in ``absent`` (ranks that died: not
+        waited for): the root gets every block not yet polled; others get ``[]``."""
         if not self.is_root:
             self.comm.Send(np.zeros(0), dest=self.root, tag=_FINAL)
             MPI.Request.Waitall([req for req, _ in self._sending])
             self._sending = []
             return []
         out = self.poll()
-        waiting = self.comm.Get_size() - 1
+        waiting = self.comm.Get_size() - 1 - len(set(absent) - {self.root})
         status = MPI.Status()
         while waiting:
-            message = self.comm.mprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            message = any_source(self.comm, self.comm.mprobe, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if status.Get_tag() == _FINAL:
                 message.Recv(np.zeros(0))
                 waiting -= 1

@@ -28,7 +28,9 @@ class StepCompute:
 
     :meth:`__call__` returns ``(loss, injected seconds)``: the delay
     (padding not included) or, for ``"compute"`` models, the sleep (the
-    drawn time when emulated).
+    drawn time when emulated).  ``share``: the step's batch over the run's
+    ``--batch-size`` (reallocation); ``compute_ms`` scales with it, as the
+    compute of a batch does.
     """
 
     def __init__(self, model, spec, imbalance, mode, compute_ms, rank):
@@ -36,14 +38,15 @@ class StepCompute:
         self.mode, self.base, self.rank = mode, compute_ms / 1e3, rank
         self._last = 0.0
 
-    def __call__(self, step, batch, zero_grad):
+    def __call__(self, step, batch, zero_grad, share=1.0):
         drawn = float(self.imbalance.seconds(step)[self.rank])
         zero_grad()
         delay = self.imbalance.kind == "delay"
+        base = self.base * share
         if self.mode == "emulate":
-            time.sleep(self.base + drawn if delay else drawn)
+            time.sleep(base + drawn if delay else drawn)
             return math.nan, drawn
-        pause = (drawn if delay else 0.0) + max(0.0, (self.base if delay else drawn) - self._last)
+        pause = (drawn if delay else 0.0) + max(0.0, (base if delay else drawn) - self._last)
         if pause > 0:
             time.sleep(pause)
         start = time.perf_counter()

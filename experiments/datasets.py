@@ -117,6 +117,28 @@ class Dataset:
         for step in range(start, steps):
             yield self._batch("train", order[step * batch_size:(step + 1) * batch_size])
 
+    def stream_batch(self, position, count):
+        """``count`` samples of this rank's sample stream from ``position`` on.
+
+        The stream is the rank's epochs one after the other, each in the
+        order of :meth:`train_batches` (``(seed, rank, epoch)``) and whole
+        (no batch is dropped), so consecutive calls with ``position``
+        advanced by ``count`` visit the shard once per epoch whatever the
+        counts: the data of a rank whose batch changes from step to step
+        (reallocation) and that may skip steps (a late rank's fast-forward).
+        """
+        if position < 0 or count < 1:
+            raise ValueError(f"position must be >= 0 and count >= 1, got {position} and {count}")
+        size = len(self._shard)
+        parts = []
+        while count:
+            epoch, offset = divmod(position, size)
+            take = min(count, size - offset)
+            order = _rng(self.seed, _EPOCH, self.rank, epoch).permutation(self._shard)
+            parts.append(order[offset:offset + take])
+            position, count = position + take, count - take
+        return self._batch("train", np.concatenate(parts))
+
     def test_batches(self, batch_size, rank=None, ranks=None):
         """The test set in order, in batches of ``batch_size`` (the last one may be smaller).
 

@@ -57,6 +57,18 @@ class Evaluator:
         loss_sum, correct, count = sums.tolist()
         return loss_sum / max(count, 1), correct / max(count, 1)
 
+    def of_parameters(self, parameters):
+        """Loss and accuracy, on the whole test set (local), of the model with
+        ``parameters`` (one tensor per model parameter, in order) and this
+        rank's buffers: ensemble_sync's ensemble as rank 0 last took part in it."""
+        with torch.no_grad(), self.lock:
+            for mine, theirs in zip(self.average.parameters(), parameters):
+                mine.copy_(theirs)
+            for mine, theirs in zip(self.average.buffers(), self.model.buffers()):
+                mine.copy_(theirs)
+        loss_sum, correct, count = self._score(self.average).tolist()
+        return loss_sum / max(count, 1), correct / max(count, 1)
+
     def replica(self):
         """This rank's own model's accuracy on the whole test set (local)."""
         with self.lock:

@@ -143,4 +143,11 @@ def usage_problem(args, ranks):
         return "--resume needs --checkpoint-dir"
     if args.device == "cuda" and args.compute == "emulate":
         return "--compute emulate runs on --device cpu only"
+    if args.algo == "ensemble_sync":
+        # Its ranks are not in step (a late rank skips forward, a dead one is
+        # gone), so nothing may wait for all of them at the same step.
+        for flag, value in {"--checkpoint-dir": args.checkpoint_dir, "--eval-replicas": args.eval_replicas}.items():
+            if value:
+                return (f"{flag} is not available with --algo ensemble_sync: it needs every rank at the same "
+                        f"step, and ensemble_sync's ranks may be late or dead")
     return flags_problem(args, ranks)

@@ -1,6 +1,7 @@
 """One training run of ``experiments.train``: set-up agreed by all ranks, the step loop, evaluations, checkpoints."""
 
 import json
+import math
 import signal
 import sys
 import time
@@ -73,6 +74,11 @@ def _setup(args, comm):
             faults = parse_faults(args.fault, comm.size, _planned_steps(args, dataset))
         except ValueError as exc:
             problem = str(exc)
+    if problem is None and args.algo == "ensemble_sync":
+        for spec, fault in zip(args.fault or (), faults):
+            if fault.rank == 0 and fault.kind != "slow":
+                problem = (f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator (the paper's parameter "
+                           f"server, which it does not make fault tolerant either); stop or kill another rank")
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
         problem = "--device cuda: torch sees no CUDA device"
     try:
@@ -153,6 +159,7 @@ def train(args, world, comm):
         raise UsageError(str(exc)) from None
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
+    algo.plan(total, args.batch_size)
     start, clock_offset = 0, 0.0
     if args.resume:
         found = latest_step(comm, args.checkpoint_dir)
@@ -170,9 +177,10 @@ def train(args, world, comm):
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
+    # With faults planned every row leaves at once: a rank that is killed loses no step it finished.
     recorder = RunRecorder(world, out, {**_attributes(args, comm, options, model, dataset, total,
                                                       steps_per_epoch), "faults": faults.record()},
-                           resume_step=start if args.resume else None)
+                           resume_step=start if args.resume else None, post_every=1 if faults.faults else 8)
     try:
         status = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
                        start, total, steps_per_epoch, clock_offset)
@@ -180,7 +188,7 @@ def train(args, world, comm):
         recorder.abandon("failed")
         raise
     algo.close()
-    path = recorder.close(status)
+    path = recorder.close(status, dead=getattr(algo, "dead_ranks", ()))
     if path:
         print(f"{'wrote' if status == 'complete' else 'stopped; wrote'} {path}", file=sys.stderr)
     return status
@@ -206,19 +214,17 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
         comm.control.Barrier()
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
-        epoch, index = divmod(start, steps_per_epoch)
-        batches = dataset.train_batches(epoch, args.batch_size, start=index)
+        data = _TrainingData(dataset, args.batch_size, steps_per_epoch, start,
+                             streaming=bool(algo.options.get("reallocate")), needed=evaluate)
         last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
         try:
             while step < total:
-                if index == steps_per_epoch:
-                    epoch, index = epoch + 1, 0
-                    batches = dataset.train_batches(epoch, args.batch_size)
-                batch = next(batches) if evaluate else None     # emulated steps use no data
+                samples = algo.samples_per_step
+                batch = data.take(step, samples)
                 lr.apply(optimizer, step)
                 c0 = time.perf_counter()
                 slowed = faults.before_step(step)       # a stop returns when continued; a kill never
-                loss, injected = compute(step, batch, algo.zero_grad)
+                loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
                 c1 = time.perf_counter()
                 stale_before, update.seconds = algo.stale_steps, 0.0
                 algo.step()
@@ -227,18 +233,30 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected + slowed,
                                 comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
                                 loss=loss, stale=float(algo.stale_steps > stale_before),
-                                clock=now)
+                                clock=now, samples=samples, skipped=0.0)
                 last = now
-                step, index = step + 1, index + 1
-                bar.update(1)
+                step += 1
+                skipped = getattr(algo, "skipped", None)
+                if skipped:                             # ensemble_sync's fast-forward of a late rank
+                    for missed in range(*skipped):
+                        recorder.record(missed, step_time=0.0, compute_time=0.0, delay=0.0, comm_time=0.0,
+                                        wait_time=0.0, loss=math.nan, stale=0.0, clock=now, samples=0.0,
+                                        skipped=1.0)
+                    data.skip(skipped[1] - step, samples)
+                    step = skipped[1]
+                bar.update(step - bar.n)
                 if rank == 0 and bar.n % 10 == 0:
                     rate = ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
                     bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{rate:.0f}")
-                end_of_epoch = index == steps_per_epoch
+                end_of_epoch = step % steps_per_epoch == 0
+                epoch = step // steps_per_epoch - (1 if end_of_epoch else 0)
                 if evaluate and (step == total or (end_of_epoch and args.eval_every
                                                    and (epoch + 1) % args.eval_every == 0)):
                     clock.pause()
-                    _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
+                    if hasattr(algo, "ensemble"):
+                        _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, now)
+                    else:
+                        _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
                     clock.resume()
                 stopping = vote is not None and vote.vote(step, stop.requested)
                 if args.checkpoint_dir and (stopping or step == total or (
@@ -249,12 +267,66 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 if stopping and step < total:
                     status = "stopped"
                     break
+                if hasattr(algo, "coordinator") and algo.coordinator is not None:
+                    recorder.record_table("rounds", algo.coordinator.rows(), algo.coordinator.columns())
         finally:
             bar.close()
             update.remove()
             if vote is not None:
                 vote.close()
     return status
+
+
+def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, now):
+    """ensemble_sync: rank 0 alone scores the ensemble it last took part in
+    (the average every member of that round holds), stamped with rank 0's
+    clock; the others go on training (no rank waits for an evaluation)."""
+    if algo.ensemble is None:
+        return
+    step, parameters = algo.ensemble
+    loss, accuracy = evaluator.of_parameters(parameters)
+    recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=now, accuracy=accuracy, loss=loss)
+    recorder.flush()
+    tqdm.write(f"step {step} epoch {step / steps_per_epoch:g}: ensemble accuracy {100 * accuracy:.2f} %, "
+               f"loss {loss:.4f}", file=sys.stderr)
+
+
+class _TrainingData:
+    """A rank's training batches, by global step.
+
+    Without reallocation, step s takes batch ``s % steps_per_epoch`` of
+    epoch ``s // steps_per_epoch`` (:meth:`Dataset.train_batches`), so a
+    resumed or fast-forwarded rank finds its place from the step alone.
+    With reallocation (``streaming``) the batch sizes change from period to
+    period and the rank reads its sample stream instead
+    (:meth:`Dataset.stream_batch`), from a position that counts the samples
+    it has taken or skipped (a resumed run starts the stream at the step's
+    place as if every step had had ``--batch-size`` samples).  Emulated
+    compute (``needed`` False) reads no data.
+    """
+
+    def __init__(self, dataset, batch_size, steps_per_epoch, start, streaming, needed):
+        self.dataset, self.batch_size, self.steps_per_epoch = dataset, batch_size, steps_per_epoch
+        self.streaming, self.needed = streaming, needed
+        self.position = start * batch_size
+        self._batches, self._next = None, None
+
+    def take(self, step, count):
+        if not self.needed:
+            return None
+        if self.streaming:
+            batch = self.dataset.stream_batch(self.position, count)
+            self.position += count
+            return batch
+        if self._next != step:
+            epoch, index = divmod(step, self.steps_per_epoch)
+            self._batches = self.dataset.train_batches(epoch, self.batch_size, start=index)
+        self._next = step + 1 if (step + 1) % self.steps_per_epoch else None
+        return next(self._batches)
+
+    def skip(self, steps, count):
+        """Pass over ``steps`` steps of ``count`` samples (a fast-forward)."""
+        self.position += steps * count
 
 
 def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):

@@ -32,10 +32,12 @@ def test_group_size_is_sqrt_p_rounded_up_to_a_power_of_two():
 
 def test_algorithm_options_follow_the_paper_by_default():
     assert algorithm_options(_args("wagma"), 16) == {"group_size": 4, "tau": 10, "wait_avoiding": True,
-                                                     "group_averaging": False}
+                                                     "group_averaging": False, "reallocate": False}
     assert algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"),
                              8)["group_averaging"] is True
-    assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4}
+    assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4, "reallocate": False}
+    assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
+    assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
     assert algorithm_options(_args("hierarchical_sgd"), 16)["period_group_size_dict"] == {2: 4, 10: 16}
     assert algorithm_options(_args("hierarchical_sgd", "--levels", "1:2,5:4,20:P"), 8)[
         "period_group_size_dict"] == {1: 2, 5: 4, 20: 8}
@@ -51,6 +53,10 @@ def test_algorithm_options_follow_the_paper_by_default():
     (["local_sgd", "--decay-epochs", "60,30"], "--decay-epochs must be increasing"),
     (["local_sgd", "--resume"], "--resume needs --checkpoint-dir"),
     (["hierarchical_sgd", "--levels", "2:16,4:P"], "--levels group size 16 exceeds the 8 ranks"),
+    (["adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma, not of adpsgd"),
+    (["local_sgd", "--timeout-s", "1"], "--timeout-s is an option of ensemble_sync, not of local_sgd"),
+    (["ensemble_sync", "--checkpoint-dir", "c"], "--checkpoint-dir is not available with --algo ensemble_sync"),
+    (["ensemble_sync", "--eval-replicas"], "--eval-replicas is not available with --algo ensemble_sync"),
 ])
 def test_usage_problems_name_the_option(argv, words):
     assert words in usage_problem(_args(*argv), 8)
@@ -72,6 +78,9 @@ def test_usage_problems_name_the_option(argv, words):
      "every group size must divide the number of ranks (mpiexec -n) 8, got [3, 8]"),
     (8, ["hierarchical_sgd", "--levels", "4:2,2:P"], "--levels periods must be increasing"),
     (8, ["hierarchical_sgd", "--levels", "2:2,4:4"], "the last group size in --levels must be the number of ranks"),
+    (4, ["ensemble_sync", "--period", "0"], "--algo ensemble_sync: --period must be an int >= 1, got 0"),
+    (4, ["ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number of seconds above 0, got 0.0"),
+    (4, ["ensemble_sync", "--timeout-s", "-2"], "--timeout-s must be a number of seconds above 0, got -2.0"),
 ])
 def test_algorithm_problems_are_found_before_set_up_in_the_command_lines_words(ranks, argv, words):
     """The algorithms' own checks (``check_options``, the ones their constructors

@@ -14,7 +14,8 @@ __all__ = ["ALGORITHM_NAMES", "ALGORITHM_OPTIONS", "KEYWORD_FLAGS", "add_algorit
 #: The names ``--algo`` accepts, the keys of :data:`wagma.algorithms.ALGORITHMS`
 #: (kept here so that parsing a command line imports no torch; a test checks
 #: that the two agree).
-ALGORITHM_NAMES = ("adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "sgp", "wagma")
+ALGORITHM_NAMES = ("adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd",
+                   "sgp", "wagma")
 
 #: Which command-line option feeds which algorithm's keyword (``None`` default
 #: = not given; giving it to an algorithm that has no such option is an error).
@@ -28,6 +29,9 @@ ALGORITHM_OPTIONS = {
     "levels_warmup_steps": ("hierarchical_sgd",),
     "peers": ("sgp",),
     "quorum": ("eager_sgd",),
+    "period": ("ensemble_sync",),
+    "timeout_s": ("ensemble_sync",),
+    "reallocate": ("ensemble_sync", "local_sgd", "wagma"),
 }
 
 
@@ -72,6 +76,13 @@ def add_algorithm_options(parser):
                    "the simulator: up to log2 P")
     g.add_argument("--quorum", default=None, help="eager_sgd: solo or majority [majority]")
     g.add_argument("--bucket-cap-mb", type=float, default=None, help="allreduce_sgd: bucket size [25]")
+    g.add_argument("--period", type=int, default=None, help="ensemble_sync: T, local steps between syncs [10]")
+    g.add_argument("--timeout-s", type=float, default=None,
+                   help="ensemble_sync: seconds a sync waits for late ranks after the first one reports "
+                        "[30, the paper's]")
+    g.add_argument("--reallocate", action="store_const", const=True, default=None,
+                   help="ensemble_sync, local_sgd, wagma: Lemma 1's shares of the global batch from the "
+                        "ranks' measured speeds, at every global sync")
 
 
 
@@ -80,14 +91,18 @@ def algorithm_options(args, ranks) -> dict:
     """The keyword options of ``wagma.algorithms.create`` for ``args.algo``."""
     s = auto_group_size(ranks) if args.group_size in (None, "auto") else int(args.group_size)
     tau = 10 if args.tau is None else args.tau
+    reallocate = bool(args.reallocate)
     if args.algo == "allreduce_sgd":
         return {"bucket_cap_mb": 25.0 if args.bucket_cap_mb is None else args.bucket_cap_mb}
     if args.algo == "local_sgd":
-        return {"period": tau}
+        return {"period": tau, "reallocate": reallocate}
     if args.algo == "wagma":
         wait_avoiding = args.wait_avoiding if args.wait_avoiding is not None else not args.group_averaging
         return {"group_size": s, "tau": tau, "wait_avoiding": wait_avoiding,
-                "group_averaging": bool(args.group_averaging)}
+                "group_averaging": bool(args.group_averaging), "reallocate": reallocate}
+    if args.algo == "ensemble_sync":
+        return {"period": 10 if args.period is None else args.period,
+                "timeout_s": 30.0 if args.timeout_s is None else args.timeout_s, "reallocate": reallocate}
     if args.algo == "hierarchical_sgd":
         levels = args.levels or [(2, str(s)), (10, "P")]
         return {"period_group_size_dict": {period: ranks if size == "P" else int(size)
@@ -105,18 +120,21 @@ KEYWORD_FLAGS = {
     "bucket_cap_mb": "--bucket-cap-mb", "period": "--tau", "tau": "--tau", "group_size": "--group-size",
     "wait_avoiding": "--no-wait-avoiding", "group_averaging": "--group-averaging",
     "period_group_size_dict": "--levels", "periods": "--levels periods", "warmup_steps": "--levels-warmup-steps",
-    "peers": "--peers", "quorum": "--quorum",
+    "peers": "--peers", "quorum": "--quorum", "timeout_s": "--timeout-s", "reallocate": "--reallocate",
 }
+#: Where one keyword has another flag for one algorithm.
+_ALGORITHM_KEYWORD_FLAGS = {"ensemble_sync": {"period": "--period"}}
 _KEYWORD = re.compile(r"\b(" + "|".join(sorted(KEYWORD_FLAGS, key=len, reverse=True)) + r")\b")
 _WORLD_SIZE = re.compile(r"\b(?:the )?world[_ ]size\b")
 _RANK_COUNT = re.compile(r"\bnumber of ranks\b")
 
 
-def in_flag_words(problem: str) -> str:
+def in_flag_words(problem: str, algorithm: str = None) -> str:
     """An algorithm's problem sentence in the words of the command line: its
     keywords become the flags that set them (``group_size`` -> ``--group-size``)
     and the world size becomes the launcher's ``-n``."""
-    problem = _KEYWORD.sub(lambda m: KEYWORD_FLAGS[m.group(1)], problem)
+    flags = {**KEYWORD_FLAGS, **_ALGORITHM_KEYWORD_FLAGS.get(algorithm, {})}
+    problem = _KEYWORD.sub(lambda m: flags[m.group(1)], problem)
     problem = _RANK_COUNT.sub("number of ranks (mpiexec -n)", problem)
     return _WORLD_SIZE.sub("the number of ranks (mpiexec -n)", problem)
 
@@ -145,4 +163,4 @@ def flags_problem(args, ranks):
     from wagma.algorithms import options_problem
 
     problem = options_problem(args.algo, ranks, **algorithm_options(args, ranks))
-    return None if problem is None else f"--algo {args.algo}: {in_flag_words(problem)}"
+    return None if problem is None else f"--algo {args.algo}: {in_flag_words(problem, args.algo)}"

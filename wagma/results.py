@@ -32,6 +32,15 @@ Root attributes
     ``clock``         the training clock at the end of the step: seconds since
                       the run's common start, evaluation and checkpoints excluded,
                       continued across resumed segments
+    ``samples``       the samples of the rank's batch (``batch_size`` unless the
+                      algorithm reallocates work; 0 for a skipped step)
+    ``skipped``       1 for a step the rank skipped (ensemble_sync's fast-forward
+                      of a rank that came back late: it adopted the others'
+                      model at the end of the step instead), else 0; a skipped
+                      step's times are 0 and its clock the rank's clock when it
+                      rejoined
+    (files written before ``samples`` and ``skipped`` existed read as
+    ``batch_size`` and 0.)  A rank that died has NaN from its death on.
     attribute ``steps.attrs["written"]``: every rank's rows are present for
     steps ``0 .. written - 1``.
 
@@ -42,6 +51,13 @@ Root attributes
     ``accuracy``, ``loss``; ``replica_accuracy`` ``[eval, rank]`` when each
     replica is evaluated too (else NaN).
 
+``sync/rounds`` (ensemble_sync): one row per synchronization, as the
+    coordinator closed it, columns ``sync/rounds.attrs["columns"]``: round,
+    end step, opened and closed (seconds since the coordinator started),
+    waited (closed - opened), timed_out, final, then one status per rank
+    (1 averaged, 0 rejoined with weight 0, -1 late, -2 dead) and one share
+    per rank (its samples per step in the next round).
+Root attribute ``dead_ranks``: the ranks that died during the run (JSON list).
 ``summary`` attributes (complete runs): ``throughput`` (samples/s over all
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
     ``final_accuracy``, ``best_accuracy``, ``mean_wait_time``,
@@ -70,7 +86,10 @@ __all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "lo
            "summarize", "write_run"]
 
 SCHEMA = "wagma-run/1"
-STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock")
+STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
+               "skipped")
+#: Step fields that files of an earlier version lack, and how they read.
+_LATER_STEP_FIELDS = {"samples": lambda attrs: float(attrs.get("batch_size", 0)), "skipped": lambda attrs: 0.0}
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 _CHUNK = 256
 
@@ -106,7 +125,7 @@ class _FileWriter:
     def __init__(self, path, attrs, ranks, resume_step):
         self.path, self.partial, self.ranks = path, partial_path(path), ranks
         self.next_step = np.zeros(ranks, dtype=np.int64)
-        self._rows, self._evals = [], []
+        self._rows, self._evals, self._tables = [], [], {}
         os.makedirs(os.path.dirname(os.path.abspath(self.partial)), exist_ok=True)
         if resume_step is not None and os.path.exists(self.partial):
             self._reopen(resume_step)
@@ -151,23 +170,38 @@ class _FileWriter:
     def add_eval(self, values, replica_accuracy):
         self._evals.append(([values[k] for k in EVAL_FIELDS], replica_accuracy))
 
-    def flush(self, status=None, summary=None):
-        if not (self._rows or self._evals or status or summary):
+    def set_table(self, name, rows, columns):
+        """Replace table ``sync/<name>`` at the next flush."""
+        self._tables[name] = (np.asarray(rows, dtype=np.float64), columns)
+
+    def flush(self, status=None, summary=None, attrs=None):
+        if not (self._rows or self._evals or self._tables or status or summary or attrs):
             return
         with h5py.File(self.partial, "a") as f:
+            for name, (rows, columns) in self._tables.items():
+                group = f.require_group("sync")
+                if name in group:
+                    del group[name]
+                group.create_dataset(name, data=rows).attrs["columns"] = json.dumps(columns)
+            if attrs:
+                f.attrs.update({k: _attr(v) for k, v in attrs.items()})
             steps = f["steps"]
             if self._rows:
                 end = max(int(rows[:, 0].max()) + 1 for _, rows in self._rows)
                 if end > steps[STEP_FIELDS[0]].shape[1]:
                     for name in STEP_FIELDS:
                         steps[name].resize(end, axis=1)
+                by_rank = {}
                 for rank, rows in self._rows:
-                    # One rank's rows arrive in order and consecutively.
+                    by_rank.setdefault(rank, []).append(rows)
+                for rank, blocks in by_rank.items():
+                    # One rank's rows arrive in order and consecutively: one slab per rank and field.
+                    rows = np.concatenate(blocks)
                     lo, hi = int(rows[0, 0]), int(rows[-1, 0]) + 1
                     for i, name in enumerate(STEP_FIELDS, start=1):
                         steps[name][rank, lo:hi] = rows[:, i]
                     self.next_step[rank] = max(self.next_step[rank], hi)
-                steps.attrs["written"] = int(self.next_step.min())
+            steps.attrs["written"] = int(self.next_step.min())
             if self._evals:
                 ev, n = f["eval"], f["eval"]["step"].shape[0]
                 for name in (*EVAL_FIELDS, "replica_accuracy"):
@@ -181,7 +215,7 @@ class _FileWriter:
                 f.require_group("summary").attrs.update({k: _attr(v) for k, v in summary.items()})
             if status:
                 f.attrs["status"] = status
-        self._rows, self._evals = [], []
+        self._rows, self._evals, self._tables = [], [], {}
 
 
 class RunRecorder:
@@ -200,7 +234,8 @@ class RunRecorder:
             file whose first ``resume_step`` columns are empty; None for a
             fresh run.
         flush_seconds: how often rank 0 rewrites the partial file at most.
-        post_every: steps a rank buffers before sending them.
+        post_every: steps a rank buffers before sending them (1: a rank that
+            is killed loses no step it finished).
     """
 
     def __init__(self, comm, path, attrs, *, resume_step=None, flush_seconds=2.0, post_every=8):
@@ -226,6 +261,12 @@ class RunRecorder:
             if time.monotonic() - self._last_flush >= self.flush_seconds:
                 self.flush()
 
+    def record_table(self, name, rows, columns):
+        """On rank 0: the whole table ``sync/<name>`` so far (rewritten at
+        the next flush, so a run that fails keeps it up to then)."""
+        if self.writer:
+            self.writer.set_table(name, rows, columns)
+
     def record_eval(self, replica_accuracy=None, **values):
         """On rank 0: one evaluation (the :data:`EVAL_FIELDS`)."""
         if self.writer:
@@ -242,19 +283,26 @@ class RunRecorder:
             self.writer.flush()
             self._last_flush = time.monotonic()
 
-    def close(self, status: str):
-        """Collective: gather every rank's remaining rows, write the
-        :func:`summarize` figures and ``status``; ``"complete"`` renames the
-        file to its final name.  Returns the path written (rank 0) or None."""
+    def close(self, status: str, dead=()):
+        """Collective over the living ranks: gather every rank's remaining
+        rows, write the :func:`summarize` figures and ``status``;
+        ``"complete"`` renames the file to its final name.  ``dead``: ranks
+        that died (ULFM), not waited for; their rows end where they died,
+        and the root attribute ``dead_ranks`` lists them.  Returns the path
+        written (rank 0) or None."""
         if self._buffer:
             self.collector.post(np.array(self._buffer))
             self._buffer = []
-        for rank, rows in self.collector.finish():
+        for rank, rows in self.collector.finish(absent=dead):
             self.writer.add_rows(rank, rows)
         self.collector.close()
         if not self.writer:
             return None
-        self.writer.flush()
+        self.writer.flush(attrs={"dead_ranks": json.dumps(sorted(dead))})
+        if dead:        # the others' steps count as written past the dead ranks' last one
+            alive = [r for r in range(self.ranks) if r not in set(dead)]
+            self.writer.next_step[list(dead)] = self.writer.next_step[alive].min() if alive else 0
+            self.writer.flush(summary={"dead_ranks": len(dead)})
         self.writer.flush(status=status, summary=summarize(load_run(self.writer.partial)))
         if status != "complete":
             return self.writer.partial
@@ -278,6 +326,8 @@ def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
     ``replica_accuracy``, ``(E, P)``) -> arrays of one length.  The summary
     is :func:`summarize`'s.
     """
+    steps = {**{k: np.full(np.shape(steps["clock"]), default(attrs)) for k, default in _LATER_STEP_FIELDS.items()},
+             **steps}
     missing = [k for k in STEP_FIELDS if k not in steps]
     if missing:
         raise ValueError(f"steps is missing {', '.join(missing)}")
@@ -288,6 +338,7 @@ def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
             f["steps"][name].resize(count, axis=1)
             f["steps"][name][...] = np.asarray(steps[name], dtype=np.float64)
         f["steps"].attrs["written"] = count
+    writer.next_step[:] = count
     evals = evals or {}
     for i in range(len(evals.get("step", ()))):
         replicas = evals["replica_accuracy"][i] if "replica_accuracy" in evals else None
@@ -307,6 +358,7 @@ class Run:
     steps: dict = field(default_factory=dict)       # field -> (P, written) array
     eval: dict = field(default_factory=dict)        # field -> (E,) array
     summary: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)      # sync/<name> -> array (ensemble_sync's rounds)
 
     @property
     def config(self) -> dict:
@@ -330,10 +382,14 @@ def load_run(path: str) -> Run:
                              f"(got {f.attrs.get('schema')!r})")
         attrs = {k: _plain(v) for k, v in f.attrs.items()}
         written = int(f["steps"].attrs["written"])
-        steps = {k: f["steps"][k][:, :written] for k in STEP_FIELDS}
+        steps = {k: f["steps"][k][:, :written] for k in STEP_FIELDS if k in f["steps"]}
+        for name, default in _LATER_STEP_FIELDS.items():
+            if name not in steps:
+                steps[name] = np.full_like(steps["clock"], default(attrs))
         evals = {k: f["eval"][k][:] for k in f["eval"]}
+        tables = {k: f["sync"][k][:] for k in f["sync"]} if "sync" in f else {}
         stored = {k: _plain(v) for k, v in f["summary"].attrs.items()} if "summary" in f else {}
-    run = Run(path, attrs, steps, evals)
+    run = Run(path, attrs, steps, evals, tables=tables)
     run.summary = {**summarize(run), **stored}
     return run
 
@@ -341,22 +397,25 @@ def load_run(path: str) -> Run:
 def summarize(run: Run, skip: int = 0) -> dict:
     """Throughput and accuracy figures of a run, from its datasets.
 
-    Throughput counts every rank's samples of steps ``skip .. written - 1``
+    Throughput counts every rank's samples (``steps/samples``: skipped
+    steps and a dead rank's missing ones count none) of steps ``skip .. written - 1``
     over the time from the latest rank's end of step ``skip - 1`` (the run's
     start when ``skip`` is 0) to the latest rank's end of the last step, on
     the training clock: what a user waits for, evaluation excluded.
     """
     clock = run.steps["clock"]
-    ranks, written = clock.shape
-    batch = int(run.attrs.get("batch_size", 0))
-    out = {"steps": written, "samples": ranks * batch * written}
+    written = clock.shape[1]
+    samples = run.steps.get("samples")
+    if samples is None:         # a run made in memory (the simulator) without the field
+        samples = np.full_like(clock, _LATER_STEP_FIELDS["samples"](run.attrs))
+    out = {"steps": written, "samples": float(np.nansum(samples))}
     if written > skip:
         start = float(np.nanmax(clock[:, skip - 1])) if skip else 0.0
         elapsed = float(np.nanmax(clock[:, -1])) - start
         out["train_time"] = float(np.nanmax(clock[:, -1]))
         if elapsed > 0:
             out["steps_per_second"] = (written - skip) / elapsed
-            out["throughput"] = ranks * batch * (written - skip) / elapsed
+            out["throughput"] = float(np.nansum(samples[:, skip:])) / elapsed
         out["mean_wait_time"] = float(np.nanmean(run.steps["wait_time"]))
         out["stale_fraction"] = float(np.nanmean(run.steps["stale"]))
     accuracy = run.eval.get("accuracy", np.zeros(0))

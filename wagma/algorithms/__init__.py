@@ -9,17 +9,19 @@ from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
 from .dpsgd import DPSGD
 from .eager_sgd import EagerSGD
+from .ensemble_sync import EnsembleSync
 from .hierarchical_sgd import HierarchicalSGD
 from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "HierarchicalSGD", "LocalSGD",
+__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "EnsembleSync", "HierarchicalSGD",
+           "LocalSGD",
            "REQUIRED", "SGP", "WagmaSGD", "create", "option_defaults", "options_problem"]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, HierarchicalSGD, LocalSGD, SGP,
-                                          WagmaSGD)}
+ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, EnsembleSync, HierarchicalSGD,
+                                          LocalSGD, SGP, WagmaSGD)}
 
 
 #: The default of an option that has none (a required option).

@@ -1,14 +1,17 @@
 """The interface every training algorithm implements, and its argument checks."""
 
 import contextlib
+import time
 import zlib
 
+import numpy as np
 import torch
 
 from collectives import Communicator, broadcast
 from collectives.agreement import agree
 
 from ..flat import FlatParameters
+from ..reallocation import Reallocation
 
 __all__ = ["Algorithm"]
 
@@ -41,6 +44,10 @@ class Algorithm:
         lock: a context manager held while the parameters must not be read
             half-updated; algorithms whose own threads change the parameters
             (AD-PSGD) replace this no-op with their lock.
+        samples_per_step: this rank's batch for the next step; the
+            training loop's ``--batch-size`` unless the algorithm reallocates
+            work (``reallocate``, :mod:`wagma.reallocation`).
+        total_steps: the run's steps (set by :meth:`plan`).
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
@@ -60,6 +67,8 @@ class Algorithm:
         self.steps = 0
         self.stale_steps = 0
         self.lock = contextlib.nullcontext()
+        self.total_steps, self.samples_per_step, self._policy = None, None, None
+        self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
         problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
         agree(comm, self.name, problem, ValueError,
@@ -94,11 +103,43 @@ class Algorithm:
         sentence naming the keyword, or None.  Pure: no model, no MPI."""
         return None
 
+    def plan(self, total_steps: int, batch_size: int):
+        """Told by the training loop before the first step: the run's number
+        of steps and the per-rank batch (the shares' budget is ``size *
+        batch_size`` when the algorithm reallocates)."""
+        self.total_steps, self.samples_per_step = total_steps, batch_size
+        if self.options.get("reallocate"):
+            self._policy = Reallocation(self.comm.size, batch_size)
+
     def step(self):
         """One training step, after ``backward()``: the optimizer step and
-        whatever communication the algorithm does at this step."""
+        whatever communication the algorithm does at this step.
+
+        Also times the rank's work for the reallocation: the seconds from
+        the end of the previous call to the start of this one (data,
+        forward, backward, injected delays; not the communication inside
+        :meth:`step`) and the samples of the step."""
+        entered = time.perf_counter()
+        if self._returned is not None:
+            self._period_seconds += entered - self._returned
+        self._period_samples += self.samples_per_step or 0
         self._step()
         self.steps += 1
+        self._returned = time.perf_counter()
+
+    def _period_done(self):
+        """The samples and seconds measured since the last call, and a fresh count."""
+        measured = (self._period_samples, self._period_seconds)
+        self._period_samples, self._period_seconds = 0, 0.0
+        return measured
+
+    def _reallocate(self):
+        """At a global synchronization, with ``reallocate``: every rank's
+        samples and step seconds since the last one (one allgather of two
+        numbers on the control channel) and the policy's shares for the next
+        period (Lemma 1; the same on every rank)."""
+        measured = np.array(self.comm.control.allgather(self._period_done()))
+        self.samples_per_step = int(self._policy.update(measured[:, 0], measured[:, 1])[self.comm.rank])
 
     def _step(self):
         raise NotImplementedError

@@ -22,6 +22,9 @@ class LocalSGD(Algorithm):
 
     Args:
         period: tau >= 1.
+        reallocate: after each average, Lemma 1's shares of the global
+            batch for the next period (:mod:`wagma.reallocation`; one more
+            allgather of two numbers per average).
 
     Example::
 
@@ -34,14 +37,16 @@ class LocalSGD(Algorithm):
 
     name = "local_sgd"
 
-    def __init__(self, model, optimizer, comm, *, period=1):
-        super().__init__(model, optimizer, comm, period=period)
+    def __init__(self, model, optimizer, comm, *, period=1, reallocate=False):
+        super().__init__(model, optimizer, comm, period=period, reallocate=reallocate)
         self.period = period
 
     @classmethod
-    def check_options(cls, world_size, *, period):
+    def check_options(cls, world_size, *, period, reallocate):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             return f"period must be an int >= 1, got {period!r}"
+        if not isinstance(reallocate, bool):
+            return f"reallocate must be True or False, got {reallocate!r}"
         return None
 
     def _step(self):
@@ -49,3 +54,5 @@ class LocalSGD(Algorithm):
         if (self.steps + 1) % self.period == 0:
             for tensor in self.flat.params.values():
                 allreduce(tensor, comm=self.comm, op="avg")
+            if self._policy is not None:
+                self._reallocate()

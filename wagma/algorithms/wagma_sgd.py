@@ -34,20 +34,22 @@ class WagmaSGD(Algorithm):
         tau: the global synchronisation period, >= 1 (the paper: 10).
         wait_avoiding: alpha, use the wait-avoiding group allreduce.
         group_averaging: beta, use the blocking group allreduce.
+        reallocate: after each global average, Lemma 1's shares of the
+            global batch for the next tau steps (:mod:`wagma.reallocation`).
     """
 
     name = "wagma"
 
     def __init__(self, model, optimizer, comm, *, group_size, tau=10,
-                 wait_avoiding=True, group_averaging=False):
+                 wait_avoiding=True, group_averaging=False, reallocate=False):
         super().__init__(model, optimizer, comm, group_size=group_size, tau=tau,
-                         wait_avoiding=wait_avoiding, group_averaging=group_averaging)
+                         wait_avoiding=wait_avoiding, group_averaging=group_averaging, reallocate=reallocate)
         self.group_size, self.tau = group_size, tau
         self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
         self._collectives = None
 
     @classmethod
-    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging):
+    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, reallocate):
         try:
             ButterflyGrouping(world_size, group_size)
         except (TypeError, ValueError) as exc:
@@ -59,6 +61,8 @@ class WagmaSGD(Algorithm):
         if wait_avoiding and group_averaging:
             return ("wait_avoiding and group_averaging cannot both be True "
                     "(Algorithm 2's alpha and beta)")
+        if not isinstance(reallocate, bool):
+            return f"reallocate must be True or False, got {reallocate!r}"
         return None
 
     def _step(self):
@@ -88,6 +92,8 @@ class WagmaSGD(Algorithm):
             elif self.group_averaging:
                 group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
                                 t=t, op="avg")
+        if self._policy is not None and (t + 1) % self.tau == 0:
+            self._reallocate()
 
     def close(self):
         for wa in (self._collectives or {}).values():

@@ -235,7 +235,7 @@ def _jsonable(options):
 def save(run: SimulatedRun, path: str) -> str:
     """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, plus
     ``sim/age`` ``[rank, step]``); returns the path."""
-    write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS})
+    write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS if k in run.steps})
     with h5py.File(path, "a") as f:
         f.create_dataset("sim/age", data=run.age)
         f["sim/age"].attrs["meaning"] = ("steps between the step a rank's averaged contribution was computed "

@@ -1,0 +1,50 @@
+"""What a communicator knows of failed ranks (ULFM), for code that must go on without them.
+
+With Open MPI's ULFM (``mpiexec --with-ft ulfm``) a rank that dies does not
+end the job: operations that involve it return ``MPI_ERR_PROC_FAILED``, and
+receives and probes from ``MPI_ANY_SOURCE`` return
+``MPI_ERR_PROC_FAILED_PENDING`` until the caller acknowledges the failures it
+has been told of (``MPI_Comm_ack_failed``), since the message it waits for
+might have come from the dead rank.  Point-to-point messages between living
+ranks are unaffected.  Without fault tolerance (MPICH's wheel, or Open MPI
+without ``--with-ft ulfm``) the launcher ends the job when a rank dies, and
+these helpers see no failures.
+"""
+
+from mpi4py import MPI
+
+__all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks"]
+
+#: The error classes that mean "a rank of this communicator has failed".
+FAILURE_CLASSES = frozenset(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING")
+                            if hasattr(MPI, name))
+
+
+def failed_ranks(comm) -> set:
+    """The ranks of ``comm`` that MPI knows to have failed
+    (``MPI_Comm_get_failed``); empty where the library has no such call."""
+    try:
+        group = comm.Get_failed()
+    except (NotImplementedError, MPI.Exception):
+        return set()
+    try:
+        if group.Get_size() == 0:
+            return set()
+        return set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group()))
+    finally:
+        if group != MPI.GROUP_EMPTY:
+            group.Free()
+
+
+def any_source(comm, call, *args):
+    """``call(*args)``, a receive or probe from ``MPI_ANY_SOURCE`` on
+    ``comm``, retried after acknowledging the failures that made it return
+    ``MPI_ERR_PROC_FAILED_PENDING`` (so that a dead rank cannot block
+    messages from the living ones).  Other errors propagate."""
+    while True:
+        try:
+            return call(*args)
+        except MPI.Exception as error:
+            if error.Get_error_class() not in FAILURE_CLASSES:
+                raise
+            comm.Ack_failed()

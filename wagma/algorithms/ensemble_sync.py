@@ -1,0 +1,152 @@
+"""EnsembleSync (Xie and Yasunaga): T local steps, then the average of the models that arrived within a timeout."""
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from collectives.member_allreduce import member_allreduce
+
+from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision
+from .base import Algorithm
+
+__all__ = ["EnsembleSync"]
+
+_TAG_AVERAGE = 1000     # + round % _TAG_ROUNDS: one tag per round on the averaging channel
+_TAG_ROUNDS = 30000
+
+
+class EnsembleSync(Algorithm):
+    """Local SGD whose synchronizations do not wait for late or dead ranks (EnsembleSync, section 3).
+
+    Every rank takes ``period`` (the paper's T) local optimizer steps; at
+    the end of round r (global step ``min((r + 1) T, total)``) it reports to
+    the coordinator and the ranks that reported within ``timeout_s`` of the
+    round's first report replace their parameters by their average weighted
+    by the samples each processed in the round: W = sum_j n_j W_j / sum_j n_j
+    (the paper's step 4 averages with equal weights, which is the same when
+    every rank processes the same number of samples; the weights matter
+    under reallocation, where shares differ).  Buffers (BatchNorm
+    statistics) stay local, as in local SGD.
+
+    The parameter server, in MPI: the paper's server holds the model, locks
+    the workers and times them out.  Here rank 0 runs the server's
+    bookkeeping in a thread (:class:`~wagma.ensemble_coordinator.Coordinator`:
+    reports, the timeout, the decision of who averages, the reallocation)
+    and the averaging itself is a binomial-tree allreduce among the round's
+    members (:func:`~collectives.member_allreduce.member_allreduce`): the
+    result is the same model the server would send back, each rank sends
+    2 log2 m messages instead of rank 0 receiving and sending m models, and
+    no collective ever involves a rank that is late or dead.  Rank 0 keeps
+    the server's role for the whole run, so rank 0 must not be stopped or
+    killed (the paper's server is not fault tolerant either: "parameter
+    server failures ... not implemented"); the fault options refuse it.
+
+    Late ranks (rejoin with fast-forward, section 3.3): a rank that reports
+    a round after it closed (it was stopped, or slow beyond the timeout)
+    joins the next round to close with weight 0, adopts its average and
+    jumps to its end step: :attr:`skipped` is the range of global steps it
+    skipped (the training loop records them as such and moves its data
+    position past their samples), like the paper's recovered worker that
+    "gets the current epoch ... and skips forward".  A rank is not waited
+    for again once it has missed a round, until it reports again, so a rank
+    that never returns costs one timeout.  The last round waits for every
+    rank that is not dead (ULFM), so every living rank ends with the final
+    average.
+
+    Reallocation (``reallocate``, Lemma 1): after each round the
+    coordinator sets each rank's samples per step for the next round from
+    its speed in the last one (:mod:`wagma.reallocation`); the global batch
+    stays ``ranks * batch_size``, and absent ranks' shares go to the others.
+
+    Attributes:
+        samples_per_step: this rank's share of the next steps' global batch.
+        skipped: after a step that fast-forwarded, ``(first, stop)`` of the
+            global steps skipped; else None.
+        ensemble: on rank 0, ``(step, parameters)`` of the last average it
+            took part in (a copy of each model parameter), for evaluation;
+            None before the first.
+        dead_ranks: on rank 0, the ranks the coordinator found dead (ULFM);
+            empty elsewhere.
+
+    Args:
+        period: T >= 1, local steps between synchronizations.
+        timeout_s: seconds a round waits after its first report, > 0 (the
+            paper: 30 s).
+        reallocate: Lemma 1's reallocation of the samples per step.
+    """
+
+    name = "ensemble_sync"
+
+    def __init__(self, model, optimizer, comm, *, period=10, timeout_s=30.0, reallocate=False):
+        super().__init__(model, optimizer, comm, period=period, timeout_s=timeout_s, reallocate=reallocate)
+        self.period, self.timeout_s, self.reallocate = period, float(timeout_s), reallocate
+        self._reports = comm.control.Dup()
+        self._averages = comm.data.Dup()
+        self.coordinator = None
+        self.skipped, self.ensemble = None, None
+
+    @classmethod
+    def check_options(cls, world_size, *, period, timeout_s, reallocate):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            return f"period must be an int >= 1, got {period!r}"
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            return f"timeout_s must be a number of seconds above 0, got {timeout_s!r}"
+        if not isinstance(reallocate, bool):
+            return f"reallocate must be True or False, got {reallocate!r}"
+        return None
+
+    def plan(self, total_steps, batch_size):
+        """Also starts the coordinator on rank 0, which decides the shares
+        (the policy lives there: its decision carries them to every rank)."""
+        super().plan(total_steps, batch_size)
+        if self.comm.rank == 0:
+            self.coordinator = Coordinator(self._reports, self.timeout_s, self._policy, batch_size)
+
+    def _step(self):
+        self.optimizer.step()
+        self.skipped = None
+        end = self.steps + 1
+        if end % self.period == 0 or end == self.total_steps:
+            self._synchronize(end)
+
+    def _synchronize(self, end):
+        """Report round ``(end - 1) // period``, wait for its decision (or a
+        later round's, when late) and average with its members."""
+        final = end == self.total_steps
+        samples, seconds = self._period_done()
+        report = np.array([(end - 1) // self.period, end, samples, seconds, final], float)
+        self._reports.Send(report, dest=0, tag=TAG_REPORT)
+        buffer = np.empty(Decision.width(self.comm.size))
+        self._reports.Recv(buffer, source=0, tag=TAG_DECISION)
+        decision = Decision(buffer, self.comm.size)
+        self._average(decision)
+        self.samples_per_step = int(decision.shares[self.comm.rank])
+        if decision.end_step > end:
+            self.skipped = (end, decision.end_step)
+            self.steps = decision.end_step - 1      # step() adds the one of this call
+        if self.comm.rank == 0 and decision.weights[0] >= 0:
+            self.ensemble = (decision.end_step, [p.detach().clone() for p in self.model.parameters()])
+
+    def _average(self, decision):
+        weight = decision.weights[self.comm.rank] / decision.weights[decision.weights >= 0].sum()
+        tag = _TAG_AVERAGE + decision.round % _TAG_ROUNDS
+        for tensor in self.flat.params.values():
+            host = tensor.detach().cpu().numpy()        # a view on the CPU, a staging copy from a GPU
+            host *= weight
+            member_allreduce(host, self._averages, decision.members, tag)
+            if tensor.device.type != "cpu":
+                tensor.copy_(torch.from_numpy(host))
+
+    @property
+    def dead_ranks(self) -> set:
+        return set(self.coordinator.dead) if self.coordinator is not None else set()
+
+    def close(self):
+        """Stop the coordinator (rank 0) and free the channels; local, so
+        that a dead rank cannot block it."""
+        if self._reports == MPI.COMM_NULL:
+            return
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        for channel in (self._reports, self._averages):
+            channel.Free()

@@ -1,0 +1,213 @@
+"""EnsembleSync's parameter-server bookkeeping on rank 0: who takes part in each synchronization, decided with a timeout.
+
+The paper's server (section 3.3) keeps a lock per worker, a
+``time_last_seen`` per worker and a background thread that marks a worker
+dead when it has not been seen for TIMEOUT, releasing the others; a dead
+worker that communicates again is *recovered*, gets the current epoch, fast
+forwards to it and waits for the others to reach the next synchronization.
+
+Here that bookkeeping is a thread on rank 0 (:class:`Coordinator`), and the
+parameters never pass through it: the members of a synchronization average
+among themselves (:func:`collectives.member_allreduce.member_allreduce`).
+The server's only traffic is one small report per rank per synchronization
+and one small decision back, so rank 0 trains like the others.
+
+Rounds: round r ends at the global step ``min((r + 1) T, total)``.  A rank
+reports round r after its step ``end(r) - 1``: the samples it processed in
+the round and the seconds its steps took (for the reallocation).  The round
+opens at its first report and closes
+
+* when every *expected* rank has reported (expected: not known absent), or
+* ``timeout`` seconds after it opened: the ranks that have not reported are
+  *absent* (late; *dead* where ULFM's ``Get_failed`` lists them) and are no
+  longer waited for in later rounds, so a rank that never comes back costs
+  one timeout in all;
+* the last round (``final``) has no timeout: it waits for every rank that
+  is not dead, so that every living rank ends the run holding the same
+  model and takes part in the run's closing messages.
+
+A report for a round that has already closed comes from a late rank: it
+becomes a *joiner* of the round now open, takes part in its average with
+weight 0 (it adopts the ensemble, as the paper's recovered worker pulls the
+server's parameters) and is expected again from then on.
+
+The decision for round r, sent to its members and joiners, holds the round,
+its end step, each rank's weight (its samples of the round; 0 for a joiner;
+-1 not taking part), each rank's samples per step for the next round (the
+reallocation, :class:`wagma.reallocation.Reallocation`, or the unchanged
+batch) and whether it was the last round.  Every closed round is logged
+(:attr:`Coordinator.log`) for the run file.
+"""
+
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from collectives.failures import any_source, failed_ranks
+
+__all__ = ["Coordinator", "Decision", "ROUND_FIELDS", "STATUS", "TAG_DECISION", "TAG_REPORT"]
+
+TAG_REPORT, TAG_DECISION, _TAG_STOP = 51, 52, 53
+
+#: A rank's status in a closed round, as logged.
+STATUS = {"member": 1, "joiner": 0, "late": -1, "dead": -2}
+
+#: The columns of a logged round (:attr:`Coordinator.log`), then one status
+#: and one share (samples per step of the next round) per rank.
+ROUND_FIELDS = ("round", "end_step", "opened", "closed", "waited", "timed_out", "final")
+
+_REPORT_WIDTH = 5       # round, end step, samples, seconds, final
+
+
+class Decision:
+    """What a rank learns when a round closes (see the module docstring)."""
+
+    def __init__(self, array, ranks):
+        self.round, self.end_step = int(array[0]), int(array[1])
+        self.final = bool(array[2])
+        self.weights = array[3:3 + ranks]
+        self.shares = array[3 + ranks:3 + 2 * ranks].astype(np.int64)
+
+    @staticmethod
+    def width(ranks):
+        return 3 + 2 * ranks
+
+    @property
+    def members(self) -> list:
+        """The ranks that average in this round (weight >= 0), in rank order."""
+        return [int(r) for r in np.flatnonzero(self.weights >= 0)]
+
+
+class Coordinator:
+    """Rank 0's thread: collects reports, closes rounds, sends decisions.
+
+    Args:
+        comm: an ``mpi4py.MPI.Intracomm`` used for reports and decisions
+            only (the caller's duplicate).
+        timeout: seconds a round waits after its first report.
+        policy: a :class:`wagma.reallocation.Reallocation`, or None to keep
+            ``batch_size`` samples per step on every rank.
+        batch_size: the per-rank batch (the shares without reallocation).
+    """
+
+    def __init__(self, comm, timeout, policy, batch_size):
+        self.comm, self.timeout, self.policy = comm, float(timeout), policy
+        self.ranks = comm.Get_size()
+        self.batch_size = batch_size
+        self.log = []               # one row per closed round: ROUND_FIELDS, statuses, shares
+        self._lock = threading.Lock()
+        self._absent, self._dead = set(), set()
+        self._open = 0              # the round that is collecting reports
+        self._reports, self._joiners = {}, set()
+        self._opened, self._final, self._end_step = None, False, 0
+        self._sending = []
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._serve, name="ensemble-coordinator", daemon=True)
+        self._thread.start()
+
+    @property
+    def dead(self) -> set:
+        """The ranks found dead (ULFM's ``Get_failed``) when a round closed."""
+        with self._lock:
+            return set(self._dead)
+
+    def columns(self) -> list:
+        """The names of the columns of :meth:`rows`."""
+        return [*ROUND_FIELDS, *(f"status_{r}" for r in range(self.ranks)),
+                *(f"share_{r}" for r in range(self.ranks))]
+
+    def rows(self) -> np.ndarray:
+        """The log so far, one row per closed round (a copy)."""
+        with self._lock:
+            width = len(ROUND_FIELDS) + 2 * self.ranks
+            return np.array(self.log, dtype=float).reshape(-1, width)
+
+    def stop(self):
+        """Ends the thread (called by rank 0 after its last round)."""
+        self.comm.Send(np.zeros(_REPORT_WIDTH), dest=0, tag=_TAG_STOP)
+        self._thread.join()
+        MPI.Request.Waitall([request for request, _ in self._sending])
+
+    # The thread.
+
+    def _serve(self):
+        status = MPI.Status()
+        report = np.zeros(_REPORT_WIDTH)
+        while True:
+            if self._opened is None:    # nothing to time: block until a report (or the stop) comes
+                any_source(self.comm, self.comm.Probe, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                arrived = True
+            else:
+                arrived = any_source(self.comm, self.comm.Iprobe, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            if arrived:
+                self.comm.Recv(report, source=status.Get_source(), tag=status.Get_tag())
+                if status.Get_tag() == _TAG_STOP:
+                    return
+                self._take(status.Get_source(), report.copy())
+            elif self._opened is not None and self._expired():
+                self._close(timed_out=True)
+            else:
+                time.sleep(0.002)   # a round is open: wait for reports against its deadline
+            if self._opened is not None and self._complete():
+                self._close(timed_out=False)
+
+    def _take(self, rank, report):
+        round_, final = int(report[0]), bool(report[4])
+        if round_ < self._open:                 # late for a round already closed: join the open one
+            self._joiners.add(rank)
+            self._absent.discard(rank)
+            return
+        self._reports[rank] = report
+        self._absent.discard(rank)
+        self._final = final
+        self._end_step = int(report[1])
+        if self._opened is None:
+            self._opened = time.monotonic()
+
+    def _expected(self):
+        return set(range(self.ranks)) - self._absent - self._dead
+
+    def _complete(self):
+        if not self._reports:
+            return False        # joiners alone wait for the next round's members
+        arrived = set(self._reports) | self._joiners
+        if self._final:
+            with self._lock:
+                self._dead |= failed_ranks(self.comm) - arrived
+            return arrived >= set(range(self.ranks)) - self._dead
+        return arrived >= self._expected()
+
+    def _expired(self):
+        return (not self._final and self._reports
+                and time.monotonic() - self._opened >= self.timeout)
+
+    def _close(self, timed_out):
+        ranks, closed = self.ranks, time.monotonic()
+        arrived = set(self._reports) | self._joiners
+        missing = set(range(ranks)) - arrived
+        with self._lock:
+            self._dead |= failed_ranks(self.comm) & missing
+        self._absent |= missing - self._dead
+        weights = np.full(ranks, -1.0)
+        samples, seconds = np.zeros(ranks), np.zeros(ranks)
+        for rank, report in self._reports.items():
+            weights[rank], samples[rank], seconds[rank] = report[2], report[2], report[3]
+        for rank in self._joiners:
+            weights[rank] = 0.0
+        if self.policy is not None:
+            shares = self.policy.update(samples, seconds, present=weights >= 0)
+        else:
+            shares = np.where(weights >= 0, self.batch_size, 0)
+        status = np.array([STATUS["member"] if r in self._reports else STATUS["joiner"] if r in self._joiners
+                           else STATUS["dead"] if r in self._dead else STATUS["late"] for r in range(ranks)])
+        with self._lock:        # logged before anyone learns of it: a member that reads the log sees its round
+            self.log.append([self._open, self._end_step, self._opened - self._start, closed - self._start,
+                             closed - self._opened, timed_out, self._final, *status, *shares])
+        decision = np.concatenate([[self._open, self._end_step, self._final], weights, shares]).astype(float)
+        for rank in sorted(arrived):
+            self._sending.append((self.comm.Isend(decision, dest=rank, tag=TAG_DECISION), decision))
+        self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+        self._open += 1
+        self._reports, self._joiners, self._opened = {}, set(), None
