@@ -17,6 +17,7 @@ from collectives.bench.provenance import run_attributes
 from collectives.collect import LaggedVote
 from wagma.algorithm_options import algorithm_options
 from wagma.algorithms import create
+from wagma.ensemble_coordinator import fault_events
 from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
 from wagma.results import RunRecorder
@@ -188,7 +189,7 @@ def train(args, world, comm):
         recorder.abandon("failed")
         raise
     algo.close()
-    path = recorder.close(status, dead=getattr(algo, "dead_ranks", ()))
+    path = recorder.close(status, dead=getattr(algo, "dead_ranks", ()), attrs=_fault_attributes(algo))
     if path:
         print(f"{'wrote' if status == 'complete' else 'stopped; wrote'} {path}", file=sys.stderr)
     return status
@@ -275,6 +276,14 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
             if vote is not None:
                 vote.close()
     return status
+
+
+def _fault_attributes(algo):
+    """ensemble_sync on rank 0: its whole round log and the outages it shows."""
+    coordinator = getattr(algo, "coordinator", None)
+    if coordinator is None:
+        return None
+    return {"fault_events": json.dumps(fault_events(coordinator.rows(), coordinator.ranks))}
 
 
 def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, now):

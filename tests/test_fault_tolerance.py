@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments.mpirun import launcher_library
 from launcher import mpiexec, mpiexec_command
+from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS
+from wagma.results import load_run
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "killed_rank.py"
 RANKS, VICTIM, KILL_AT, STEPS = 4, 2, 5, 20
@@ -48,3 +51,38 @@ def test_fault_tolerance_is_refused_where_the_library_has_none():
         pytest.skip("Open MPI has ULFM: the refusal is for other launchers")
     with pytest.raises(ValueError, match="--fault-tolerant needs Open MPI's ULFM"):
         mpiexec_command(RANKS, fault_tolerant=True)
+
+
+TRAIN_KILL_AT, TRAIN_STEPS, TRAIN_TIMEOUT = 30, 120, 1.0
+
+
+@pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
+def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_file(tmp_path):
+    out = tmp_path / "killed.h5"
+    job = subprocess.run([*mpiexec_command(RANKS, fault_tolerant=True), sys.executable, "-m", "experiments.train",
+                          "--algo", "ensemble_sync", "--period", "5", "--timeout-s", str(TRAIN_TIMEOUT),
+                          "--dataset", "digits", "--model", "mlp", "--epochs", "100",
+                          "--max-steps", str(TRAIN_STEPS), "--compute-ms", "15", "--eval-every", "0",
+                          "--no-progress", "--out", str(out), "--fault", f"kill:rank={VICTIM},step={TRAIN_KILL_AT}"],
+                         capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parent.parent)
+    assert job.returncode == 0, job.stdout + job.stderr
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [VICTIM]
+    clock = run.steps["clock"]
+    assert clock.shape == (RANKS, TRAIN_STEPS)
+    survivors = [r for r in range(RANKS) if r != VICTIM]
+    assert np.all(np.isfinite(clock[survivors]))                        # the survivors' run is complete
+    # Nothing lost: every step the victim finished before it died (rows leave
+    # at once when faults are planned), and none after.
+    assert np.all(np.isfinite(clock[VICTIM, :TRAIN_KILL_AT])) and np.all(np.isnan(clock[VICTIM, TRAIN_KILL_AT:]))
+    assert np.all(run.steps["samples"][survivors].sum(axis=0) == 3 * 16)
+    rounds, fields = run.tables["rounds"], {name: i for i, name in enumerate(ROUND_FIELDS)}
+    status = rounds[:, len(ROUND_FIELDS) + VICTIM]
+    missed = int(np.flatnonzero(status < 0)[0])
+    assert rounds[missed, fields["end_step"]] == (TRAIN_KILL_AT // 5 + 1) * 5
+    assert np.all(status[missed:] == STATUS["dead"])                    # ULFM named it dead, never waited for again
+    assert rounds[missed, fields["timed_out"]] == 1 and np.all(rounds[missed + 1:, fields["timed_out"]] == 0)
+    assert TRAIN_TIMEOUT <= rounds[missed, fields["waited"]] < TRAIN_TIMEOUT + 0.5     # + polling and 2 cores
+    assert json.loads(run.attrs["fault_events"]) == [
+        {"rank": VICTIM, "kind": "dead", "missed_round": missed, "missed_step": int(rounds[missed, 1]),
+         "others_waited_s": pytest.approx(rounds[missed, fields["waited"]])}]

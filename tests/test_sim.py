@@ -149,6 +149,35 @@ def test_stragglar_hides_the_reduce_scatter_behind_a_late_rank():
     assert np.allclose(step_times(run), expected)
 
 
+def test_ensemble_sync_without_late_ranks_waits_for_the_slowest_like_local_sgd_plus_its_tree():
+    sc = scenario(imbalance="random:k=2,ms=320", seed=1, steps=30)
+    compute = compute_times(sc)
+    tree = 2 * 3 * NET.message(4 * BIG) + 2 * NET.message(0)      # 8 members: 2 log2 8 messages, report + decision
+    run = simulate("ensemble_sync", sc, period=10, timeout_s=60.0)
+    clock = run.steps["clock"]
+    for end in (9, 19, 29):
+        first = end - 9
+        start = 0.0 if first == 0 else clock[0, first - 1]
+        assert np.allclose(clock[:, end], start + compute[:, first:end + 1].sum(axis=1).max() + tree)
+    assert not run.steps["skipped"].any()
+
+
+def test_ensemble_sync_does_not_wait_for_a_rank_later_than_the_timeout_which_skips_forward():
+    # Rank 1 is 30 ms late at every step: 150 ms per round of 5, over the 50 ms timeout.
+    sc = scenario(imbalance="straggler:rank=1,ms=30", steps=40, parameters=SMALL)
+    run = simulate("ensemble_sync", sc, period=5, timeout_s=0.05)
+    skipped, clock = run.steps["skipped"], run.steps["clock"]
+    others = [r for r in range(8) if r != 1]
+    assert not skipped[others].any() and skipped[1].any()
+    # The others never wait more than the timeout and the average at a round's end.
+    tree = 2 * 3 * NET.message(4 * SMALL) + 2 * NET.message(0)
+    assert np.all(run.steps["wait_time"][others] <= 0.05 + tree + 1e-9)
+    # Rank 1 misses round 0 (steps 0-4), rejoins at the end of round 1 having
+    # skipped its steps 5-9, so it is late by one round's delay again: every other round.
+    np.testing.assert_array_equal(np.flatnonzero(skipped[1]), [s for s in range(40) if (s // 5) % 2 == 1])
+    assert run.summary["samples"] == sc.batch_size * (8 * 40 - skipped[1].sum())
+
+
 def test_results_reproduce_from_the_seed():
     a = simulate("wagma", scenario(imbalance="random:k=2,ms=320", seed=5), group_size=4)
     b = simulate("wagma", scenario(imbalance="random:k=2,ms=320", seed=5), group_size=4)
@@ -163,7 +192,9 @@ def test_results_reproduce_from_the_seed():
     ("wagma", {"group_size": 3}, "power of two"),
     ("sgp", {"peers": 9}, "peers must be an int from 1 to ceil(log2 P) = 3"),
     ("eager_sgd", {"quorum": "half"}, "quorum must be 'solo' or 'majority'"),
-    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period"),
+    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period, reallocate"),
+    ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
+    ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number of seconds above 0"),
     ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "group size 16 exceeds the 8 ranks"),
 ])
 def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, message):

@@ -47,7 +47,7 @@ from mpi4py import MPI
 
 from collectives.failures import any_source, failed_ranks
 
-__all__ = ["Coordinator", "Decision", "ROUND_FIELDS", "STATUS", "TAG_DECISION", "TAG_REPORT"]
+__all__ = ["Coordinator", "Decision", "ROUND_FIELDS", "STATUS", "TAG_DECISION", "TAG_REPORT", "fault_events"]
 
 TAG_REPORT, TAG_DECISION, _TAG_STOP = 51, 52, 53
 
@@ -59,6 +59,30 @@ STATUS = {"member": 1, "joiner": 0, "late": -1, "dead": -2}
 ROUND_FIELDS = ("round", "end_step", "opened", "closed", "waited", "timed_out", "final")
 
 _REPORT_WIDTH = 5       # round, end step, samples, seconds, final
+
+
+def fault_events(rows, ranks) -> list:
+    """The outages a round log shows, one dict per rank and outage: the
+    rank, ``kind`` (``"late"``: it came back, ``"dead"``), the first round
+    and step it missed, the seconds the others waited for it at that round
+    (the timeout when it timed out; how long until the others went on) and,
+    for a late rank, the round and end step at which it rejoined."""
+    rows = np.asarray(rows, dtype=float).reshape(-1, len(ROUND_FIELDS) + 2 * ranks)
+    status = rows[:, len(ROUND_FIELDS):len(ROUND_FIELDS) + ranks]
+    events = []
+    for rank in range(ranks):
+        missing = None
+        for i, row in enumerate(rows):
+            if status[i, rank] < 0 and missing is None:
+                missing = {"rank": rank, "kind": "late", "missed_round": int(row[0]),
+                           "missed_step": int(row[1]), "others_waited_s": float(row[4])}
+                events.append(missing)
+            if status[i, rank] == STATUS["dead"]:
+                missing["kind"] = "dead"
+            if status[i, rank] == STATUS["joiner"] and missing is not None:
+                missing.update(rejoined_round=int(row[0]), rejoined_step=int(row[1]))
+                missing = None
+    return events
 
 
 class Decision:

@@ -22,9 +22,11 @@ its steps took (compute, injected delays and slow faults included,
 waiting at the synchronization excluded)**.  The paper estimates alpha_i
 from the last epoch's time in the same way.
 
-Shares are whole samples: the real-valued x_i are rounded by largest
-remainder so that they sum to B exactly, and every living rank keeps at
-least ``floor`` samples so that its speed stays measurable (a rank given 0
+Shares are whole samples, summing to B exactly, with the smallest makespan
+among whole allocations (the real x_i rounded down, then the samples left
+one by one to the rank that would finish its next one first), and every
+living rank keeps at least ``floor`` samples so that its speed stays
+measurable (a rank given 0
 samples would never be timed again and never get work back).  Ranks that
 are absent (dead, or late for the synchronization) get 0, their share goes
 to the others; a rank that comes back is given its last known speed.
@@ -62,7 +64,7 @@ def lemma1_shares(global_batch: int, speeds, floor: int = 1) -> np.ndarray:
     Returns:
         int64 shares, summing to ``global_batch``; 0 exactly where the speed
         is 0.  Equal speeds give equal shares (up to one sample of
-        rounding).
+        rounding); no other whole allocation has a smaller max_i x_i / v_i.
 
     Raises:
         ValueError: a non-positive budget, a negative or non-finite speed,
@@ -73,16 +75,26 @@ def lemma1_shares(global_batch: int, speeds, floor: int = 1) -> np.ndarray:
         raise ValueError(problem)
     speeds = np.asarray(speeds, dtype=float)
     alive = speeds > 0
-    # Pay every living rank its floor, then divide the rest by speed: the
-    # exact Lemma 1 solution whenever no rank is below its floor.
-    spare = global_batch - floor * int(alive.sum())
-    ideal = np.where(alive, global_batch * speeds / speeds.sum(), 0.0)
-    extra = np.clip(ideal - floor, 0.0, None) * alive
-    extra = spare * extra / extra.sum() if extra.sum() > 0 else spare * alive / alive.sum()
-    shares = np.floor(extra).astype(np.int64)
-    order = np.argsort(-(extra - shares), kind="stable")
-    shares[order[:spare - int(shares.sum())]] += 1
-    return shares + floor * alive
+
+    def shares_at(t):           # the most samples each rank finishes within time t, at least the floor
+        return np.where(alive, np.maximum(floor, np.floor(t * speeds)), 0).astype(np.int64)
+
+    # The largest common time t whose shares fit the budget (bisection; at
+    # t = B / sum v they fit, being the floors of Lemma 1's x_i, unless
+    # floors lift some), then the remaining samples one at a time to the rank
+    # that would finish its next one soonest: the integer allocation with
+    # the smallest makespan max_i x_i / v_i.
+    low, high = 0.0, global_batch / speeds[alive].min() + 1.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if shares_at(middle).sum() <= global_batch else (low, middle)
+    shares = shares_at(low)
+    next_time = np.where(alive, (shares + 1) / np.where(alive, speeds, 1.0), np.inf)
+    for _ in range(global_batch - int(shares.sum())):
+        i = int(np.argmin(next_time))
+        shares[i] += 1
+        next_time[i] = (shares[i] + 1) / speeds[i]
+    return shares
 
 
 class Reallocation:

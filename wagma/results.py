@@ -57,7 +57,11 @@ Root attributes
     waited (closed - opened), timed_out, final, then one status per rank
     (1 averaged, 0 rejoined with weight 0, -1 late, -2 dead) and one share
     per rank (its samples per step in the next round).
-Root attribute ``dead_ranks``: the ranks that died during the run (JSON list).
+Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
+    ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
+    (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
+    the round and step it missed, how long the others waited, where a late
+    rank rejoined).
 ``summary`` attributes (complete runs): ``throughput`` (samples/s over all
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
     ``final_accuracy``, ``best_accuracy``, ``mean_wait_time``,
@@ -283,13 +287,13 @@ class RunRecorder:
             self.writer.flush()
             self._last_flush = time.monotonic()
 
-    def close(self, status: str, dead=()):
+    def close(self, status: str, dead=(), attrs=None):
         """Collective over the living ranks: gather every rank's remaining
         rows, write the :func:`summarize` figures and ``status``;
         ``"complete"`` renames the file to its final name.  ``dead``: ranks
         that died (ULFM), not waited for; their rows end where they died,
-        and the root attribute ``dead_ranks`` lists them.  Returns the path
-        written (rank 0) or None."""
+        and the root attribute ``dead_ranks`` lists them.  ``attrs``: more
+        root attributes (rank 0's).  Returns the path written (rank 0) or None."""
         if self._buffer:
             self.collector.post(np.array(self._buffer))
             self._buffer = []
@@ -298,7 +302,7 @@ class RunRecorder:
         self.collector.close()
         if not self.writer:
             return None
-        self.writer.flush(attrs={"dead_ranks": json.dumps(sorted(dead))})
+        self.writer.flush(attrs={**(attrs or {}), "dead_ranks": json.dumps(sorted(dead))})
         if dead:        # the others' steps count as written past the dead ranks' last one
             alive = [r for r in range(self.ranks) if r not in set(dead)]
             self.writer.next_step[list(dead)] = self.writer.next_step[alive].min() if alive else 0

@@ -115,6 +115,13 @@ def _options(algorithm, ranks, options):
         if out["quorum"] not in ("solo", "majority"):
             raise ValueError(f"quorum must be 'solo' or 'majority', got {out['quorum']!r}")
         ButterflyGrouping(ranks, ranks)     # the partial collectives run on the wait-avoiding machinery
+    if out.get("reallocate"):
+        raise ValueError("reallocate: the simulator does not model the reallocation of samples "
+                         "(its compute times are drawn per step, not per sample)")
+    if algorithm == "ensemble_sync":
+        timeout = out["timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout_s must be a number of seconds above 0, got {timeout!r}")
     if algorithm == "hierarchical_sgd":
         levels = out["period_group_size_dict"]
         if not isinstance(levels, dict) or not levels or any(
@@ -138,6 +145,17 @@ def _bucketed(scenario, cap_mb):
     sizes = [cap] * (total // cap) + ([total % cap] if total % cap else [])
     seconds = sum(net.allreduce(scenario.ranks, s, scenario.collective).after_last for s in sizes)
     return (seconds, False, 0.0, 0.0)
+
+
+def _ensemble_sync(scenario, options, compute):
+    """EnsembleSync's ``(clock, skipped)``: a round's average costs the
+    binomial tree among its m members, 2 ceil(log2 m) whole-buffer
+    messages, and the report and decision two empty ones."""
+    net = scenario.network
+    costs = np.array([2 * math.ceil(math.log2(m)) * net.message(scenario.nbytes) if m > 1 else 0.0
+                      for m in range(scenario.ranks + 1)])
+    return kernels.ensemble_sync(compute, options["period"], float(options["timeout_s"]), costs,
+                                 2 * net.message(0))
 
 
 def _run_kernel(algorithm, scenario, options, compute):
@@ -203,12 +221,18 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     """
     options = _options(algorithm, scenario.ranks, options)
     compute, injected = _draws(scenario)
-    clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
+    skipped = np.zeros_like(compute)
+    if algorithm == "ensemble_sync":
+        (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
+        compute, injected = compute * (1 - skipped), injected * (1 - skipped)
+    else:
+        clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
     waited = np.maximum(clock - previous - compute, 0.0)     # rounding leaves -1e-17 where nobody waits
     steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
              "comm_time": waited, "wait_time": waited, "loss": np.full_like(clock, np.nan),
-             "stale": np.zeros_like(clock) if stale is None else stale, "clock": clock}
+             "stale": np.zeros_like(clock) if stale is None else stale, "clock": clock,
+             "samples": scenario.batch_size * (1 - skipped), "skipped": skipped}
     if age is None:
         age = np.zeros_like(clock)
     attrs = {

@@ -19,7 +19,7 @@ Each algorithm's rule of who waits for whom is in its kernel's docstring.
 import numpy as np
 from numba import njit
 
-__all__ = ["adpsgd", "eager_sgd", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
+__all__ = ["adpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
 
 
 @njit(cache=True)
@@ -262,3 +262,67 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, h
                 done[r] = max(f[r], ready[r])
         clock[:, t] = done
     return clock, stale, age
+
+
+@njit(cache=True)
+def ensemble_sync(compute, period, timeout, costs, notify):
+    """EnsembleSync (:class:`wagma.algorithms.EnsembleSync`): rounds of
+    ``period`` steps; a round closes when every present rank has reported,
+    or ``timeout`` after its first report (the last round: when every rank
+    has, late ones included).  The ranks that reported by then average at
+    ``close + costs[m] + notify / 2`` (m members: the binomial tree among
+    them; ``notify``: the report to the coordinator and its decision back);
+    the others are late: they report when they arrive, join the first round
+    that closes after that with weight 0, and skip its steps (returned in
+    ``skipped[P, T]``, their clock is the join's end).  A late rank is not
+    waited for until it has rejoined.  Returns ``(clock, skipped)``."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    skipped = np.zeros((ranks, steps))
+    done = np.zeros(ranks)
+    late = np.full(ranks, -1.0)             # a late rank's report time, -1 while present
+    rejoin_from = np.zeros(ranks, np.int64)  # the first step a late rank will skip
+    start = 0
+    while start < steps:
+        end = min(start + period, steps)
+        arrival = np.full(ranks, np.inf)
+        first, last = np.inf, -np.inf
+        for r in range(ranks):
+            if late[r] < 0:
+                t = done[r]
+                for s in range(start, end):
+                    t += compute[r, s]
+                    clock[r, s] = t
+                arrival[r] = t + notify / 2
+                first, last = min(first, arrival[r]), max(last, arrival[r])
+        if end == steps:
+            close = last
+            for r in range(ranks):
+                if late[r] >= 0:
+                    close = max(close, late[r])
+        elif last - first <= timeout:
+            close = last
+        else:
+            close = first + timeout
+        taking_part = 0
+        for r in range(ranks):
+            if (late[r] < 0 and arrival[r] <= close) or (late[r] >= 0 and late[r] <= close):
+                taking_part += 1
+        finish = close + costs[taking_part] + notify / 2
+        for r in range(ranks):
+            if late[r] < 0:
+                if arrival[r] <= close:
+                    clock[r, end - 1] = finish
+                    done[r] = finish
+                else:                       # late: its report arrives after the close
+                    late[r] = arrival[r]
+                    rejoin_from[r] = end
+            elif late[r] <= close:          # rejoins with weight 0, skipping to this round's end
+                clock[r, rejoin_from[r] - 1] = finish
+                for s in range(rejoin_from[r], end):
+                    clock[r, s] = finish
+                    skipped[r, s] = 1.0
+                done[r] = finish
+                late[r] = -1.0
+        start = end
+    return clock, skipped
