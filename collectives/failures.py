@@ -11,13 +11,24 @@ without ``--with-ft ulfm``) the launcher ends the job when a rank dies, and
 these helpers see no failures.
 """
 
+import os
+
 from mpi4py import MPI
 
-__all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks"]
+__all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks", "fault_tolerant"]
 
 #: The error classes that mean "a rank of this communicator has failed".
 FAILURE_CLASSES = frozenset(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING")
                             if hasattr(MPI, name))
+
+
+def fault_tolerant(environ=None) -> bool:
+    """Whether this job was started with MPI fault tolerance: Open MPI's
+    ULFM switch (``mpiexec --with-ft ulfm``, or the MCA parameter
+    ``mpi_ft_enable``, both of which reach the ranks as
+    ``OMPI_MCA_mpi_ft_enable=1``); the only library here that has it."""
+    environ = os.environ if environ is None else environ
+    return environ.get("OMPI_MCA_mpi_ft_enable", "0").lower() in ("1", "true", "yes", "enabled")
 
 
 def failed_ranks(comm) -> set:

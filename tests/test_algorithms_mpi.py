@@ -147,7 +147,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
-                                         "'eager_sgd', 'hierarchical_sgd', 'local_sgd', "
+                                         "'eager_sgd', 'ensemble_sync', 'hierarchical_sgd', 'local_sgd', "
                                          "'sgp', 'wagma'"):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
@@ -161,7 +161,7 @@ def test_bad_arguments_raise_on_every_rank(comm):
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         with pytest.raises(ValueError, match="parameters must be the same on every rank"):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd",
+    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "ensemble_sync",
                                "hierarchical_sgd", "local_sgd", "sgp", "wagma"}
 
 

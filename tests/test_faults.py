@@ -39,3 +39,10 @@ def test_a_slow_fault_sleeps_on_its_rank_and_steps_only():
     assert [mine.before_step(s) for s in range(5)] == [0.0, 0.0, 0.03, 0.03, 0.0]
     assert [other.before_step(s) for s in range(5)] == [0.0] * 5
     assert parse_faults(None, 2, 10) == []
+
+
+def test_fault_tolerance_is_read_from_open_mpis_ulfm_switch():
+    from collectives.failures import fault_tolerant
+
+    assert fault_tolerant({"OMPI_MCA_mpi_ft_enable": "1"}) and fault_tolerant({"OMPI_MCA_mpi_ft_enable": "true"})
+    assert not fault_tolerant({}) and not fault_tolerant({"OMPI_MCA_mpi_ft_enable": "0"})

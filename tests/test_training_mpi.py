@@ -49,6 +49,7 @@ def _options():
     yield "hierarchical_sgd", {"period_group_size_dict": levels}
     yield "dpsgd", {}
     yield "sgp", {"peers": 1}
+    yield "ensemble_sync", {"period": 2, "timeout_s": 30.0}     # no rank is ever 30 s late here: local SGD
     if POW2:
         yield "wagma", {"group_size": min(2, P), "tau": 4}
     if POW2 and P >= 4:

@@ -131,6 +131,11 @@ class Coordinator:
         self._thread = threading.Thread(target=self._serve, name="ensemble-coordinator", daemon=True)
         self._thread.start()
 
+    def plan(self, policy, batch_size):
+        """Set the reallocation policy and the batch before the first report."""
+        with self._lock:
+            self.policy, self.batch_size = policy, batch_size
+
     @property
     def dead(self) -> set:
         """The ranks found dead (ULFM's ``Get_failed``) when a round closed."""
@@ -220,10 +225,12 @@ class Coordinator:
             weights[rank], samples[rank], seconds[rank] = report[2], report[2], report[3]
         for rank in self._joiners:
             weights[rank] = 0.0
-        if self.policy is not None:
-            shares = self.policy.update(samples, seconds, present=weights >= 0)
+        with self._lock:
+            policy, batch_size = self.policy, self.batch_size
+        if policy is not None:
+            shares = policy.update(samples, seconds, present=weights >= 0)
         else:
-            shares = np.where(weights >= 0, self.batch_size, 0)
+            shares = np.where(weights >= 0, batch_size, 0)
         status = np.array([STATUS["member"] if r in self._reports else STATUS["joiner"] if r in self._joiners
                            else STATUS["dead"] if r in self._dead else STATUS["late"] for r in range(ranks)])
         with self._lock:        # logged before anyone learns of it: a member that reads the log sees its round

@@ -82,8 +82,11 @@ class EnsembleSync(Algorithm):
         self.period, self.timeout_s, self.reallocate = period, float(timeout_s), reallocate
         self._reports = comm.control.Dup()
         self._averages = comm.data.Dup()
-        self.coordinator = None
         self.skipped, self.ensemble = None, None
+        # Until plan() gives the batch, a step counts as one sample (equal
+        # rounds weigh the same) and the run has no known last round.
+        self.samples_per_step = 1
+        self.coordinator = Coordinator(self._reports, self.timeout_s, None, 1) if comm.rank == 0 else None
 
     @classmethod
     def check_options(cls, world_size, *, period, timeout_s, reallocate):
@@ -96,11 +99,13 @@ class EnsembleSync(Algorithm):
         return None
 
     def plan(self, total_steps, batch_size):
-        """Also starts the coordinator on rank 0, which decides the shares
-        (the policy lives there: its decision carries them to every rank)."""
+        """Also hands the batch and the reallocation policy to rank 0's
+        coordinator, which decides the shares (its decisions carry them to
+        every rank).  Without it, the run has no last round that waits for
+        every living rank."""
         super().plan(total_steps, batch_size)
-        if self.comm.rank == 0:
-            self.coordinator = Coordinator(self._reports, self.timeout_s, self._policy, batch_size)
+        if self.coordinator is not None:
+            self.coordinator.plan(self._policy, batch_size)
 
     def _step(self):
         self.optimizer.step()
