@@ -1,4 +1,4 @@
-"""EnsembleSync under mpiexec: the members' average, a stopped rank that the others do not wait for, the rejoin's fast-forward, Lemma 1's shares on injected speeds, bad input.
+"""EnsembleSync under mpiexec: the members' average, a stopped rank and its rejoin, Lemma 1's shares, bad input.
 
 The stop is real: the last rank sends itself SIGSTOP at the start of step
 STOP_AT and a helper process continues it OUTAGE seconds later, twice the

@@ -108,16 +108,20 @@ class Coordinator:
     """Rank 0's thread: collects reports, closes rounds, sends decisions.
 
     Args:
-        comm: an ``mpi4py.MPI.Intracomm`` used for reports and decisions
-            only (the caller's duplicate).
+        comm: an ``mpi4py.MPI.Intracomm`` on which the coordinator alone
+            receives (the reports; the caller's duplicate).
+        answers: another duplicate, for the decisions.  Two channels
+            because rank 0 is also a worker: its own decision, sent to
+            itself before its main thread has posted the receive, would
+            otherwise match the coordinator's probe for the next report.
         timeout: seconds a round waits after its first report.
         policy: a :class:`wagma.reallocation.Reallocation`, or None to keep
             ``batch_size`` samples per step on every rank.
         batch_size: the per-rank batch (the shares without reallocation).
     """
 
-    def __init__(self, comm, timeout, policy, batch_size):
-        self.comm, self.timeout, self.policy = comm, float(timeout), policy
+    def __init__(self, comm, answers, timeout, policy, batch_size):
+        self.comm, self.answers, self.timeout, self.policy = comm, answers, float(timeout), policy
         self.ranks = comm.Get_size()
         self.batch_size = batch_size
         self.log = []               # one row per closed round: ROUND_FIELDS, statuses, shares
@@ -238,7 +242,7 @@ class Coordinator:
                              closed - self._opened, timed_out, self._final, *status, *shares])
         decision = np.concatenate([[self._open, self._end_step, self._final], weights, shares]).astype(float)
         for rank in sorted(arrived):
-            self._sending.append((self.comm.Isend(decision, dest=rank, tag=TAG_DECISION), decision))
+            self._sending.append((self.answers.Isend(decision, dest=rank, tag=TAG_DECISION), decision))
         self._sending = [(r, b) for r, b in self._sending if not r.Test()]
         self._open += 1
         self._reports, self._joiners, self._opened = {}, set(), None

@@ -80,13 +80,15 @@ class EnsembleSync(Algorithm):
     def __init__(self, model, optimizer, comm, *, period=10, timeout_s=30.0, reallocate=False):
         super().__init__(model, optimizer, comm, period=period, timeout_s=timeout_s, reallocate=reallocate)
         self.period, self.timeout_s, self.reallocate = period, float(timeout_s), reallocate
-        self._reports = comm.control.Dup()
+        self._reports, self._decisions = comm.control.Dup(), comm.control.Dup()
         self._averages = comm.data.Dup()
         self.skipped, self.ensemble = None, None
         # Until plan() gives the batch, a step counts as one sample (equal
         # rounds weigh the same) and the run has no known last round.
         self.samples_per_step = 1
-        self.coordinator = Coordinator(self._reports, self.timeout_s, None, 1) if comm.rank == 0 else None
+        self.coordinator = None
+        if comm.rank == 0:
+            self.coordinator = Coordinator(self._reports, self._decisions, self.timeout_s, None, 1)
 
     @classmethod
     def check_options(cls, world_size, *, period, timeout_s, reallocate):
@@ -122,7 +124,7 @@ class EnsembleSync(Algorithm):
         report = np.array([(end - 1) // self.period, end, samples, seconds, final], float)
         self._reports.Send(report, dest=0, tag=TAG_REPORT)
         buffer = np.empty(Decision.width(self.comm.size))
-        self._reports.Recv(buffer, source=0, tag=TAG_DECISION)
+        self._decisions.Recv(buffer, source=0, tag=TAG_DECISION)
         decision = Decision(buffer, self.comm.size)
         self._average(decision)
         self.samples_per_step = int(decision.shares[self.comm.rank])
@@ -153,5 +155,5 @@ class EnsembleSync(Algorithm):
             return
         if self.coordinator is not None:
             self.coordinator.stop()
-        for channel in (self._reports, self._averages):
+        for channel in (self._reports, self._decisions, self._averages):
             channel.Free()
