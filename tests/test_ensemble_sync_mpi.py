@@ -165,3 +165,4 @@ def test_bad_ensemble_sync_input_fails_every_rank_before_training(shared_dir, ar
     if WORLD.rank == 0:
         assert words in capsys.readouterr().err
     assert not os.path.exists(out)
+
