@@ -38,13 +38,16 @@ def failed_ranks(comm) -> set:
         group = comm.Get_failed()
     except (NotImplementedError, MPI.Exception):
         return set()
-    try:
-        if group.Get_size() == 0:
-            return set()
-        return set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), comm.Get_group()))
-    finally:
+    if group.Get_size() == 0:
         if group != MPI.GROUP_EMPTY:
             group.Free()
+        return set()
+    everyone = comm.Get_group()
+    try:
+        return set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), everyone))
+    finally:
+        group.Free()
+        everyone.Free()
 
 
 def any_source(comm, call, *args):

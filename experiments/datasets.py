@@ -123,9 +123,10 @@ class Dataset:
         The stream is the rank's epochs one after the other, each in the
         order of :meth:`train_batches` (``(seed, rank, epoch)``) and whole
         (no batch is dropped), so consecutive calls with ``position``
-        advanced by ``count`` visit the shard once per epoch whatever the
-        counts: the data of a rank whose batch changes from step to step
-        (reallocation) and that may skip steps (a late rank's fast-forward).
+        advanced by ``count`` pass over the shard once per ``len(shard)``
+        samples taken, whatever the counts: the data of a rank whose batch
+        changes from step to step (reallocation) and that may skip steps (a
+        late rank's fast-forward).
         """
         if position < 0 or count < 1:
             raise ValueError(f"position must be >= 0 and count >= 1, got {position} and {count}")

@@ -225,8 +225,10 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
         data = _TrainingData(dataset, args.batch_size, steps_per_epoch, start,
                              streaming=bool(algo.options.get("reallocate")), needed=evaluate)
         last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
+        logged_rounds, clocks, evaluated = 0, {}, set()
         try:
             while step < total:
+                algo.start_step_timer()     # the rank's work starts here, not at the last step's bookkeeping
                 samples = algo.samples_per_step
                 batch = data.take(step, samples)
                 lr.apply(optimizer, step)
@@ -243,13 +245,15 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                                 loss=loss, stale=float(algo.stale_steps > stale_before),
                                 clock=now, samples=samples, skipped=0.0)
                 last = now
+                clocks[step] = now
                 step += 1
                 skipped = getattr(algo, "skipped", None)
                 if skipped:                             # ensemble_sync's fast-forward of a late rank
-                    for missed in range(*skipped):
-                        recorder.record(missed, step_time=0.0, compute_time=0.0, delay=0.0, comm_time=0.0,
-                                        wait_time=0.0, loss=math.nan, stale=0.0, clock=now, samples=0.0,
-                                        skipped=1.0)
+                    for missed in range(*skipped):      # no times: the rank did not take these steps
+                        recorder.record(missed, step_time=math.nan, compute_time=math.nan, delay=math.nan,
+                                        comm_time=math.nan, wait_time=math.nan, loss=math.nan, stale=math.nan,
+                                        clock=now, samples=0.0, skipped=1.0)
+                        clocks[missed] = now
                     data.skip(skipped[1] - step, samples)
                     step = skipped[1]
                 bar.update(step - bar.n)
@@ -262,7 +266,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                                                    and (epoch + 1) % args.eval_every == 0)):
                     clock.pause()
                     if hasattr(algo, "ensemble"):
-                        _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, now)
+                        _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated)
                     else:
                         _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
                     clock.resume()
@@ -275,8 +279,11 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 if stopping and step < total:
                     status = "stopped"
                     break
-                if hasattr(algo, "coordinator") and algo.coordinator is not None:
-                    recorder.record_table("rounds", algo.coordinator.rows(), algo.coordinator.columns())
+                coordinator = getattr(algo, "coordinator", None)
+                if coordinator is not None and len(coordinator.log) > logged_rounds:
+                    rounds = coordinator.rows()
+                    recorder.record_table("rounds", rounds, coordinator.columns())
+                    logged_rounds = len(rounds)
         finally:
             bar.close()
             update.remove()
@@ -293,15 +300,19 @@ def _fault_attributes(algo):
     return {"fault_events": json.dumps(fault_events(coordinator.rows(), coordinator.ranks))}
 
 
-def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, now):
+def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated):
     """ensemble_sync: rank 0 alone scores the ensemble it last took part in
-    (the average every member of that round holds), stamped with rank 0's
-    clock; the others go on training (no rank waits for an evaluation)."""
-    if algo.ensemble is None:
+    (the average every member of that round holds), stamped with the step
+    that round ended at and rank 0's clock at the end of that step; the
+    others go on training (no rank waits for an evaluation).  An ensemble
+    already scored (no round closed since) is not scored again."""
+    if algo.ensemble is None or algo.ensemble[0] in evaluated:
         return
     step, parameters = algo.ensemble
+    evaluated.add(step)
     loss, accuracy = evaluator.of_parameters(parameters)
-    recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=now, accuracy=accuracy, loss=loss)
+    recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=clocks[step - 1], accuracy=accuracy,
+                         loss=loss)
     recorder.flush()
     tqdm.write(f"step {step} epoch {step / steps_per_epoch:g}: ensemble accuracy {100 * accuracy:.2f} %, "
                f"loss {loss:.4f}", file=sys.stderr)

@@ -39,8 +39,10 @@ batch) and whether it was the last round.  Every closed round is logged
 (:attr:`Coordinator.log`) for the run file.
 """
 
+import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -166,6 +168,16 @@ class Coordinator:
     # The thread.
 
     def _serve(self):
+        """The thread's body: a failure here would leave every rank waiting
+        for a decision, so it ends the job instead, with the traceback."""
+        try:
+            self._serve_rounds()
+        except BaseException:
+            print("".join(f"[rank 0, ensemble coordinator] {line}\n"
+                          for line in traceback.format_exc().rstrip().splitlines()), file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+
+    def _serve_rounds(self):
         status = MPI.Status()
         report = np.zeros(_REPORT_WIDTH)
         while True:

@@ -37,8 +37,8 @@ Root attributes
     ``skipped``       1 for a step the rank skipped (ensemble_sync's fast-forward
                       of a rank that came back late: it adopted the others'
                       model at the end of the step instead), else 0; a skipped
-                      step's times are 0 and its clock the rank's clock when it
-                      rejoined
+                      step's times, loss and stale are NaN and its clock is the
+                      rank's clock when it rejoined
     (files written before ``samples`` and ``skipped`` existed read as
     ``batch_size`` and 0.)  A rank that died has NaN from its death on.
     attribute ``steps.attrs["written"]``: every rank's rows are present for
@@ -175,7 +175,7 @@ class _FileWriter:
         self._evals.append(([values[k] for k in EVAL_FIELDS], replica_accuracy))
 
     def set_table(self, name, rows, columns):
-        """Replace table ``sync/<name>`` at the next flush."""
+        """Table ``sync/<name>`` as it is now (its earlier rows unchanged), for the next flush."""
         self._tables[name] = (np.asarray(rows, dtype=np.float64), columns)
 
     def flush(self, status=None, summary=None, attrs=None):
@@ -183,10 +183,17 @@ class _FileWriter:
             return
         with h5py.File(self.partial, "a") as f:
             for name, (rows, columns) in self._tables.items():
+                # Tables only grow: the new rows are appended to a chunked
+                # dataset (rewriting it at every flush would leave the old
+                # copies' space unreclaimed in the file).
                 group = f.require_group("sync")
-                if name in group:
-                    del group[name]
-                group.create_dataset(name, data=rows).attrs["columns"] = json.dumps(columns)
+                if name not in group:
+                    group.create_dataset(name, shape=(0, rows.shape[1]), maxshape=(None, rows.shape[1]),
+                                         dtype="f8", chunks=(_CHUNK, rows.shape[1]))
+                    group[name].attrs["columns"] = json.dumps(columns)
+                table, old = group[name], group[name].shape[0]
+                table.resize(rows.shape[0], axis=0)
+                table[old:] = rows[old:]
             if attrs:
                 f.attrs.update({k: _attr(v) for k, v in attrs.items()})
             steps = f["steps"]
@@ -266,8 +273,9 @@ class RunRecorder:
                 self.flush()
 
     def record_table(self, name, rows, columns):
-        """On rank 0: the whole table ``sync/<name>`` so far (rewritten at
-        the next flush, so a run that fails keeps it up to then)."""
+        """On rank 0: the whole table ``sync/<name>`` so far, whose rows
+        only ever grow (the new ones are written at the next flush, so a run
+        that fails keeps it up to then)."""
         if self.writer:
             self.writer.set_table(name, rows, columns)
 

@@ -1,6 +1,7 @@
 """The interface every training algorithm implements, and its argument checks."""
 
 import contextlib
+import inspect
 import time
 import zlib
 
@@ -127,6 +128,13 @@ class Algorithm:
         self.steps += 1
         self._returned = time.perf_counter()
 
+    def start_step_timer(self):
+        """Called by a training loop where a step's work begins (its data,
+        forward, backward): what the loop does between steps (evaluations,
+        writing results) then does not count as this rank's work for the
+        reallocation.  Without it, the work is timed from the last step's end."""
+        self._returned = time.perf_counter()
+
     def _period_done(self):
         """The samples and seconds measured since the last call, and a fresh count."""
         measured = (self._period_samples, self._period_seconds)
@@ -165,10 +173,18 @@ class Algorithm:
         if state.get("algorithm") != self.name:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, "
                              f"not {self.name!r}")
-        if state.get("options") != self.options:
+        # Options added since the state was saved read as their defaults.
+        saved = {**self._option_defaults(), **state.get("options", {})}
+        if saved != self.options:
             raise ValueError(f"state_dict options {state.get('options')} differ from "
                              f"this run's {self.options}")
         self.steps = int(state["steps"])
+
+    @classmethod
+    def _option_defaults(cls) -> dict:
+        """The keyword options of this class that have defaults."""
+        return {p.name: p.default for p in inspect.signature(cls).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
 
     def __repr__(self):
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())

@@ -34,9 +34,10 @@ class EnsembleSync(Algorithm):
     reports, the timeout, the decision of who averages, the reallocation)
     and the averaging itself is a binomial-tree allreduce among the round's
     members (:func:`~collectives.member_allreduce.member_allreduce`): the
-    result is the same model the server would send back, each rank sends
-    2 log2 m messages instead of rank 0 receiving and sending m models, and
-    no collective ever involves a rank that is late or dead.  Rank 0 keeps
+    result is the same model the server would send back, in 2 ceil(log2 m)
+    message steps (a rank sends and receives at most ceil(log2 m) models)
+    instead of rank 0 receiving and sending m of them, and no collective
+    ever involves a rank that is late or dead.  Rank 0 keeps
     the server's role for the whole run, so rank 0 must not be stopped or
     killed (the paper's server is not fault tolerant either: "parameter
     server failures ... not implemented"); the fault options refuse it.
