@@ -10,6 +10,7 @@ that library's ranks.
 """
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -158,6 +159,25 @@ def test_ensemble_sync_runs_in_a_job_without_checkpoints(slurm):
     run = load_run(str(results / f"ensemble_sync_{job}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
     assert run.tables["rounds"].shape[0] == 4 and not (results / "checkpoints").exists()
+
+
+@pytest.mark.launcher
+@pytest.mark.skipif(loaded_library()[0] != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi)")
+def test_ensemble_sync_survives_a_killed_rank_in_a_job_started_with_fault_tolerance(slurm):
+    """LAUNCHER=mpiexec FAULT_TOLERANT=1: experiments.mpirun --fault-tolerant inside the allocation."""
+    folder, env = slurm
+    results = folder / "ensemble-kill"
+    job = _sbatch(env, {"LAUNCHER": "mpiexec", "FAULT_TOLERANT": "1", "ALGO": "ensemble_sync", "MODEL": "mlp",
+                        "DATASET": "digits", "EPOCHS": "1", "BATCH_SIZE": "16",
+                        "TRAIN_ARGS": "--max-steps 40 --period 5 --timeout-s 1 --fault kill:rank=3,step=12",
+                        "RESULTS_DIR": str(results)},
+                  "slurm/train.sbatch", f"--output={folder}/ensemble-kill-%j.out")
+    state, = _finished(env, job)
+    log = (folder / f"ensemble-kill-{job}.out").read_text()
+    assert state["ExitCode"] == "0:0", log
+    run = load_run(str(results / f"ensemble_sync_{job}.h5"))
+    assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [3]
+    assert np.all(np.isfinite(run.steps["clock"][:3])) and np.isfinite(run.steps["clock"][3]).sum() == 12
 
 
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
