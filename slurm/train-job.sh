@@ -23,8 +23,15 @@ train+=(${TRAIN_ARGS:-})
 echo "wagma-train: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_NNODES nodes, $SLURM_NTASKS ranks: ${train[*]}"
 launch "${train[@]}"
 status=$?
-if [[ $status -eq 75 ]]; then
+# Stopped at a checkpoint: every rank exits 75, but srun's --kill-on-bad-exit
+# may terminate the last ranks once the first has exited 75 and then report
+# another status; the run file's status, written by rank 0 before it exits,
+# says it either way.
+written=$("$PYTHON" -c 'import sys, h5py; from wagma.results import partial_path
+with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "$run_file" 2>/dev/null)
+if [[ $status -eq 75 || $written == stopped ]]; then
     echo "wagma-train: stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
+    status=75
 fi
 return $status
