@@ -345,6 +345,16 @@ class WaitAvoidingGroupAllreduce:
         """
         self._expect(t, group=False, buffer=buf)
         allreduce(buf, comm=self._main, op=op)
+        return self._publish_sync(buf, t)
+
+    def sync_reduced(self, buf, t: int):
+        """A sync step whose reduction over all P ranks the caller has done
+        (another schedule, e.g. StragglAR with a predicted straggler):
+        ``buf`` holds the result, published like :meth:`sync_allreduce`'s."""
+        self._expect(t, group=False, buffer=buf)
+        return self._publish_sync(buf, t)
+
+    def _publish_sync(self, buf, t):
         if self._engine:
             self._engine.publish_copy(buf, t)
         self._t = t + 1

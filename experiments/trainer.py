@@ -225,7 +225,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
         data = _TrainingData(dataset, args.batch_size, steps_per_epoch, start,
                              streaming=bool(algo.options.get("reallocate")), needed=evaluate)
         last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
-        logged_rounds, clocks, evaluated = 0, {}, set()
+        logged_rows, clocks, evaluated = {}, {}, set()
         try:
             while step < total:
                 algo.start_step_timer()     # the rank's work starts here, not at the last step's bookkeeping
@@ -279,11 +279,10 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 if stopping and step < total:
                     status = "stopped"
                     break
-                coordinator = getattr(algo, "coordinator", None)
-                if coordinator is not None and len(coordinator.log) > logged_rounds:
-                    rounds = coordinator.rows()
-                    recorder.record_table("rounds", rounds, coordinator.columns())
-                    logged_rounds = len(rounds)
+                for name, (rows, columns) in algo.sync_tables().items():
+                    if len(rows) > logged_rows.get(name, 0):    # tables only grow
+                        recorder.record_table(name, rows, columns)
+                        logged_rows[name] = len(rows)
         finally:
             bar.close()
             update.remove()

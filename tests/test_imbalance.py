@@ -26,6 +26,16 @@ def test_draws_reproduce_from_the_seed_in_any_order_and_differ_across_seeds():
     assert not np.array_equal(a.table(50), c.table(50))
 
 
+def test_a_switching_straggler_keeps_its_rank_for_a_block_of_steps():
+    late = parse_imbalance("switching:every=7,ms=50", 8, seed=1).table(70)
+    assert np.all((late > 0).sum(axis=1) == 1) and np.all(late.max(axis=1) == 0.05)
+    ranks = late.argmax(axis=1)
+    assert all(len(set(ranks[b:b + 7])) == 1 for b in range(0, 70, 7))
+    assert len(set(ranks)) > 2                       # 10 blocks, 8 ranks: several draws
+    again = parse_imbalance("switching:every=7,ms=50", 8, seed=1)
+    assert np.array_equal(again.seconds(40), late[40])   # any step alone, as a resumed run asks
+
+
 def test_bernoulli_straggler_and_distributions():
     stalls = parse_imbalance("bernoulli:p=0.01,ms=1000", 16, seed=0).table(5000)
     assert set(np.unique(stalls)) == {0.0, 1.0}
@@ -61,6 +71,8 @@ def test_trace_files_replay_2d_and_sample_1d(tmp_path):
     ("bernoulli:p=1.5,ms=10", "p must be in [0, 1]"),
     ("straggler:rank=8,ms=10", "rank must be an integer in [0, 7]"),
     ("uniform:min_ms=5,max_ms=1", "min_ms must be <= max_ms"),
+    ("switching:every=0,ms=10", "every must be an integer >= 1"),
+    ("switching:ms=10", "missing every"),
     ("trace:/no/such/file", "does not exist"),
     ("gauss:ms=3", "unknown form 'gauss'"),
     ("random:k=two,ms=3", "k must be a number"),

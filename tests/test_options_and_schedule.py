@@ -26,16 +26,33 @@ def test_warm_up_then_step_decay():
     assert LearningRate(0.3, 7)(123) == 0.3             # no warm-up, no decay
 
 
+@pytest.mark.parametrize("argv, words", [
+    (("local_sgd", "--sync", "ring"), "--algo local_sgd: --sync must be one of 'allreduce', 'stragglar', got 'ring'"),
+    (("dpsgd", "--sync", "stragglar"), "--sync is an option of allreduce_sgd and local_sgd and wagma, not of dpsgd"),
+    (("ensemble_sync", "--sync", "stragglar"), "not of ensemble_sync"),
+])
+def test_sync_is_checked_before_anything_runs(argv, words):
+    from wagma.algorithm_options import flags_problem
+    assert words in flags_problem(_args(*argv), 8)
+
+
+def test_sync_stragglar_reaches_the_three_algorithms_with_a_global_sync():
+    for algo in ("allreduce_sgd", "local_sgd", "wagma"):
+        assert algorithm_options(_args(algo, "--sync", "stragglar"), 8)["sync"] == "stragglar"
+
+
 def test_group_size_is_sqrt_p_rounded_up_to_a_power_of_two():
     assert [auto_group_size(p) for p in (1, 2, 4, 8, 16, 32, 64, 1024)] == [1, 2, 2, 4, 4, 8, 8, 32]
 
 
 def test_algorithm_options_follow_the_paper_by_default():
     assert algorithm_options(_args("wagma"), 16) == {"group_size": 4, "tau": 10, "wait_avoiding": True,
-                                                     "group_averaging": False, "reallocate": False}
+                                                     "group_averaging": False, "reallocate": False,
+                                                     "sync": "allreduce"}
     assert algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"),
                              8)["group_averaging"] is True
-    assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4, "reallocate": False}
+    assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4, "reallocate": False,
+                                                                      "sync": "allreduce"}
     assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
     assert algorithm_options(_args("hierarchical_sgd"), 16)["period_group_size_dict"] == {2: 4, 10: 16}

@@ -8,7 +8,7 @@ import argparse
 import math
 import re
 
-__all__ = ["ALGORITHM_NAMES", "ALGORITHM_OPTIONS", "KEYWORD_FLAGS", "add_algorithm_options", "algorithm_options",
+__all__ = ["ALGORITHM_NAMES", "ALGORITHM_OPTIONS", "KEYWORD_FLAGS", "SYNCS", "add_algorithm_options", "algorithm_options",
            "auto_group_size", "flags_problem", "in_flag_words"]
 
 #: The names ``--algo`` accepts, the keys of :data:`wagma.algorithms.ALGORITHMS`
@@ -32,7 +32,14 @@ ALGORITHM_OPTIONS = {
     "period": ("ensemble_sync",),
     "timeout_s": ("ensemble_sync",),
     "reallocate": ("ensemble_sync", "local_sgd", "wagma"),
+    "sync": ("allreduce_sgd", "local_sgd", "wagma"),
 }
+
+#: The values of ``--sync`` and of the algorithms' ``sync`` option: how the
+#: global synchronizations reduce: ``"allreduce"`` (the tuned allreduce) or
+#: ``"stragglar"`` (StragglAR with the rank predicted to arrive last,
+#: :mod:`collectives.straggler_sync`).
+SYNCS = ("allreduce", "stragglar")
 
 
 def auto_group_size(ranks: int) -> int:
@@ -83,8 +90,10 @@ def add_algorithm_options(parser):
     g.add_argument("--reallocate", action="store_const", const=True, default=None,
                    help="ensemble_sync, local_sgd, wagma: Lemma 1's shares of the global batch from the "
                         "ranks' measured speeds, at every global sync")
-
-
+    g.add_argument("--sync", default=None,
+                   help="allreduce_sgd, local_sgd, wagma: how the global synchronizations reduce: allreduce "
+                        "(the tuned allreduce) or stragglar (StragglAR with the rank predicted to arrive last "
+                        "as its straggler, the allreduce while no rank is predicted) [allreduce]")
 
 
 def algorithm_options(args, ranks) -> dict:
@@ -92,14 +101,15 @@ def algorithm_options(args, ranks) -> dict:
     s = auto_group_size(ranks) if args.group_size in (None, "auto") else int(args.group_size)
     tau = 10 if args.tau is None else args.tau
     reallocate = bool(args.reallocate)
+    sync = "allreduce" if args.sync is None else args.sync
     if args.algo == "allreduce_sgd":
-        return {"bucket_cap_mb": 25.0 if args.bucket_cap_mb is None else args.bucket_cap_mb}
+        return {"bucket_cap_mb": 25.0 if args.bucket_cap_mb is None else args.bucket_cap_mb, "sync": sync}
     if args.algo == "local_sgd":
-        return {"period": tau, "reallocate": reallocate}
+        return {"period": tau, "reallocate": reallocate, "sync": sync}
     if args.algo == "wagma":
         wait_avoiding = args.wait_avoiding if args.wait_avoiding is not None else not args.group_averaging
         return {"group_size": s, "tau": tau, "wait_avoiding": wait_avoiding,
-                "group_averaging": bool(args.group_averaging), "reallocate": reallocate}
+                "group_averaging": bool(args.group_averaging), "reallocate": reallocate, "sync": sync}
     if args.algo == "ensemble_sync":
         return {"period": 10 if args.period is None else args.period,
                 "timeout_s": 30.0 if args.timeout_s is None else args.timeout_s, "reallocate": reallocate}
@@ -121,6 +131,7 @@ KEYWORD_FLAGS = {
     "wait_avoiding": "--no-wait-avoiding", "group_averaging": "--group-averaging",
     "period_group_size_dict": "--levels", "periods": "--levels periods", "warmup_steps": "--levels-warmup-steps",
     "peers": "--peers", "quorum": "--quorum", "timeout_s": "--timeout-s", "reallocate": "--reallocate",
+    "sync": "--sync",
 }
 #: Where one keyword has another flag for one algorithm.
 _ALGORITHM_KEYWORD_FLAGS = {"ensemble_sync": {"period": "--period"}}

@@ -19,7 +19,11 @@ Two kinds (``Imbalance.kind``):
       independently at each step (the hierarchical-SGD post's emulation:
       1 % of steps, 1 s);
     * ``straggler:rank=0,ms=100`` - one rank is late by ``ms`` at every step
-      (StragglAR's persistent straggler).
+      (StragglAR's persistent straggler);
+    * ``switching:every=50,ms=100`` - one rank is late by ``ms`` at every
+      step, and which one changes every ``every`` steps: block b = t // every
+      draws its rank uniformly from the seed and b alone (so it may draw the
+      last block's rank again, with probability 1/P).
 
 ``"compute"``
     the compute time itself at that step (a real forward/backward pass is
@@ -45,9 +49,12 @@ import numpy as np
 
 __all__ = ["FORMS", "Imbalance", "parse_imbalance"]
 
+# Separates the switching model's per-block draws from the per-step ones.
+_SWITCHING = 0x5717
+
 #: The accepted spec forms, for error messages and ``--help``.
 FORMS = ("none", "random:k=K,ms=MS", "bernoulli:p=P,ms=MS", "straggler:rank=R,ms=MS",
-         "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]", "uniform:min_ms=MS,max_ms=MS",
+         "switching:every=K,ms=MS", "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]", "uniform:min_ms=MS,max_ms=MS",
          "trace:PATH")
 
 
@@ -172,6 +179,18 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
         late = np.zeros(ranks)
         late[int(rank)] = delay
         return Imbalance(spec, "delay", ranks, seed, lambda rng, t: late)
+    if form == "switching":
+        f = _fields(spec, body, ("every", "ms"))
+        every, delay = f["every"], _ms(spec, f, "ms")
+        if every != int(every) or every < 1:
+            raise _bad(spec, f"every must be an integer >= 1 (steps), got {every:g}")
+
+        def draw(rng, t):
+            out = np.zeros(ranks)
+            # The block's own generator: the same rank for all its steps.
+            out[np.random.default_rng([seed, _SWITCHING, t // int(every)]).integers(ranks)] = delay
+            return out
+        return Imbalance(spec, "delay", ranks, seed, draw)
     if form == "lognormal":
         f = _fields(spec, body, ("median_ms", "sigma"), ("min_ms", "max_ms"))
         median = _ms(spec, f, "median_ms", minimum=1e-9)

@@ -57,6 +57,12 @@ Root attributes
     waited (closed - opened), timed_out, final, then one status per rank
     (1 averaged, 0 rejoined with weight 0, -1 late, -2 dead) and one share
     per rank (its samples per step in the next round).
+``sync/stragglers`` (``sync="stragglar"``): one row per global
+    synchronization, columns sync, predicted (the straggler StragglAR ran
+    with; -1: the allreduce ran, no prediction), last (the rank whose
+    arrival was latest), lead_s (the seconds it arrived after the
+    second-latest), see :mod:`collectives.straggler_sync`; the summary's
+    ``stragglar_fraction`` and ``straggler_hit_rate`` come from it.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
@@ -65,7 +71,7 @@ Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
 ``summary`` attributes (complete runs): ``throughput`` (samples/s over all
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
     ``final_accuracy``, ``best_accuracy``, ``mean_wait_time``,
-    ``stale_fraction``; :func:`summarize` recomputes them from the datasets
+    ``stale_fraction`` (and the straggler predictor's two, above); :func:`summarize` recomputes them from the datasets
     for any file, a partial one included.
 
 Rank 0 writes; the other ranks send their rows as they go (a
@@ -77,6 +83,7 @@ end it is renamed to ``NAME.h5`` in one ``os.replace``.
 """
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -87,7 +94,7 @@ import numpy as np
 from collectives.collect import RootCollector
 
 __all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "load_run", "partial_path",
-           "summarize", "write_run"]
+           "straggler_summary", "summarize", "write_run"]
 
 SCHEMA = "wagma-run/1"
 STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
@@ -370,7 +377,7 @@ class Run:
     steps: dict = field(default_factory=dict)       # field -> (P, written) array
     eval: dict = field(default_factory=dict)        # field -> (E,) array
     summary: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)      # sync/<name> -> array (ensemble_sync's rounds)
+    tables: dict = field(default_factory=dict)      # sync/<name> by name -> array (rounds, stragglers)
 
     @property
     def config(self) -> dict:
@@ -406,6 +413,18 @@ def load_run(path: str) -> Run:
     return run
 
 
+def straggler_summary(rows) -> dict:
+    """The straggler predictor's record from table ``sync/stragglers``:
+    ``stragglar_fraction`` (global synchronizations run as StragglAR, with a
+    predicted straggler) and ``straggler_hit_rate`` (of those, the ones whose
+    predicted rank arrived last; NaN with none)."""
+    rows = np.asarray(rows)
+    predicted = rows[:, 1] >= 0
+    hits = predicted & (rows[:, 1] == rows[:, 2])
+    return {"stragglar_fraction": float(predicted.mean()),
+            "straggler_hit_rate": float(hits.sum() / predicted.sum()) if predicted.any() else math.nan}
+
+
 def summarize(run: Run, skip: int = 0) -> dict:
     """Throughput and accuracy figures of a run, from its datasets.
 
@@ -430,6 +449,9 @@ def summarize(run: Run, skip: int = 0) -> dict:
             out["throughput"] = float(np.nansum(samples[:, skip:])) / elapsed
         out["mean_wait_time"] = float(np.nanmean(run.steps["wait_time"]))
         out["stale_fraction"] = float(np.nanmean(run.steps["stale"]))
+    stragglers = run.tables.get("stragglers")
+    if stragglers is not None and len(stragglers):
+        out.update(straggler_summary(stragglers))
     accuracy = run.eval.get("accuracy", np.zeros(0))
     if accuracy.size and np.any(np.isfinite(accuracy)):
         out["final_accuracy"] = float(accuracy[-1])

@@ -2,7 +2,7 @@
 
 import math
 
-__all__ = ["broadcast_time", "rhd_time", "ring_time", "stragglar_time"]
+__all__ = ["break_even_lead", "broadcast_time", "rhd_time", "ring_time", "stragglar_time"]
 
 
 def ring_time(n, size, alpha, beta):
@@ -26,3 +26,22 @@ def stragglar_time(n, size, alpha, beta, rounds):
     Like the paper, it assumes the straggler's delay hides the ReduceScatter.
     """
     return rounds * alpha + rounds / (n - 1) * size * beta
+
+
+def break_even_lead(n, rounds):
+    """The straggler's lead, as a fraction of the ring allreduce's time, from
+    which StragglAR with it as the straggler beats the ring (bandwidth terms
+    of Table 1, large buffers).
+
+    With the last rank ``L`` seconds after the others, the ring ends
+    ``L + 2(n-1)/n s beta`` after the others' arrival; StragglAR ends
+    ``max(RS, L) + R/(n-1) s beta`` with the others' ReduceScatter
+    ``RS = (n-2)/(n-1) s beta``.  For ``L <= RS`` StragglAR is ahead when
+    ``L > RS + R/(n-1) s beta - 2(n-1)/n s beta``; divided by the ring's
+    time that is 1/3 at n = 4, 0.22 at n = 8, 0.14 at n = 16 (0 for n <= 2,
+    where StragglAR is one exchange like the ring's).
+    """
+    if n <= 2:
+        return 0.0
+    ring = 2 * (n - 1) / n
+    return max(0.0, ((n - 2) / (n - 1) + rounds / (n - 1) - ring) / ring)

@@ -33,6 +33,17 @@ class AllreduceSGD(Algorithm):
 
     Args:
         bucket_cap_mb: bucket size in MB (10**6 bytes), DDP's default 25.
+        sync: ``"allreduce"`` or ``"stragglar"``.  With ``"stragglar"``, a
+            step for which the predictor (:mod:`collectives.straggler_sync`)
+            names a rank that will arrive last launches no bucket during
+            backward: :meth:`step` averages each dtype's whole gradient with
+            StragglAR, that rank as the straggler.  The overlap of buckets
+            with backward and StragglAR's overlap of the others'
+            ReduceScatter with the straggler's lateness hide different
+            things; which is worth more is what the benchmark measures.
+            Steps without a prediction are DDP's, as with ``"allreduce"``.
+            Either way the average is the same up to the order of the float
+            additions.
 
     Example::
 
@@ -49,9 +60,10 @@ class AllreduceSGD(Algorithm):
 
     name = "allreduce_sgd"
 
-    def __init__(self, model, optimizer, comm, *, bucket_cap_mb=25.0):
-        super().__init__(model, optimizer, comm, bucket_cap_mb=bucket_cap_mb)
+    def __init__(self, model, optimizer, comm, *, bucket_cap_mb=25.0, sync="allreduce"):
+        super().__init__(model, optimizer, comm, bucket_cap_mb=bucket_cap_mb, sync=sync)
         self._broadcast_from_root()
+        self._open_straggler_sync(sync, self.flat.grads.values())
         self.buckets = self._make_buckets(int(bucket_cap_mb * 1e6))
         self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets)
                            for p in params}
@@ -62,11 +74,11 @@ class AllreduceSGD(Algorithm):
                        for p in self.flat.parameters]
 
     @classmethod
-    def check_options(cls, world_size, *, bucket_cap_mb):
+    def check_options(cls, world_size, *, bucket_cap_mb, sync):
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
                 or not bucket_cap_mb > 0:
             return f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}"
-        return None
+        return cls._sync_problem(sync)
 
     def _make_buckets(self, cap_bytes):
         """``(dtype, lo, hi, parameters)`` slices of the flat gradients."""
@@ -84,8 +96,12 @@ class AllreduceSGD(Algorithm):
         self._waiting = [len(params) for *_, params in self.buckets]
         self._launched = []
 
+    def _stragglar_step(self):
+        """Whether this step's gradients go to StragglAR (a predicted straggler)."""
+        return self.straggler_sync is not None and self.straggler_sync.straggler is not None
+
     def _gradient_ready(self, p):
-        if not self._sync:
+        if not self._sync or self._stragglar_step():
             return
         b = self._bucket_of[id(p)]
         self._waiting[b] -= 1
@@ -108,10 +124,19 @@ class AllreduceSGD(Algorithm):
 
     def _step(self):
         self.flat.check_views()
-        while len(self._launched) < len(self.buckets):
-            self._launch(len(self._launched))
-        for pending in self._launched:
-            pending.wait()
+        sync = self.straggler_sync
+        if sync is not None:
+            sync.begin(self._arrival())
+        if self._stragglar_step():
+            for grads in self.flat.grads.values():
+                sync.reduce(grads)
+        else:
+            while len(self._launched) < len(self.buckets):
+                self._launch(len(self._launched))
+            for pending in self._launched:
+                pending.wait()
+        if sync is not None:
+            sync.end()
         self.optimizer.step()
         for tensor in self.flat.buffers.values():
             broadcast(tensor, comm=self.comm, root=0, check=False)
@@ -123,3 +148,4 @@ class AllreduceSGD(Algorithm):
             hook.remove()
         self._hooks = []
         self._background.close()
+        super().close()

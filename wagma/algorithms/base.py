@@ -10,7 +10,9 @@ import torch
 
 from collectives import Communicator, broadcast
 from collectives.agreement import agree
+from collectives.straggler_sync import PredictedStragglerSync
 
+from ..algorithm_options import SYNCS
 from ..flat import FlatParameters
 from ..reallocation import Reallocation
 
@@ -70,6 +72,8 @@ class Algorithm:
         self.lock = contextlib.nullcontext()
         self.total_steps, self.samples_per_step, self._policy = None, None, None
         self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
+        self._work_since_sync = 0.0
+        self.straggler_sync = None
         problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
         agree(comm, self.name, problem, ValueError,
@@ -98,6 +102,13 @@ class Algorithm:
                     f"{len(owned - model)} of its are not the model's)")
         return None
 
+    @staticmethod
+    def _sync_problem(sync):
+        """The problem with a ``sync`` option, or None."""
+        if sync not in SYNCS:
+            return f"sync must be one of {', '.join(map(repr, SYNCS))}, got {sync!r}"
+        return None
+
     @classmethod
     def check_options(cls, world_size, **options):
         """The first problem with ``options`` on ``world_size`` ranks, as a
@@ -123,6 +134,7 @@ class Algorithm:
         entered = time.perf_counter()
         if self._returned is not None:
             self._period_seconds += entered - self._returned
+            self._work_since_sync += entered - self._returned
         self._period_samples += self.samples_per_step or 0
         self._step()
         self.steps += 1
@@ -149,11 +161,37 @@ class Algorithm:
         measured = np.array(self.comm.control.allgather(self._period_done()))
         self.samples_per_step = int(self._policy.update(measured[:, 0], measured[:, 1])[self.comm.rank])
 
+    def _open_straggler_sync(self, sync, templates):
+        """With ``sync="stragglar"``: the :class:`~collectives.straggler_sync.
+        PredictedStragglerSync` of the global averages over ``templates``
+        (averaging, op ``avg``), kept in :attr:`straggler_sync`."""
+        if sync == "stragglar":
+            self.straggler_sync = PredictedStragglerSync(self.comm, templates, op="avg")
+        return self.straggler_sync
+
+    def _arrival(self):
+        """This rank's arrival at a global synchronization for the straggler
+        predictor: the seconds of its work (between its steps, as
+        :meth:`step` times it) since the last one; resets the count."""
+        arrival, self._work_since_sync = self._work_since_sync, 0.0
+        return arrival
+
+    def sync_tables(self) -> dict:
+        """Tables for the run file's ``sync/`` group, ``name -> (rows,
+        columns)``: the straggler predictor's log with ``sync="stragglar"``
+        (one row per global synchronization)."""
+        if self.straggler_sync is None:
+            return {}
+        return {"stragglers": (self.straggler_sync.rows(), list(self.straggler_sync.COLUMNS))}
+
     def _step(self):
         raise NotImplementedError
 
     def close(self):
         """Release threads and communicators the algorithm holds (collective)."""
+        if self.straggler_sync is not None:
+            self.straggler_sync.close()
+            self.straggler_sync = None
 
     def __enter__(self):
         return self

@@ -145,6 +145,12 @@ class EnsembleSync(Algorithm):
             if tensor.device.type != "cpu":
                 tensor.copy_(torch.from_numpy(host))
 
+    def sync_tables(self) -> dict:
+        """On rank 0, the coordinator's round log as table ``rounds``."""
+        if self.coordinator is None or not self.coordinator.log:
+            return {}
+        return {"rounds": (self.coordinator.rows(), self.coordinator.columns())}
+
     @property
     def dead_ranks(self) -> set:
         return set(self.coordinator.dead) if self.coordinator is not None else set()

@@ -25,6 +25,10 @@ class LocalSGD(Algorithm):
         reallocate: after each average, Lemma 1's shares of the global
             batch for the next period (:mod:`wagma.reallocation`; one more
             allgather of two numbers per average).
+        sync: ``"allreduce"`` or ``"stragglar"``: each average as StragglAR
+            with the rank predicted to arrive last as its straggler
+            (:mod:`collectives.straggler_sync`; the same average up to the
+            order of the float additions, whoever arrives last).
 
     Example::
 
@@ -37,22 +41,26 @@ class LocalSGD(Algorithm):
 
     name = "local_sgd"
 
-    def __init__(self, model, optimizer, comm, *, period=1, reallocate=False):
-        super().__init__(model, optimizer, comm, period=period, reallocate=reallocate)
+    def __init__(self, model, optimizer, comm, *, period=1, reallocate=False, sync="allreduce"):
+        super().__init__(model, optimizer, comm, period=period, reallocate=reallocate, sync=sync)
         self.period = period
+        self._open_straggler_sync(sync, self.flat.params.values())
 
     @classmethod
-    def check_options(cls, world_size, *, period, reallocate):
+    def check_options(cls, world_size, *, period, reallocate, sync):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             return f"period must be an int >= 1, got {period!r}"
         if not isinstance(reallocate, bool):
             return f"reallocate must be True or False, got {reallocate!r}"
-        return None
+        return cls._sync_problem(sync)
 
     def _step(self):
         self.optimizer.step()
         if (self.steps + 1) % self.period == 0:
-            for tensor in self.flat.params.values():
-                allreduce(tensor, comm=self.comm, op="avg")
+            if self.straggler_sync is not None:
+                self.straggler_sync(list(self.flat.params.values()), self._arrival())
+            else:
+                for tensor in self.flat.params.values():
+                    allreduce(tensor, comm=self.comm, op="avg")
             if self._policy is not None:
                 self._reallocate()

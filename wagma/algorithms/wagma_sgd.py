@@ -36,20 +36,29 @@ class WagmaSGD(Algorithm):
         group_averaging: beta, use the blocking group allreduce.
         reallocate: after each global average, Lemma 1's shares of the
             global batch for the next tau steps (:mod:`wagma.reallocation`).
+        sync: ``"allreduce"`` or ``"stragglar"``: the global average every
+            tau steps as StragglAR with the rank predicted to arrive last as
+            its straggler (:mod:`collectives.straggler_sync`; the same
+            average up to the order of the float additions).  Between global
+            averages the wait-avoiding groups let a slow rank fall behind
+            without holding anyone up, so the tau-step average is where its
+            lateness shows, and where StragglAR can hide it.
     """
 
     name = "wagma"
 
     def __init__(self, model, optimizer, comm, *, group_size, tau=10,
-                 wait_avoiding=True, group_averaging=False, reallocate=False):
+                 wait_avoiding=True, group_averaging=False, reallocate=False, sync="allreduce"):
         super().__init__(model, optimizer, comm, group_size=group_size, tau=tau,
-                         wait_avoiding=wait_avoiding, group_averaging=group_averaging, reallocate=reallocate)
+                         wait_avoiding=wait_avoiding, group_averaging=group_averaging, reallocate=reallocate,
+                         sync=sync)
         self.group_size, self.tau = group_size, tau
         self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
         self._collectives = None
+        self._open_straggler_sync(sync, self.flat.params.values())
 
     @classmethod
-    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, reallocate):
+    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, reallocate, sync):
         try:
             ButterflyGrouping(world_size, group_size)
         except (TypeError, ValueError) as exc:
@@ -63,7 +72,7 @@ class WagmaSGD(Algorithm):
                     "(Algorithm 2's alpha and beta)")
         if not isinstance(reallocate, bool):
             return f"reallocate must be True or False, got {reallocate!r}"
-        return None
+        return cls._sync_problem(sync)
 
     def _step(self):
         t = self.steps
@@ -74,13 +83,13 @@ class WagmaSGD(Algorithm):
                     self.comm.data, tensor, group_size=self.group_size, tau=self.tau,
                     op="avg", first_iteration=t).open()
                 for dtype, tensor in self.flat.params.items()}
+        if (t + 1) % self.tau == 0:
+            self._global_average(t)
+            if self._policy is not None:
+                self._reallocate()
+            return
         for dtype, tensor in self.flat.params.items():
-            if (t + 1) % self.tau == 0:
-                if self.wait_avoiding:
-                    self._collectives[dtype].sync_allreduce(tensor, t, op="avg")
-                else:
-                    allreduce(tensor, comm=self.comm, op="avg")
-            elif self.wait_avoiding:
+            if self.wait_avoiding:
                 # W'_t (tensor) is lent to the collective; the model moves to
                 # the result buffer instead of the result being copied back.
                 result = self._collectives[dtype].allreduce(tensor, t)
@@ -92,10 +101,26 @@ class WagmaSGD(Algorithm):
             elif self.group_averaging:
                 group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
                                 t=t, op="avg")
-        if self._policy is not None and (t + 1) % self.tau == 0:
-            self._reallocate()
+
+    def _global_average(self, t):
+        """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t."""
+        sync = self.straggler_sync
+        if sync is not None:
+            sync.begin(self._arrival())
+        for dtype, tensor in self.flat.params.items():
+            if sync is not None:
+                sync.reduce(tensor)
+                if self.wait_avoiding:
+                    self._collectives[dtype].sync_reduced(tensor, t)
+            elif self.wait_avoiding:
+                self._collectives[dtype].sync_allreduce(tensor, t, op="avg")
+            else:
+                allreduce(tensor, comm=self.comm, op="avg")
+        if sync is not None:
+            sync.end()
 
     def close(self):
         for wa in (self._collectives or {}).values():
             wa.close()
         self._collectives = None
+        super().close()
