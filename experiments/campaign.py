@@ -26,6 +26,15 @@
     ``table.md`` (what each fault cost), ``time_vs_epoch_<fault>.png`` and
     ``allocation.png``.
 
+``.venv/bin/python -m experiments.campaign stragglersync``
+    ``--sync stragglar`` against the allreduce (issue 20): 8 ranks with
+    emulated compute and ResNet-18's buffers (42.6 MiB of float32), under a
+    persistent straggler (the last rank ``--delay-ms`` late at every step)
+    and under random-k (2 random ranks as late, the WAGMA paper's shape),
+    for allreduce_sgd, local_sgd with tau 1 and 10, and wagma.  Writes
+    ``table.md``: throughput with each sync, the gain, and how often the
+    predictor planned StragglAR and was right.
+
 Each writes its run files, ``table.md`` (the ``wagma.analysis`` table) and
 the figures (``wagma.analysis --plot``) into ``--out-dir`` and prints the
 table.  ``--out-dir`` defaults to a fresh ``runs/CAMPAIGN-YYYYmmdd-HHMMSS``
@@ -40,6 +49,7 @@ job's command line is printed as it can be pasted to run it again.
 """
 
 import argparse
+import math
 import os
 import shlex
 import subprocess
@@ -133,7 +143,28 @@ def main(argv=None):
                    help="run files, table.md and figures [a fresh runs/ensemblesync-YYYYmmdd-HHMMSS]; "
                         "results/ensemblesync refreshes the committed reference results")
     e.add_argument("--algos", default="allreduce_sgd,adpsgd,ensemble_sync", help="comma-separated algorithms")
+    g = sub.add_parser("stragglersync", help="--sync stragglar against the allreduce under a persistent "
+                       "straggler and under random-k", formatter_class=HelpFormatter)
+    g.add_argument("--ranks", type=int, default=8, help="ranks of every run")
+    g.add_argument("--steps", type=int, default=60, help="steps of every run")
+    g.add_argument("--compute-ms", type=float, default=50.0, help="each step's emulated compute")
+    g.add_argument("--delay-ms", type=float, default=300.0,
+                   help="the late rank's delay: about the allreduce's time on 8 ranks of 2 cores at "
+                        "this size (results/stragglar_sync)")
+    g.add_argument("--model", default="resnet18", help="whose buffers are communicated")
+    g.add_argument("--imbalances", default="persistent,random-k", help="comma-separated: persistent, random-k")
+    g.add_argument("--skip-steps", type=int, default=5, help="steps left out of the throughput")
+    g.add_argument("--algos", default="allreduce_sgd,local_sgd,local_sgd:10,wagma",
+                   help="comma-separated algorithms; local_sgd:TAU for another period")
+    g.add_argument("--out-dir", default=None,
+                   help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
+                        "results/stragglersync refreshes the committed reference results")
     args = parser.parse_args(argv)
+    if args.campaign == "stragglersync":
+        if set(args.imbalances.split(",")) - {"persistent", "random-k"}:
+            parser.error(f"--imbalances: accepted persistent, random-k; got {args.imbalances!r}")
+        args.variants, args.algos = [a.partition(":") for a in args.algos.split(",") if a], \
+            ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a))
     from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
     algos = [a for a in args.algos.split(",") if a]
     unknown = sorted(set(algos) - set(ALGORITHMS))
@@ -157,6 +188,8 @@ def main(argv=None):
         _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
     elif args.campaign == "ensemblesync":
         _ensemblesync(args, mpiexec, out_dir, algos)
+    elif args.campaign == "stragglersync":
+        _stragglersync(args, mpiexec, out_dir)
     else:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for algo in algos:
@@ -226,6 +259,49 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
     if allocations:
         plot_allocation(allocations, "samples per step of each rank (Lemma 1's reallocation)",
                         os.path.join(out_dir, "allocation.png"))
+
+def _stragglersync(args, mpiexec, out_dir):
+    """Every algorithm variant with ``--sync allreduce`` and ``stragglar``,
+    under a persistent straggler and under random-k; ``table.md``."""
+    from wagma.results import load_run, summarize
+
+    known = {"persistent": f"straggler:rank={args.ranks - 1},ms={args.delay_ms:g}",
+             "random-k": f"random:k=2,ms={args.delay_ms:g}"}
+    imbalances = {name: known[name] for name in args.imbalances.split(",")}
+    common = ["--dataset", "synthetic", "--model", args.model, "--compute", "emulate",
+              "--compute-ms", str(args.compute_ms), "--max-steps", str(args.steps), "--epochs", str(args.steps),
+              "--batch-size", "128", "--eval-every", "0", "--no-progress"]
+    rows = []
+    for imbalance, spec in imbalances.items():
+        for algo, _, tau in args.variants:
+            label = f"{algo} (tau {tau or 1})" if algo == "local_sgd" else algo
+            summaries = {}
+            for sync in ("allreduce", "stragglar"):
+                out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}.h5")
+                _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync,
+                                                      *(["--tau", tau] if tau else [])])
+                summaries[sync] = summarize(load_run(out), skip=args.skip_steps)
+            rows.append((imbalance, label, summaries["allreduce"], summaries["stragglar"]))
+    table = _stragglersync_table(args, imbalances, rows)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(table)
+    print("\n" + table, flush=True)
+
+
+def _stragglersync_table(args, imbalances, rows):
+    lines = [f"{args.ranks} ranks, {os.cpu_count()} cores; emulated compute {args.compute_ms:g} ms per step, "
+             f"{args.model}'s buffers, batch 128; {args.steps} steps, the first {args.skip_steps} left out; "
+             + "; ".join(f"{k}: `{v}`" for k, v in imbalances.items()) + ".", "",
+             "| imbalance | algorithm | samples/s, allreduce | samples/s, stragglar | gain | "
+             "syncs run as StragglAR | predictor's hit rate |", "|---|---|---|---|---|---|---|"]
+    for imbalance, label, base, ours in rows:
+        gain = ours["throughput"] / base["throughput"] - 1
+        hits = ours.get("straggler_hit_rate", math.nan)
+        lines.append(f"| {imbalance} | {label} | {base['throughput']:.0f} | {ours['throughput']:.0f} | "
+                     f"{100 * gain:+.1f} % | {100 * ours.get('stragglar_fraction', 0):.0f} % | "
+                     f"{'-' if math.isnan(hits) else f'{100 * hits:.0f} %'} |")
+    return "\n".join(lines) + "\n"
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -84,3 +84,36 @@ def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files
     # The others stood still for one timeout (0.5 s), not the 2 s outage: the
     # longest step less the median step, so give or take a step's spread (50 ms).
     assert 0.45 <= stop["others_longest_wait_s"] < 1.5 and stop["skipped_steps"] > 0
+
+
+@pytest.mark.launcher
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_stragglersync_campaign_tabulates_both_syncs_from_the_run_files(tmp_path):
+    """local SGD (tau 2) on 4 ranks with a persistent straggler: one run per
+    sync, the table's throughput and the predictor's columns from the files."""
+    from wagma.results import summarize
+
+    command = [sys.executable, "-m", "experiments.campaign", "stragglersync", "--ranks", "4", "--steps", "16",
+               "--skip-steps", "2", "--model", "mlp", "--compute-ms", "5", "--delay-ms", "30",
+               "--algos", "local_sgd:2", "--imbalances", "persistent", "--out-dir", str(tmp_path)]
+    job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert job.returncode == 0, job.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "local_sgd_tau2_persistent_allreduce.h5", "local_sgd_tau2_persistent_stragglar.h5", "table.md"]
+    line = (tmp_path / "table.md").read_text().splitlines()[4]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:2] == ["persistent", "local_sgd (tau 2)"]
+    base, ours = (summarize(load_run(str(tmp_path / f"local_sgd_tau2_persistent_{s}.h5")), skip=2)
+                  for s in ("allreduce", "stragglar"))
+    assert float(cells[2]) == pytest.approx(base["throughput"], abs=0.5)
+    assert float(cells[3]) == pytest.approx(ours["throughput"], abs=0.5)
+    # 8 syncs; the last rank leads by 30 ms at every one.  No prediction
+    # can come before the 4th sync (collectives.straggler_prediction), so at
+    # most 5 of 8 run as StragglAR; a rank descheduled by the OS for longer
+    # than 30 ms at one sync (2 cores, 4 ranks) can cost one sync a miss
+    # and the next ones their prediction, hence at least 3.
+    assert 3 / 8 <= ours["stragglar_fraction"] <= 5 / 8
+    assert ours["straggler_hit_rate"] >= 0.75
+    assert cells[5] == f"{100 * ours['stragglar_fraction']:.0f} %"
+    assert cells[6] == f"{100 * ours['straggler_hit_rate']:.0f} %"
+    assert "stragglar_fraction" not in base
