@@ -88,9 +88,12 @@ def test_a_4_rank_run_writes_every_field_and_checks_the_wrong_prediction(tmp_pat
         totals = f["median_total_s"][()]
         assert totals == pytest.approx(np.median(seconds[..., 0], axis=3))
         assert f["speedup_over_ring"][()] == pytest.approx(totals[2] / totals[0])
-        for name in ("speedup_over_rhd", "speedup_over_MPI_Allreduce", "wrong_vs_ring",
-                     "wrong_vs_right"):
-            assert f[name].shape == (1, 2)
+        for name in ("speedup_over_ring", "speedup_over_rhd", "speedup_over_MPI_Allreduce",
+                     "wrong_vs_ring", "wrong_vs_right"):
+            assert f[name].shape == f[f"paired_{name}"].shape == (1, 2)
+        # One repetition: the median of the per-repetition ratios is the ratio.
+        assert f["paired_wrong_vs_ring"][()] == pytest.approx(totals[1] / totals[2])
+        assert f.attrs["loadavg_before"] >= 0 and f.attrs["loadavg_after"] >= 0
         errors = f["check_max_abs_error"][()]
         assert errors.shape == (5, 1) and errors[names.index("stragglar_wrong"), 0] == 0
         assert np.all(errors <= f.attrs["check_tolerance"])

@@ -370,9 +370,11 @@ def main(argv=None):
     with Communicator(MPI.COMM_WORLD) as comm:
         attrs = run_attributes(comm.data)
         if args.sync:
+            load = os.getloadavg()
             measured = measure_sync(comm, straggler, args.sizes, args.factors,
                                     args.reps, args.warmup)
             if comm.rank == 0:
+                attrs.update(loadavg_before=load[0], loadavg_after=os.getloadavg()[0])
                 _report_sync(args, attrs, straggler, *measured)
             return
         scan = measure(comm, straggler, args.sizes, [args.delay_ms / 1e3],
@@ -399,7 +401,9 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
              f"{attrs['mpi_library']}; float32 sum in place; late rank {late}, StragglAR "
              f"planned for it ({rounds} rounds) and, as `stragglar_wrong`, for rank {wrong}; "
              f"median of {args.reps} repetitions after {args.warmup} warm-up; git "
-             f"{attrs['git_commit'][:10]}.",
+             f"{attrs['git_commit'][:10]}; 1-minute load average {attrs['loadavg_before']:.1f} "
+             f"before, {attrs['loadavg_after']:.1f} after (other jobs on the machine "
+             f"show as a load above the ranks' own).",
              "",
              "Times: median total in ms, from the on-time ranks' entry (after a barrier) to "
              "the last rank's return. Delay: the late rank's sleep before each call, the "
@@ -439,11 +443,17 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
                                       "(total, after_arrival)")
         f["median_total_s"] = totals
         f["median_total_s"].attrs["axes"] = "implementation, size, factor"
-        ratios = sync_speedups(totals)
-        for key, value in ratios.items():
+        paired = sync_speedups(times[..., 0])          # size, factor, repetition
+        for key, value in sync_speedups(totals).items():
             name = key if key.startswith("wrong") else f"speedup_{key}"
             f[name] = value
             f[name].attrs["axes"] = "size, factor"
+            f[name].attrs["rule"] = "ratio of the median totals (the table's)"
+            f[f"paired_{name}"] = np.median(paired[key], axis=-1)
+            f[f"paired_{name}"].attrs["axes"] = "size, factor"
+            f[f"paired_{name}"].attrs["rule"] = (
+                "median over repetitions of the ratio within a repetition (the "
+                "implementations run back to back, so load from elsewhere hits both)")
         f["check_max_abs_error"] = errors
         f["check_max_abs_error"].attrs["axes"] = "implementation, size"
     table = os.path.splitext(out)[0] + ".md"
