@@ -146,16 +146,19 @@ def main(argv=None):
     g = sub.add_parser("stragglersync", help="--sync stragglar against the allreduce under a persistent "
                        "straggler and under random-k", formatter_class=HelpFormatter)
     g.add_argument("--ranks", type=int, default=8, help="ranks of every run")
-    g.add_argument("--steps", type=int, default=60, help="steps of every run")
+    g.add_argument("--steps", type=int, default=80, help="steps of every run")
+    g.add_argument("--repeats", type=int, default=2,
+                   help="runs of each sync per algorithm and imbalance (the table averages them)")
     g.add_argument("--compute-ms", type=float, default=50.0, help="each step's emulated compute")
-    g.add_argument("--delay-ms", type=float, default=300.0,
-                   help="the late rank's delay: about the allreduce's time on 8 ranks of 2 cores at "
-                        "this size (results/stragglar_sync)")
+    g.add_argument("--delay-ms", type=float, default=100.0,
+                   help="the late rank's delay: about ring's allreduce time for ResNet-18's 42.6 MiB on "
+                        "8 ranks of 2 cores (82 ms at 32 MiB, 125 at 64: results/stragglar_sync)")
     g.add_argument("--model", default="resnet18", help="whose buffers are communicated")
     g.add_argument("--imbalances", default="persistent,random-k", help="comma-separated: persistent, random-k")
     g.add_argument("--skip-steps", type=int, default=5, help="steps left out of the throughput")
-    g.add_argument("--algos", default="allreduce_sgd,local_sgd,local_sgd:10,wagma",
-                   help="comma-separated algorithms; local_sgd:TAU for another period")
+    g.add_argument("--algos", default="allreduce_sgd,local_sgd:1,local_sgd:10,wagma",
+                   help="comma-separated algorithms, ALGO:TAU for wagma's or local_sgd's period "
+                        "(local_sgd alone: tau 1, the WAGMA paper's baseline; wagma alone: its default 10)")
     g.add_argument("--out-dir", default=None,
                    help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
                         "results/stragglersync refreshes the committed reference results")
@@ -274,14 +277,19 @@ def _stragglersync(args, mpiexec, out_dir):
     rows = []
     for imbalance, spec in imbalances.items():
         for algo, _, tau in args.variants:
-            label = f"{algo} (tau {tau or 1})" if algo == "local_sgd" else algo
-            summaries = {}
-            for sync in ("allreduce", "stragglar"):
-                out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}.h5")
+            tau = tau or ("1" if algo == "local_sgd" else "")
+            label = f"{algo} (tau {tau})" if tau else algo
+            runs = {"allreduce": [], "stragglar": []}
+            # A then B, then B then A: a drift of the machine's load hits both alike.
+            order = [s for r in range(args.repeats) for s in (("allreduce", "stragglar"), ("stragglar", "allreduce"))[r % 2]]
+            for r, sync in enumerate(order):
+                out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}"
+                                            f"{'' if r < 2 else f'_{r // 2}'}.h5")
                 _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync,
                                                       *(["--tau", tau] if tau else [])])
-                summaries[sync] = summarize(load_run(out), skip=args.skip_steps)
-            rows.append((imbalance, label, summaries["allreduce"], summaries["stragglar"]))
+                runs[sync].append(summarize(load_run(out), skip=args.skip_steps))
+            rows.append((imbalance, label, *({k: sum(s[k] for s in runs[sync] if k in s) / len(runs[sync])
+                                              for k in runs[sync][0]} for sync in ("allreduce", "stragglar"))))
     table = _stragglersync_table(args, imbalances, rows)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
@@ -291,6 +299,7 @@ def _stragglersync(args, mpiexec, out_dir):
 def _stragglersync_table(args, imbalances, rows):
     lines = [f"{args.ranks} ranks, {os.cpu_count()} cores; emulated compute {args.compute_ms:g} ms per step, "
              f"{args.model}'s buffers, batch 128; {args.steps} steps, the first {args.skip_steps} left out; "
+             f"each figure the mean of {args.repeats} runs; "
              + "; ".join(f"{k}: `{v}`" for k, v in imbalances.items()) + ".", "",
              "| imbalance | algorithm | samples/s, allreduce | samples/s, stragglar | gain | "
              "syncs run as StragglAR | predictor's hit rate |", "|---|---|---|---|---|---|---|"]

@@ -95,7 +95,7 @@ def test_stragglersync_campaign_tabulates_both_syncs_from_the_run_files(tmp_path
 
     command = [sys.executable, "-m", "experiments.campaign", "stragglersync", "--ranks", "4", "--steps", "16",
                "--skip-steps", "2", "--model", "mlp", "--compute-ms", "5", "--delay-ms", "30",
-               "--algos", "local_sgd:2", "--imbalances", "persistent", "--out-dir", str(tmp_path)]
+               "--algos", "local_sgd:2", "--imbalances", "persistent", "--repeats", "1", "--out-dir", str(tmp_path)]
     job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert job.returncode == 0, job.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
