@@ -1,5 +1,6 @@
 """The scale simulator (wagma.sim): closed forms, the algorithms' waiting rules, files, CLI, validation."""
 
+import json
 import math
 from pathlib import Path
 
@@ -7,8 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
+from collectives.stragglar.cost import break_even_lead, rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
+from collectives.straggler_prediction import StragglerPredictor
+from collectives.straggler_sync import PredictedStragglerSync
 from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import Network, Scenario, compute_times, save, simulate
@@ -149,6 +152,136 @@ def test_stragglar_hides_the_reduce_scatter_behind_a_late_rank():
     assert np.allclose(step_times(run), expected)
 
 
+WARMUP = 3     # syncs the default predictor needs to name a persistent straggler (0.25, 0.44, 0.58 >= 0.5)
+# The runtime's gate from the second sync on: the break-even share of the allreduce's time.
+GATE = break_even_lead(8, lower_bound(8)) * rhd_time(8, 4 * BIG, NET.alpha, NET.beta)
+SYNCED = [("allreduce_sgd", {}), ("local_sgd", {"period": 5}), ("wagma", {"group_size": 4, "tau": 5})]
+
+
+def _log(run):
+    """A predicted run's log, each row with the step of its synchronization first."""
+    rows = run.tables["stragglers"]
+    tau = max(1, run.attrs["tau"])
+    return np.column_stack([rows[:, 0] * tau + tau - 1, rows[:, 1:]])
+
+
+def _arrivals(run, compute):
+    """Per global synchronization of a predicted run: each rank's arrival ``f``."""
+    clock = run.steps["clock"]
+    steps = _log(run)[:, 0].astype(int)
+    before = np.concatenate([np.zeros((clock.shape[0], 1)), clock[:, :-1]], axis=1)
+    return (before + compute)[:, steps].T
+
+
+@pytest.mark.parametrize("algorithm, options", SYNCED)
+def test_a_predicted_persistent_straggler_makes_stragglar_as_fast_as_the_oracle_after_the_warm_up(algorithm, options):
+    sc = scenario(steps=40, imbalance="straggler:rank=6,ms=50")
+    predicted = simulate(algorithm, sc, sync="stragglar", **options)
+    oracle = simulate(algorithm, scenario(steps=40, imbalance="straggler:rank=6,ms=50", collective="stragglar"),
+                      **options)
+    fallback = simulate(algorithm, sc, sync="allreduce", **options)
+    tau = options.get("period", options.get("tau", 1))
+    first = WARMUP * tau                    # the step after the warm-up's last sync
+    assert np.allclose(step_times(predicted)[:, first:], step_times(oracle)[:, first:], rtol=0, atol=1e-9)
+    assert np.array_equal(predicted.steps["clock"][:, :first], fallback.steps["clock"][:, :first])
+    assert not np.allclose(step_times(oracle)[:, first:], step_times(fallback)[:, first:])   # it matters
+    syncs = _log(predicted)
+    assert syncs.shape == (40 // tau, 5) and np.array_equal(syncs[:, 0], np.arange(tau - 1, 40, tau))
+    assert np.all(syncs[:WARMUP, 1] == -1) and np.all(syncs[WARMUP:, 1] == 6) and np.all(syncs[:, 2] == 6)
+    assert syncs[0, 4] == 0 and np.allclose(syncs[1:, 4], GATE)
+    # Its lead: tau delays; WAGMA-SGD's other ranks arrive later by their group averaging.
+    assert np.all(syncs[:, 3] <= 0.05 * tau + 1e-12) and np.all(syncs[:, 3] > 0.05 * tau - 0.03)
+    summary = predicted.summary
+    assert (summary["straggler_syncs"], summary["straggler_predictions"], summary["straggler_hits"]) == \
+        (40 // tau, 40 // tau - WARMUP, 40 // tau - WARMUP)
+    assert summary["straggler_hit_rate"] == 1.0 and summary["stragglar_fraction"] == 1 - WARMUP / (40 // tau)
+    assert predicted.attrs["sync"] == "stragglar" and fallback.attrs["sync"] == "allreduce"
+    assert not fallback.tables and "straggler_hits" not in fallback.summary
+
+
+def test_a_wrong_prediction_hides_nothing_of_the_late_ranks_delay():
+    # The late rank moves every 20 steps: the old one is still predicted for three syncs.
+    sc = scenario(steps=100, imbalance="switching:every=20,ms=50")
+    run = simulate("allreduce_sgd", sc, sync="stragglar")
+    rs = ring_time(7, 4 * BIG, NET.alpha, NET.beta) / 2
+    after = stragglar_time(8, 4 * BIG, NET.alpha, NET.beta, lower_bound(8))
+    arrivals, end = _arrivals(run, compute_times(sc)), run.steps["clock"][0]
+    misses = hits = 0
+    for (step, p, last, lead, _), f in zip(_log(run), arrivals):
+        p, last, step = int(p), int(last), int(step)
+        if p < 0:
+            continue
+        others = np.delete(f, p).max()
+        assert end[step] == pytest.approx(max(others + rs, f[p]) + after, abs=1e-12)
+        if p == last:
+            hits += 1                           # the ReduceScatter hides behind the 50 ms
+            assert end[step] == pytest.approx(f.max() + after, abs=1e-12)
+        else:
+            misses += 1                         # the late rank is in the ReduceScatter
+            assert end[step] == pytest.approx(f.max() + rs + after, abs=1e-12)
+            assert lead == pytest.approx(0.05) and f[last] == f.max()
+    assert misses >= 6 and misses % 3 == 0 and hits > 50
+    assert run.summary["straggler_hit_rate"] == pytest.approx(hits / (hits + misses))
+    # A miss costs more than the allreduce it replaced; the hits win it back here.
+    assert rs + after > rhd_time(8, 4 * BIG, NET.alpha, NET.beta) > after
+    plain = simulate("allreduce_sgd", sc)
+    assert run.summary["throughput"] > plain.summary["throughput"]
+
+
+@pytest.mark.parametrize("algorithm, options", SYNCED)
+def test_random_late_ranks_are_seldom_predicted(algorithm, options):
+    # A rank must be last about three syncs in a row to be predicted: 1 in P^2 syncs.
+    sc = scenario(ranks=16, steps=400, imbalance="random:k=2,ms=320")
+    run = simulate(algorithm, sc, sync="stragglar", **options)
+    assert run.summary["stragglar_fraction"] <= 0.1
+    assert run.summary["straggler_hits"] <= 0.5 * run.summary["straggler_predictions"]
+    plain = simulate(algorithm, sc, **options)
+    assert run.summary["throughput"] == pytest.approx(plain.summary["throughput"], rel=1e-3)
+
+
+def test_the_lead_gate_keeps_two_equally_late_ranks_from_being_predicted():
+    # At every step two ranks are late by the same 320 ms: the last one (the lower
+    # of the two, on the tie) leads by nothing.  Without the gate the lowest ranks
+    # are predicted for it, and wrongly most of the time.
+    sc = scenario(steps=400, imbalance="random:k=2,ms=320")
+    gated = simulate("allreduce_sgd", sc, sync="stragglar")
+    assert gated.summary["straggler_predictions"] == 0 and np.all(gated.tables["stragglers"][:, 3] == 0)
+    bare = simulate("allreduce_sgd", scenario(steps=400, imbalance="random:k=2,ms=320", min_lead_s=0.0),
+                    sync="stragglar")
+    assert bare.summary["stragglar_fraction"] > 0.05 and bare.summary["straggler_hit_rate"] < 0.5
+    assert bare.summary["throughput"] < gated.summary["throughput"]
+
+
+@pytest.mark.parametrize("algorithm, options", SYNCED)
+def test_the_simulated_prediction_is_the_runtime_predictors_on_the_simulated_arrivals(algorithm, options):
+    sc = scenario(steps=200, imbalance="switching:every=7,ms=30", seed=2)
+    run = simulate(algorithm, sc, sync="stragglar", **options)
+    predictor = StragglerPredictor(8)
+    clock = run.steps["clock"][0]
+    since = 0.0
+    for k, ((step, p, last, lead, gate), f) in enumerate(zip(_log(run), _arrivals(run, compute_times(sc)))):
+        if k >= 1:          # PredictedStragglerSync.end: the allreduce of sync k - 1 measured
+            predictor.min_lead_s = GATE
+        assert predictor.observe(f - since) == (p, last, pytest.approx(lead, abs=1e-12))
+        assert gate == predictor.min_lead_s
+        since = clock[int(step)]
+    assert (predictor.predicted, predictor.hits) == \
+        (run.summary["straggler_predictions"], run.summary["straggler_hits"])
+    assert list(PredictedStragglerSync.COLUMNS) == ["sync", "predicted", "last", "lead_s", "min_lead_s"]
+    assert np.array_equal(run.tables["stragglers"][:, 0], np.arange(len(run.tables["stragglers"])))
+
+
+def test_predictor_settings_are_taken_and_checked():
+    sc = scenario(steps=40, imbalance="straggler:rank=6,ms=50", confidence=0.9)
+    assert simulate("allreduce_sgd", sc, sync="stragglar").summary["straggler_predictions"] == 40 - 9   # 1 - 0.75^9 >= 0.9
+    gated = scenario(steps=40, imbalance="straggler:rank=6,ms=50", min_lead_s=0.06)
+    assert simulate("allreduce_sgd", gated, sync="stragglar").summary["straggler_predictions"] == 0
+    with pytest.raises(ValueError, match="decay must be a number in"):
+        scenario(decay=0)
+    with pytest.raises(ValueError, match="collective='stragglar' .* cannot be that"):
+        simulate("local_sgd", scenario(collective="stragglar"), sync="stragglar")
+
+
 def test_ensemble_sync_without_late_ranks_waits_for_the_slowest_like_local_sgd_plus_its_tree():
     sc = scenario(imbalance="random:k=2,ms=320", seed=1, steps=30)
     compute = compute_times(sc)
@@ -192,7 +325,10 @@ def test_results_reproduce_from_the_seed():
     ("wagma", {"group_size": 3}, "power of two"),
     ("sgp", {"peers": 9}, "peers must be an int from 1 to ceil(log2 P) = 3"),
     ("eager_sgd", {"quorum": "half"}, "quorum must be 'solo' or 'majority'"),
-    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period, reallocate"),
+    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period, reallocate, sync"),
+    ("wagma", {"group_size": 4, "sync": "ring"}, "sync must be one of allreduce, stragglar, got 'ring'"),
+    ("allreduce_sgd", {"sync": None}, "sync must be one of allreduce, stragglar, got None"),
+    ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; accepted: none"),
     ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
     ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number of seconds above 0"),
     ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "group size 16 exceeds the 8 ranks"),
@@ -224,7 +360,7 @@ def test_simulated_files_sit_beside_measured_ones_in_the_analysis(tmp_path):
         runs.append(load_run(save(simulate(algo, sc, **options), str(tmp_path / f"{algo}.h5"))))
     assert runs[0].attrs["kind"] == "simulated" and runs[0].attrs["compute"] == "simulated"
     with h5py.File(tmp_path / "wagma.h5") as f:
-        assert f["sim/age"].shape == (8, 50)
+        assert f["sim/age"].shape == (8, 50) and "sync" not in f
     rows = compare([measured, *runs], skip=5)
     kinds = {(row["algorithm"], row["compute"]): row for row in rows}
     assert set(kinds) == {("wagma", "emulate"), ("wagma", "simulated"), ("allreduce_sgd", "simulated")}
@@ -253,8 +389,29 @@ def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, caps
     assert (run.attrs["group_size"], run.attrs["tau"], run.steps["clock"].shape) == (8, 10, (64, 50))
 
 
+def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, capsys):
+    status = sim_main(["--algo", "allreduce_sgd,local_sgd,dpsgd", "--ranks", "16", "--steps", "50",
+                       "--parameters", "1000000", "--tau", "5", "--sync", "stragglar",
+                       "--imbalance", "straggler:rank=2,ms=50", "--predictor-confidence", "0.9",
+                       "--out-dir", str(tmp_path)])
+    assert status == 0
+    spread = capsys.readouterr().out.split("\n\n")[1].splitlines()
+    assert spread[0].split()[-4:] == ["sync", "predicted", "hit", "rate"]
+    rows = {cells[0]: cells[-3:] for cells in map(str.split, spread[2:])}
+    assert rows == {"allreduce_sgd": ["stragglar", "41/50", "1.000"], "local_sgd": ["stragglar", "1/10", "1.000"],
+                    "dpsgd": ["none", "-", "-"]}
+    run = load_run(str(tmp_path / "allreduce_sgd_p16.h5"))
+    assert run.attrs["sync"] == "stragglar" and run.config["scenario"]["confidence"] == 0.9
+    assert (run.summary["straggler_predictions"], run.summary["straggler_hits"]) == (41, 41)
+    assert (run.tables["stragglers"].shape, run.summary["straggler_hit_rate"]) == ((50, 5), 1.0)
+    with h5py.File(tmp_path / "local_sgd_p16.h5") as f:
+        assert f["sync/stragglers"].shape == (10, 5)
+        assert json.loads(f["sync/stragglers"].attrs["columns"]) == list(PredictedStragglerSync.COLUMNS)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--algo", "sgd"], "--algo must be all or a comma-separated list"),
+    (["--algo", "local_sgd", "--sync", "gossip"], "sync must be one of allreduce, stragglar, got 'gossip'"),
     (["--ranks", "6", "--algo", "wagma"], "power of two"),
     (["--beta-gbps", "0"], "--beta-gbps > 0"),
     (["--ranks", "4,x"], "expected comma-separated integers"),

@@ -6,7 +6,10 @@ entry point (same specs, same seeds, :func:`~wagma.sim.engine.compute_times`),
 communication from the alpha-beta model (:mod:`wagma.sim.network`), and each
 algorithm's rule of who waits for whom.  Results are runs in the schema of
 measured ones (:func:`~wagma.sim.engine.save`), so ``wagma.analysis``
-compares simulated and measured files side by side.  CLI:
+compares simulated and measured files side by side.  With ``sync="stragglar"``
+the global synchronizations run StragglAR for the rank the runtime's
+predictor (:mod:`collectives.straggler_prediction`) names from the
+simulated arrivals.  CLI:
 ``python -m wagma.sim`` (docs/simulator.md).
 """
 

@@ -12,7 +12,7 @@ from wagma.algorithm_options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table, render
 
-from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
+from .engine import ALGORITHMS, Scenario, age_summary, prediction_summary, save, simulate
 from .network import COLLECTIVES, Network
 
 __all__ = ["format_spread", "main", "model_parameters"]
@@ -34,15 +34,25 @@ def model_parameters(name: str) -> int:
 
 def format_spread(runs, skip=0, markdown=False) -> str:
     """Per run: how the waiting spreads over the ranks (each rank's mean wait
-    per step: the least, median and most waiting rank) and how old the
-    averaged contributions were (mean and largest age in steps)."""
-    cells = [["algorithm", "P", "wait ms/step: least", "median", "most", "age: mean", "max"]]
+    per step: the least, median and most waiting rank), how old the
+    averaged contributions were (mean and largest age in steps), and with
+    ``sync="stragglar"`` the straggler predictor's record over the whole run
+    (global synchronizations run with a prediction / all of them, and the
+    fraction of those whose predicted rank did arrive last)."""
+    cells = [["algorithm", "P", "wait ms/step: least", "median", "most", "age: mean", "max", "sync",
+              "predicted", "hit rate"]]
     for run in sorted(runs, key=lambda r: (r.attrs["ranks"], r.attrs["algorithm"])):
         wait = np.nanmean(run.steps["wait_time"][:, skip:], axis=1) * 1e3
         mean_age, max_age = age_summary(run.age[:, skip:])
+        predicted = hit_rate = "-"
+        if "stragglers" in run.tables:
+            record = prediction_summary(run.tables["stragglers"])
+            predicted = f"{record['straggler_predictions']}/{record['straggler_syncs']}"
+            hit_rate = f"{record['straggler_hit_rate']:.3f}" if record["straggler_predictions"] else "-"
         cells.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
-                      f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{mean_age:.3f}", f"{max_age:.0f}"])
-    return render(cells, ["<"] + [">"] * 6, markdown)
+                      f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{mean_age:.3f}", f"{max_age:.0f}",
+                      str(run.attrs["sync"]), predicted, hit_rate])
+    return render(cells, ["<"] + [">"] * 6 + ["<", ">", ">"], markdown)
 
 
 def _int_list(text):
@@ -78,6 +88,14 @@ def build_parser():
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
     add_algorithm_options(p)        # the flags of experiments.train; sgp --peers up to log2 P here
+    g = p.add_argument_group("straggler prediction (--sync stragglar; collectives.straggler_prediction)")
+    g.add_argument("--predictor-decay", type=float, default=Scenario.decay,
+                   help="weight of the newest synchronization [%(default)s]")
+    g.add_argument("--predictor-confidence", type=float, default=Scenario.confidence,
+                   help="frequency of being last from which a rank is predicted [%(default)s]")
+    g.add_argument("--predictor-min-lead-ms", type=float, default=None,
+                   help="decayed lead (ms) the predicted rank must also have [the runtime's: the break-even "
+                        "share of the allreduce's time]")
     g = p.add_argument_group("output")
     g.add_argument("--out-dir", default=None, help="write one run file per simulation: ALGO_pP.h5")
     g.add_argument("--plot", metavar="DIR", default=None, help="write DIR/throughput.png (throughput against P)")
@@ -106,7 +124,9 @@ def main(argv=None) -> int:
             scenario = Scenario(ranks=ranks, steps=args.steps, network=network, parameters=parameters,
                                 imbalance=args.imbalance, compute_ms=args.compute_ms, collective=args.collective,
                                 seed=args.seed, model=args.model if args.parameters is None else "custom",
-                                batch_size=args.batch_size)
+                                batch_size=args.batch_size, decay=args.predictor_decay,
+                                confidence=args.predictor_confidence,
+                                min_lead_s=None if args.predictor_min_lead_ms is None else args.predictor_min_lead_ms / 1e3)
             for algo in algos:
                 args.algo = algo
                 plans.append((algo, scenario, algorithm_options(args, ranks)))

@@ -2,6 +2,7 @@
 per-step compute times, the kernel, and the result as a run in the schema of
 measured runs (:mod:`wagma.results`)."""
 
+import inspect
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -10,20 +11,47 @@ import h5py
 import numpy as np
 
 from collectives.groups import ButterflyGrouping
+from collectives.stragglar.cost import break_even_lead
+from collectives.stragglar.generator import lower_bound
+from collectives.straggler_prediction import StragglerPredictor, predictor_problem
+from collectives.straggler_sync import PredictedStragglerSync
+from wagma.algorithm_options import SYNCS
 from wagma.algorithms import ALGORITHMS as ALGORITHM_CLASSES
 from wagma.algorithms import REQUIRED, option_defaults
 from wagma.imbalance import parse_imbalance
-from wagma.results import SCHEMA, STEP_FIELDS, Run, summarize, write_run
+from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
 from . import kernels
 from .network import COLLECTIVES, Network
 
-__all__ = ["ALGORITHMS", "Scenario", "SimulatedRun", "age_summary", "compute_times", "save", "simulate"]
+__all__ = ["ALGORITHMS", "STRAGGLER_COLUMNS", "SYNCED", "Scenario", "SimulatedRun", "age_summary", "compute_times",
+           "prediction_summary", "save", "simulate"]
+
+
+#: The algorithms whose global synchronizations may run StragglAR with a
+#: predicted straggler (option ``sync``, one of :data:`~wagma.algorithm_options.SYNCS`).
+SYNCED = ("allreduce_sgd", "local_sgd", "wagma")
+
+
+def _sim_options(name):
+    options = option_defaults(name)
+    if name in SYNCED:
+        options.setdefault("sync", SYNCS[0])
+    return options
+
 
 #: Simulated algorithms and the options each takes, with their defaults:
 #: those of :func:`wagma.algorithms.create` (``wagma.algorithm_options.algorithm_options``
-#: fills in the paper's settings).
-ALGORITHMS = {name: option_defaults(name) for name in sorted(ALGORITHM_CLASSES)}
+#: fills in the paper's settings), and ``sync`` ("allreduce" or "stragglar":
+#: how the global synchronizations reduce) for the :data:`SYNCED` ones.
+ALGORITHMS = {name: _sim_options(name) for name in sorted(ALGORITHM_CLASSES)}
+
+_PREDICTOR = {name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items()
+              if p.kind is p.KEYWORD_ONLY}
+
+#: The columns of a predicted run's ``tables["stragglers"]``: those of the
+#: runtime's log (``sync/stragglers`` of a measured run).
+STRAGGLER_COLUMNS = PredictedStragglerSync.COLUMNS
 
 
 @dataclass(frozen=True)
@@ -41,8 +69,17 @@ class Scenario:
         compute_ms: a step's compute before injected delays (``delay``
             models); ``compute`` models draw the whole step.
         collective: the schedule of blocking allreduces over all P ranks,
-            one of :data:`~wagma.sim.network.COLLECTIVES`.
+            one of :data:`~wagma.sim.network.COLLECTIVES`; with ``sync="stragglar"``
+            the one run while no straggler is predicted.
         model, batch_size: recorded (``batch_size`` makes the throughput samples/s).
+        decay, confidence: the straggler predictor's
+            (:class:`~collectives.straggler_prediction.StragglerPredictor`,
+            whose defaults these are), for ``sync="stragglar"``.
+        min_lead_s: the lead (seconds) a predicted rank must have; None:
+            the runtime's rule (:mod:`collectives.straggler_sync`):
+            :func:`~collectives.stragglar.cost.break_even_lead` (P) times
+            the allreduce's time, from the second synchronization on (the
+            predictor's default before it has measured one).
     """
 
     ranks: int
@@ -56,6 +93,9 @@ class Scenario:
     model: str = "custom"
     batch_size: int = 128
     bytes_per_parameter: int = 4
+    decay: float = _PREDICTOR["decay"]
+    confidence: float = _PREDICTOR["confidence"]
+    min_lead_s: float | None = None
 
     def __post_init__(self):
         for name in ("ranks", "steps", "parameters", "batch_size", "bytes_per_parameter"):
@@ -66,6 +106,10 @@ class Scenario:
             raise ValueError(f"compute_ms must be a finite number >= 0, got {self.compute_ms!r}")
         if self.collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+        problem = predictor_problem(self.ranks, self.decay, self.confidence,
+                                    _PREDICTOR["min_lead_s"] if self.min_lead_s is None else self.min_lead_s)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +146,8 @@ def _options(algorithm, ranks, options):
         ButterflyGrouping(ranks, out["group_size"])            # raises on non-powers of two, S > P
         if out["wait_avoiding"] and out["group_averaging"]:
             raise ValueError("wait_avoiding and group_averaging cannot both be True (Algorithm 2's alpha and beta)")
+    if "sync" in out and out["sync"] not in SYNCS:
+        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {out['sync']!r}")
     for name in ("period", "tau"):
         if name in out and (isinstance(out[name], bool) or not isinstance(out[name], int) or out[name] < 1):
             raise ValueError(f"{name} must be an int >= 1, got {out[name]!r}")
@@ -158,21 +204,58 @@ def _ensemble_sync(scenario, options, compute):
                                  2 * net.message(0))
 
 
+def _prediction(scenario, options, tau, fallback):
+    """The kernels' arguments after ``collective``: ``(planned, predictor,
+    scores, record)``; StragglAR over the whole buffer is what a predicted
+    synchronization runs (Allreduce-SGD's gradients too: one StragglAR, not
+    one per bucket).  ``fallback``: the seconds of the allreduce run while
+    no rank is predicted, as the runtime measures it (on the rank that
+    arrived last: it did not wait)."""
+    p = scenario.ranks
+    planned = scenario.network.allreduce(p, scenario.nbytes, "stragglar").as_tuple()
+    if options.get("sync") != "stragglar":
+        return (planned, *kernels.no_prediction(p))
+    if scenario.min_lead_s is None:
+        first = _PREDICTOR["min_lead_s"]
+        gate = (break_even_lead(p, lower_bound(p)) if p > 1 else 0.0) * fallback
+    else:
+        first = gate = scenario.min_lead_s
+    predictor = (True, float(scenario.decay), float(scenario.confidence), float(first), float(gate))
+    record = np.full((scenario.steps // tau, len(kernels.SYNC_FIELDS)), np.nan)
+    return planned, predictor, np.zeros((2, scenario.ranks)), record
+
+
 def _run_kernel(algorithm, scenario, options, compute):
-    """``clock``, ``stale``, ``age`` ``[P, T]`` (``stale``/``age`` None where nothing is ever stale)."""
+    """``clock``, ``stale``, ``age`` ``[P, T]`` (``stale``/``age`` None where
+    nothing is ever stale), and the predictor's log, :data:`STRAGGLER_COLUMNS`
+    (None without ``sync="stragglar"``)."""
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
     everyone = net.allreduce(p, nbytes, scenario.collective).as_tuple()
+    if algorithm not in SYNCED:
+        return (*_other_kernel(algorithm, scenario, options, compute, everyone), None)
+    tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm == "local_sgd" else "tau"]
     if algorithm == "allreduce_sgd":
-        return kernels.local_sgd(compute, 1, _bucketed(scenario, options["bucket_cap_mb"])), None, None
-    if algorithm == "local_sgd":
-        return kernels.local_sgd(compute, options["period"], everyone), None, None
-    if algorithm == "wagma":
-        s, tau = options["group_size"], options["tau"]
-        if not options["wait_avoiding"] and not options["group_averaging"]:
-            return kernels.local_sgd(compute, tau, everyone), None, None
+        everyone = _bucketed(scenario, options["bucket_cap_mb"])
+    prediction = _prediction(scenario, options, tau, everyone[0])
+    stale = age = None
+    if algorithm == "allreduce_sgd":
+        clock = kernels.local_sgd(compute, 1, everyone, *prediction)
+    elif algorithm == "local_sgd" or not (options["wait_avoiding"] or options["group_averaging"]):
+        clock = kernels.local_sgd(compute, tau, everyone, *prediction)
+    else:
+        s = options["group_size"]
         phases, costs = net.butterfly_phases(s, nbytes)
-        return kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1, phases, costs,
-                             options["wait_avoiding"], net.message(0), everyone)
+        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1, phases, costs,
+                                          options["wait_avoiding"], net.message(0), everyone, *prediction)
+    if options["sync"] != "stragglar":
+        return clock, stale, age, None
+    record = prediction[-1]
+    return clock, stale, age, np.column_stack([np.arange(record.shape[0], dtype=np.float64), record])
+
+
+def _other_kernel(algorithm, scenario, options, compute, everyone):
+    """``clock``, ``stale``, ``age`` of the algorithms without global synchronizations to predict."""
+    net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
     if algorithm == "dpsgd":
         offsets = np.tile(np.array([1, -1], dtype=np.int64), (scenario.steps, 1))
         return kernels.neighbours(compute, offsets, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
@@ -202,10 +285,28 @@ def age_summary(age: np.ndarray) -> tuple[float, float]:
     return (float(averaged.mean()), float(averaged.max())) if averaged.size else (math.nan, math.nan)
 
 
+def prediction_summary(rows: np.ndarray) -> dict:
+    """The straggler predictor's record from its log (``tables["stragglers"]``):
+    :func:`wagma.results.straggler_summary`'s ``stragglar_fraction`` and
+    ``straggler_hit_rate``, and the counts ``straggler_syncs`` (global
+    synchronizations), ``straggler_predictions`` (those run with a
+    prediction) and ``straggler_hits`` (whose predicted rank did arrive last)."""
+    predicted = rows[:, 1] >= 0
+    return {**straggler_summary(rows), "straggler_syncs": int(rows.shape[0]),
+            "straggler_predictions": int(predicted.sum()),
+            "straggler_hits": int(np.sum(rows[predicted, 1] == rows[predicted, 2]))}
+
+
 @dataclass
 class SimulatedRun(Run):
     """A :class:`~wagma.results.Run` made by the simulator, with ``age``
-    ``[P, T]``: how many steps old each rank's averaged contribution was."""
+    ``[P, T]``: how many steps old each rank's averaged contribution was.
+    With ``sync="stragglar"`` its ``tables["stragglers"]`` is the
+    predictor's log as a measured run has it (:data:`STRAGGLER_COLUMNS`, one
+    row per global synchronization: its number, the rank predicted to arrive
+    last (-1: none, the fallback collective ran), the rank that did, by how
+    many seconds, and the lead the next prediction required), and its
+    summary has :func:`prediction_summary`'s figures."""
 
     age: np.ndarray = field(default=None)
 
@@ -220,13 +321,17 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     first ``skip`` steps.  Raises ValueError for a bad algorithm or option.
     """
     options = _options(algorithm, scenario.ranks, options)
+    if options.get("sync") == "stragglar" and scenario.collective == "stragglar":
+        raise ValueError("sync='stragglar' runs the scenario's collective while no straggler is predicted; "
+                         "collective='stragglar' (the oracle that always knows the last rank) cannot be that")
     compute, injected = _draws(scenario)
     skipped = np.zeros_like(compute)
+    stragglers = None
     if algorithm == "ensemble_sync":
         (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
         compute, injected = compute * (1 - skipped), injected * (1 - skipped)
     else:
-        clock, stale, age = _run_kernel(algorithm, scenario, options, compute)
+        clock, stale, age, stragglers = _run_kernel(algorithm, scenario, options, compute)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
     waited = np.maximum(clock - previous - compute, 0.0)     # rounding leaves -1e-17 where nobody waits
     steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
@@ -243,12 +348,16 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
         "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
         "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
         "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
-        "collective": scenario.collective, "mean_staleness": age_summary(age)[0],
+        "collective": scenario.collective, "sync": options.get("sync", "none"),
+        "mean_staleness": age_summary(age)[0],
         "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),
                               "scenario": {**asdict(scenario), "network": asdict(scenario.network)}}),
     }
-    run = SimulatedRun("", attrs, steps, {}, {}, age=age)
+    tables = {} if stragglers is None else {"stragglers": stragglers}
+    run = SimulatedRun("", attrs, steps, {}, {}, tables=tables, age=age)
     run.summary = summarize(run, skip)
+    if stragglers is not None:
+        run.summary.update(prediction_summary(stragglers))
     return run
 
 
@@ -257,11 +366,17 @@ def _jsonable(options):
 
 
 def save(run: SimulatedRun, path: str) -> str:
-    """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, plus
+    """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, its
+    ``sync/stragglers`` table and :func:`prediction_summary` included, plus
     ``sim/age`` ``[rank, step]``); returns the path."""
     write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS if k in run.steps})
     with h5py.File(path, "a") as f:
         f.create_dataset("sim/age", data=run.age)
         f["sim/age"].attrs["meaning"] = ("steps between the step a rank's averaged contribution was computed "
                                          "at and the step it was averaged in (0: fresh)")
+        stragglers = run.tables.get("stragglers")
+        if stragglers is not None:
+            f.create_dataset("sync/stragglers", data=stragglers)
+            f["sync/stragglers"].attrs["columns"] = json.dumps(list(STRAGGLER_COLUMNS))
+            f["summary"].attrs.update(prediction_summary(stragglers))
     return path

@@ -14,43 +14,139 @@ averaged nothing).
 
 The state is arrays of P floats per step: no events, no Python objects.
 Each algorithm's rule of who waits for whom is in its kernel's docstring.
+
+The global synchronizations of :func:`local_sgd` and :func:`wagma` (hence
+Allreduce-SGD, local SGD and WAGMA-SGD's every-tau average) can run with the
+runtime's straggler prediction (``--sync stragglar``): the rule of
+:mod:`collectives.straggler_prediction`, its own two functions compiled
+here, fed with the simulated arrivals (:func:`_synchronize`).
 """
+
+import hashlib
+import inspect
+import os
 
 import numpy as np
 from numba import njit
 
-__all__ = ["adpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd", "neighbours", "wagma"]
+from collectives.straggler_prediction import predicted_rank, update_scores
+
+__all__ = ["SYNC_FIELDS", "adpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd", "neighbours",
+           "no_prediction", "wagma"]
+
+#: The columns of the per-synchronization record of a predicted run (the
+#: runtime's log, :class:`collectives.straggler_sync.PredictedStragglerSync`,
+#: without its first, the synchronization's number).
+SYNC_FIELDS = ("predicted", "last", "lead_s", "min_lead_s")
+
+_update_scores = njit(cache=True)(update_scores)
+_predicted_rank = njit(cache=True)(predicted_rank)
 
 
 @njit(cache=True)
-def _global_end(f, after_last, straggler_aware, reduce_scatter, after_straggler):
+def _global_end(f, straggler, after_last, straggler_aware, reduce_scatter, after_straggler):
     """End of a blocking allreduce over all ranks that arrive at times ``f``
-    (see :class:`wagma.sim.network.GlobalAllreduce`)."""
+    (see :class:`wagma.sim.network.GlobalAllreduce`).  StragglAR is planned
+    with rank ``straggler``: the n - 1 others' ReduceScatter starts when the
+    last of them arrives, the rounds when it is done and ``straggler`` is
+    there.  Planned for the rank that really arrives last, the ReduceScatter
+    hides behind its delay; planned for another one, the late rank is among
+    the ReduceScatter's and nothing of its delay is hidden."""
     if not straggler_aware:
         return f.max() + after_last
-    last = np.argmax(f)
     others = -np.inf
     for r in range(f.size):
-        if r != last and f[r] > others:
+        if r != straggler and f[r] > others:
             others = f[r]
-    return max(others + reduce_scatter, f[last]) + after_straggler
+    return max(others + reduce_scatter, f[straggler]) + after_straggler
+
+
+def no_prediction(ranks):
+    """The prediction arguments of :func:`local_sgd` and :func:`wagma` for a
+    run without it (every synchronization runs ``collective``)."""
+    return (False, 0.0, 1.0, 0.0, 0.0), np.zeros((2, ranks)), np.zeros((0, len(SYNC_FIELDS)))
 
 
 @njit(cache=True)
-def local_sgd(compute, tau, collective):
+def _synchronize(f, since, k, collective, planned, predictor, scores, record):
+    """End of global synchronization ``k``, which the ranks reach at ``f``;
+    the previous one ended at ``since`` (0 for the first).
+
+    Without prediction (``predictor[0]`` False): ``collective``, StragglAR
+    planned for the last rank to arrive if it is straggler-aware (the
+    oracle of ``--collective stragglar``).  With it: ``predictor`` is
+    ``(True, decay, confidence, first_min_lead_s, min_lead_s)`` and
+    ``scores`` the predictor's ``[frequency, lead_seconds]``, folded in
+    from synchronizations 0 .. k - 1; its prediction p runs StragglAR
+    planned for p (``planned``), no prediction (-1) runs ``collective``.
+    Then the arrivals ``f - since`` (each rank's seconds from leaving the
+    previous synchronization to reaching this one) are folded in, and row k
+    of ``record`` is (p, the last rank, its lead, the lead the next
+    prediction requires).  That is ``first_min_lead_s`` after the first
+    synchronization and ``min_lead_s`` after the others: the runtime
+    (:class:`collectives.straggler_sync.PredictedStragglerSync`) sets it
+    from the allreduce's time once it has measured one."""
+    if not predictor[0]:
+        return _global_end(f, np.argmax(f), *collective)
+    gate = predictor[3] if k <= 1 else predictor[4]
+    p = _predicted_rank(scores[0], scores[1], predictor[2], gate)
+    if p >= 0:
+        end = _global_end(f, p, *planned)
+    else:
+        end = _global_end(f, np.argmax(f), *collective)
+    last, lead = _update_scores(scores[0], scores[1], f - since, predictor[1])
+    record[k, 0] = p
+    record[k, 1] = last
+    record[k, 2] = lead
+    record[k, 3] = predictor[3] if k == 0 else predictor[4]
+    return end
+
+
+def _forget_kernels_of_another_predictor(kernels):
+    """numba's cache knows a kernel's own file only: a kernel that inlines
+    :func:`update_scores` and :func:`predicted_rank` would be loaded from the
+    cache as compiled with an older version of them.  Flush those kernels'
+    cache entries whenever the predictor's source has changed since they
+    were cached (a digest of it beside the cache)."""
+    source = inspect.getsource(update_scores) + inspect.getsource(predicted_rank)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    folder = kernels[0].stats.cache_path
+    path = os.path.join(folder, "wagma_sim_straggler_prediction.sha256")
+    try:
+        with open(path) as f:
+            if f.read() == digest:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for kernel in kernels:
+            kernel._cache.flush()
+        with open(path, "w") as f:
+            f.write(digest)
+    except OSError:         # a cache that cannot be written is not reused either
+        pass
+
+
+@njit(cache=True)
+def local_sgd(compute, tau, collective, planned, predictor, scores, record):
     """Model averaging over all ranks at steps with (t + 1) mod tau == 0
     (a barrier: the last rank's arrival, then the allreduce); no waiting in
     between.  tau = 1 is synchronous model averaging, and Allreduce-SGD too:
     every rank waits for the last one, then the gradient allreduce (its
     buckets one after another in ``collective``; emulated compute has no
-    backward pass for them to overlap with)."""
+    backward pass for them to overlap with).  The synchronizations run as
+    :func:`_synchronize` says (``planned``, ``predictor``, ``scores``,
+    ``record``: see there, or :func:`no_prediction`)."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     done = np.zeros(ranks)
+    since = 0.0
     for t in range(steps):
         f = done + compute[:, t]
         if (t + 1) % tau == 0:
-            done[:] = _global_end(f, *collective)
+            since = _synchronize(f, since, t // tau, collective, planned, predictor, scores, record)
+            done[:] = since
         else:
             done[:] = f
         clock[:, t] = done
@@ -71,7 +167,7 @@ def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
     for t in range(steps):
         f = done + compute[:, t]
         if t < warmup:
-            done[:] = _global_end(f, *collective)
+            done[:] = _global_end(f, np.argmax(f), *collective)
         else:
             level = -1
             for i in range(periods.size):
@@ -80,7 +176,7 @@ def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
             if level < 0:
                 done[:] = f
             elif sizes[level] >= ranks:
-                done[:] = _global_end(f, *collective)
+                done[:] = _global_end(f, np.argmax(f), *collective)
             else:
                 size = sizes[level]
                 for first in range(0, ranks, size):
@@ -203,7 +299,8 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, hop, collective):
+def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, hop, collective, planned,
+          predictor, scores, record):
     """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
     "The wait-avoiding group allreduce").
 
@@ -219,7 +316,8 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, h
     partner of the previous version started late by a hop arrives late by as
     much, and the runtime has the same race); it leaves once it has arrived and the
     version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
-    allreduce over all ranks (``collective``) and everyone is fresh.
+    allreduce over all ranks (``collective``, or as :func:`_synchronize`
+    says with a prediction) and everyone is fresh.
     Without ``activation`` (Algorithm 2's beta: blocking group averaging) a
     version starts on a rank only when the rank arrives, so every phase
     waits for the partner's arrival and nobody is stale.
@@ -234,10 +332,12 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, h
     ready = np.empty(ranks)
     paired = np.empty(ranks)
     last_fresh = np.full(ranks, -1)
+    since = 0.0
     for t in range(steps):
         f = done + compute[:, t]
         if (t + 1) % tau == 0:
-            done[:] = _global_end(f, *collective)
+            since = _synchronize(f, since, t // tau, collective, planned, predictor, scores, record)
+            done[:] = since
             version_end[:] = done
             last_fresh[:] = t
         else:
@@ -326,3 +426,6 @@ def ensemble_sync(compute, period, timeout, costs, notify):
                 late[r] = -1.0
         start = end
     return clock, skipped
+
+
+_forget_kernels_of_another_predictor((_synchronize, local_sgd, wagma))

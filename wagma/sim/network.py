@@ -34,10 +34,12 @@ class GlobalAllreduce:
     ``straggler_aware``: StragglAR: the n - 1 first ranks run a ring
     ReduceScatter (``reduce_scatter`` seconds) as soon as the last of them
     arrives, and the ``after_straggler`` seconds of the schedule's rounds
-    start when both that is done and the last rank (the straggler) is there.
-    The straggler is whichever rank arrives last at that step: the runtime
-    needs it named in advance, so for imbalance that moves between ranks
-    this is StragglAR's best case.
+    start when both that is done and the straggler is there.  As the
+    scenario's ``collective`` the straggler is whichever rank arrives last at
+    that step (an oracle: the runtime needs it named in advance, so for
+    imbalance that moves between ranks this is StragglAR's best case); with
+    ``sync="stragglar"`` it is the rank the runtime's predictor names, and a
+    wrong name hides nothing (:func:`wagma.sim.kernels._global_end`).
     """
 
     after_last: float
