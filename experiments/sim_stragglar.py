@@ -171,6 +171,17 @@ def format_table(setting, records):
         if not rows:
             continue
         out += [f"## `{spec}`: {why}", "", *_rows(rows)]
+    out += [
+        "**Reading.** With a persistent straggler every prediction after the warm-up is right and each "
+        "synchronization costs what the oracle's does; the gain is the saving per synchronization over the "
+        "step (tau = 10 has a tenth of the synchronizations). WAGMA-SGD and local SGD with tau = 10 are equally "
+        "fast there: in neither does the straggler wait between synchronizations (in WAGMA-SGD it is stale), "
+        "so both run at its pace. A late rank that moves costs three misses per move (27 of 1000, or of 100 "
+        "with tau = 10, where a move every 100 steps is one every 10 synchronizations). Under random-k the two "
+        "late ranks are late by the same delay: no rank leads, the lead gate names none, and `sync=stragglar` "
+        "is the allreduce to the last digit; the oracle, planned for one of the two, has the other in its "
+        "ReduceScatter, hides nothing and pays ReduceScatter + rounds instead of the allreduce (up to 0.6 % at "
+        "1024 ranks, where that costs 4.2 ms more per synchronization).", ""]
     if short:
         out += [f"## `{short[0]['imbalance']}` with {short[0]['compute_ms']:g} ms steps", "",
                 "The same saving per synchronization over a shorter step (a current GPU's ResNet-50 step at "
