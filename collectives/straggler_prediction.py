@@ -7,7 +7,8 @@ framework already sees: each rank's *arrival* at every past synchronization.
 
 Arrival is measured on each rank's own clock as the seconds between leaving
 the previous synchronization and entering this one (the rank's work in
-between: compute, injected delays, group averaging).  A blocking allreduce
+between: compute, injected delays, group averaging and any waiting in
+it).  A blocking allreduce
 releases all ranks within a few message latencies of one another, so these
 local durations order the ranks as a common clock would, and no clock needs
 to be synchronised across nodes.

@@ -23,10 +23,10 @@ plus ReduceScatter plus rounds, nothing hidden - at n = 8 that is
 The result differs from the allreduce's only by the order of the float
 additions (tests bound it by float32 reassociation).
 
-**Arrival and agreement without a round trip.**  The caller passes its
-arrival as seconds of its own work since the last synchronization (a local
-clock; the algorithms use the work between their steps, not the loop's
-evaluations).  :meth:`begin` starts a nonblocking allgather of it on the
+**Arrival and agreement without a round trip.**  A rank's arrival is the
+seconds from its return from the last synchronization to its entry into
+this one, on its own clock (the first: since construction), as
+:mod:`.straggler_prediction` defines it.  :meth:`begin` starts a nonblocking allgather of it on the
 control channel and the data moves at once; :meth:`end` completes the
 allgather - by then every rank has entered, so it costs no wait on the
 critical path - and feeds the same vector to the same predictor on every
@@ -122,20 +122,23 @@ class PredictedStragglerSync:
         self._request = None
         self._ran_stragglar = False
         self.log = []
+        self._left = time.perf_counter()
 
     @property
     def straggler(self):
         return self.predictor.straggler
 
-    def begin(self, arrival_s: float):
-        """A synchronization begins: this rank's ``arrival_s`` seconds of
-        work since the last one go out (nonblocking)."""
+    def begin(self, arrival_s: float = None):
+        """A synchronization begins: this rank's arrival goes out
+        (nonblocking).  ``arrival_s`` overrides the measured one (seconds
+        since the last :meth:`end`) - for tests and replayed traces."""
         if self._request is not None:
             raise RuntimeError("begin() twice without end()")
-        self._mine[:] = arrival_s, self._reduce_s
+        entered = time.perf_counter()
+        self._mine[:] = entered - self._left if arrival_s is None else arrival_s, self._reduce_s
         self._request = self.comm.control.Iallgather(self._mine, self._received)
         self._ran_stragglar = self.straggler is not None
-        self._began = time.perf_counter()
+        self._began = entered
 
     def reduce(self, buffer):
         """Reduce ``buffer`` over all ranks in place: StragglAR with the
@@ -174,6 +177,7 @@ class PredictedStragglerSync:
         if self.straggler is not None:
             for (numel, dtype), template in self._templates.items():
                 self._plan((self.straggler, numel, dtype), template)
+        self._left = time.perf_counter()
 
     def _plan(self, key, template):
         if key in self._plans:
@@ -183,7 +187,7 @@ class PredictedStragglerSync:
             old.close()
         self._plans[key] = StragglerAwareAllreduce(self.comm, key[0], template, op=self.op)
 
-    def __call__(self, buffers, arrival_s: float):
+    def __call__(self, buffers, arrival_s: float = None):
         """One whole synchronization of ``buffers``: begin, reduce each, end."""
         self.begin(arrival_s)
         for buffer in buffers:

@@ -126,7 +126,7 @@ class AllreduceSGD(Algorithm):
         self.flat.check_views()
         sync = self.straggler_sync
         if sync is not None:
-            sync.begin(self._arrival())
+            sync.begin()
         if self._stragglar_step():
             for grads in self.flat.grads.values():
                 sync.reduce(grads)

@@ -72,7 +72,6 @@ class Algorithm:
         self.lock = contextlib.nullcontext()
         self.total_steps, self.samples_per_step, self._policy = None, None, None
         self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
-        self._work_since_sync = 0.0
         self.straggler_sync = None
         problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
@@ -134,7 +133,6 @@ class Algorithm:
         entered = time.perf_counter()
         if self._returned is not None:
             self._period_seconds += entered - self._returned
-            self._work_since_sync += entered - self._returned
         self._period_samples += self.samples_per_step or 0
         self._step()
         self.steps += 1
@@ -168,13 +166,6 @@ class Algorithm:
         if sync == "stragglar":
             self.straggler_sync = PredictedStragglerSync(self.comm, templates, op="avg")
         return self.straggler_sync
-
-    def _arrival(self):
-        """This rank's arrival at a global synchronization for the straggler
-        predictor: the seconds of its work (between its steps, as
-        :meth:`step` times it) since the last one; resets the count."""
-        arrival, self._work_since_sync = self._work_since_sync, 0.0
-        return arrival
 
     def sync_tables(self) -> dict:
         """Tables for the run file's ``sync/`` group, ``name -> (rows,

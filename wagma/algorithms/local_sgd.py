@@ -58,7 +58,7 @@ class LocalSGD(Algorithm):
         self.optimizer.step()
         if (self.steps + 1) % self.period == 0:
             if self.straggler_sync is not None:
-                self.straggler_sync(list(self.flat.params.values()), self._arrival())
+                self.straggler_sync(list(self.flat.params.values()))
             else:
                 for tensor in self.flat.params.values():
                     allreduce(tensor, comm=self.comm, op="avg")

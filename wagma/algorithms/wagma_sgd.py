@@ -106,7 +106,7 @@ class WagmaSGD(Algorithm):
         """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t."""
         sync = self.straggler_sync
         if sync is not None:
-            sync.begin(self._arrival())
+            sync.begin()
         for dtype, tensor in self.flat.params.items():
             if sync is not None:
                 sync.reduce(tensor)
