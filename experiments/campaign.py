@@ -215,9 +215,9 @@ ENSEMBLE_ALGORITHMS = {"allreduce_sgd": "Sync SGD (allreduce_sgd)", "adpsgd": "A
 def _ensemblesync(args, mpiexec, out_dir, algos):
     """The faults on the last rank, at fractions of the run's steps."""
     from wagma.analysis.outages import format_outage_table, outage_row, plot_allocation, plot_time_vs_epoch
+    from wagma.datasets import load_dataset
     from wagma.results import load_run
 
-    from .datasets import load_dataset
     from .mpirun import launcher_library
 
     total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs

@@ -2,7 +2,7 @@
 
 import torch.nn.functional as F
 
-from .datasets import PAD
+from wagma.datasets import PAD
 
 __all__ = ["loss_and_correct"]
 

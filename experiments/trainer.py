@@ -18,17 +18,17 @@ from collectives.collect import LaggedVote
 from collectives.failures import fault_tolerant
 from wagma.algorithm_options import algorithm_options
 from wagma.algorithms import create
+from wagma.datasets import load_dataset
 from wagma.ensemble_coordinator import fault_events
 from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
+from wagma.models import build_model
 from wagma.results import RunRecorder
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
 from .clock import TrainingClock
 from .compute import StepCompute
-from .datasets import load_dataset
 from .evaluate import Evaluator
-from .models import build_model
 from .options import UsageError, compute_ms, default_out, usage_problem
 from .schedule import LearningRate
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from experiments.datasets import BOS, EOS, PAD, DataSpec, load_dataset
-from experiments.models import MODELS, Seq2SeqTransformer, build_model, compatible_models
+from wagma.datasets import BOS, EOS, PAD, DataSpec, load_dataset
+from wagma.models import MODELS, Seq2SeqTransformer, build_model, compatible_models
 from experiments.tasks import loss_and_correct
 
 DIGITS = DataSpec("digits", "classification", (64,), 1438, 359, num_classes=10)
