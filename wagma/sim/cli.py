@@ -19,13 +19,13 @@ __all__ = ["format_spread", "main", "model_parameters"]
 
 
 def model_parameters(name: str) -> int:
-    """The parameter count of ``experiments.models`` model ``name``, shaped for
+    """The parameter count of ``wagma.models`` model ``name``, shaped for
     its synthetic data (ImageNet for resnet18/50, CIFAR for resnet20), built
     on PyTorch's meta device (no memory, no initialisation)."""
     import torch
 
-    from experiments.datasets import load_dataset
-    from experiments.models import build_model
+    from wagma.datasets import load_dataset
+    from wagma.models import build_model
 
     spec = load_dataset("synthetic", model=name, synthetic_size=1).spec
     with torch.device("meta"):
@@ -78,7 +78,7 @@ def build_parser():
     p.add_argument("--compute-ms", type=float, default=600.0,
                    help="compute of a step before injected delays [600: ResNet-50, batch 128, P100]")
     p.add_argument("--model", default="resnet50",
-                   help="model whose parameter count sizes the messages (experiments.models) [resnet50]")
+                   help="model whose parameter count sizes the messages (wagma.models) [resnet50]")
     p.add_argument("--parameters", type=int, default=None, help="parameter count instead of --model's")
     p.add_argument("--batch-size", type=int, default=128, help="per rank, for samples/s [128]")
     p.add_argument("--alpha-us", type=float, default=2.0, help="latency per message, microseconds [2: Cray Aries]")
