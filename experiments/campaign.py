@@ -204,7 +204,8 @@ def main(argv=None):
                                                  "--no-progress"])
                 files.append(out)
         _table(out_dir, files, ["--skip-steps", "5"])
-    print(f"\nwrote the run files, table.md and the figures to {_shown(out_dir)}", flush=True)
+    figures = "" if args.campaign == "stragglersync" else " and the figures"
+    print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
 
 
