@@ -90,7 +90,10 @@ class ProgressEngine:
         self._masks, self._schedule, self._scale = masks, schedule, scale
         self._is_group_version = is_group_version
         self._quorum = quorum
-        self._tag_space = comm.control.Get_attr(MPI.TAG_UB) + 1
+        # TAG_UB is the environment's, an attribute of MPI_COMM_WORLD (the
+        # standard's environmental inquiries); Open MPI does not copy it to
+        # communicators made by Split, MPICH answers on any communicator.
+        self._tag_space = (comm.control.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)) + 1
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
         # Held while a thread receives, forwards or sends control messages;
