@@ -20,7 +20,9 @@ with arrivals ``a``:
 * ``last = argmax a``, ``lead = a[last] - max_{r != last} a[r]`` (how long
   every other rank waited for the last one alone);
 * ``frequency[r] <- (1 - decay) frequency[r] + decay [r == last]``;
-* ``lead_seconds[last] <- (1 - decay) lead_seconds[last] + decay lead``.
+* ``lead_seconds[r] <- (1 - decay) lead_seconds[r] + decay lead [r == last]``
+  (every rank's lead decays at every synchronization, so that one long
+  stall - a checkpoint, a flush - does not keep a rank above the gate).
 
 The prediction for synchronization k + 1 is ``p = argmax frequency``
 (lowest rank on a tie), *confident* when ``frequency[p] >= confidence``
@@ -72,8 +74,9 @@ def update_scores(frequency, lead_seconds, arrivals, decay):
     lead = arrivals[last] - second if arrivals.size > 1 else 0.0
     for r in range(frequency.size):
         frequency[r] *= 1.0 - decay
+        lead_seconds[r] *= 1.0 - decay
     frequency[last] += decay
-    lead_seconds[last] = (1.0 - decay) * lead_seconds[last] + decay * lead
+    lead_seconds[last] += decay * lead
     return last, lead
 
 

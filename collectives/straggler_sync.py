@@ -11,7 +11,11 @@ ends.  Each synchronization then runs as:
   reduce-scatter while p is late; the schedule's n + ceil(log2 n) - 2
   rounds follow its arrival, :mod:`collectives.stragglar.runtime`);
 * **the allreduce** (:func:`collectives.allreduce`, tuned ``auto``, or
-  whatever ``fallback`` the algorithm passes) while no rank is predicted.
+  whatever ``fallback`` the algorithm passes) while no rank is predicted,
+  and for a buffer whose shape was not among the templates.
+
+The generator has a schedule for every n >= 2, odd n included
+(:mod:`collectives.stragglar.generator`), so no rank count falls back.
 
 **Correctness never depends on the prediction.**  StragglAR reduces every
 chunk exactly once whoever arrives last; only its time depends on it.  When
@@ -38,19 +42,28 @@ synchronization where the straggler is late.  Plans are kept for the last
 ``cached_plans`` predicted stragglers.
 
 **Worth hiding.**  A rank that is last by a hair gains nothing from
-StragglAR: its ReduceScatter and rounds cost more than the ring unless
-the straggler's lead covers part of them.  The predictor's ``min_lead_s``
-is therefore set before every prediction to
-:func:`~collectives.stragglar.cost.break_even_lead` (n) times the
-allreduce's own time, measured online: every rank also sends the seconds
-its last fallback reduction took, and the rank that arrived last at that
-synchronization - the one that did not wait in it - gives the allreduce's
-time.  So under the WAGMA paper's random-k imbalance, where the two late
-ranks are late by the same delay, no rank leads and none is predicted;
-a persistent straggler leads by its delay and is.
+StragglAR: its ReduceScatter and rounds cost more than the fallback unless
+the straggler's lead covers part of them.  With the straggler ``L``
+seconds after the others, StragglAR ends ``max(RS, L) + rounds`` after
+their arrival and the fallback ``L + F``, where ``F`` is what the fallback
+still has to do once the last rank is there.  So the predictor's
+``min_lead_s`` is set before every prediction to ``RS + rounds - F``:
+``RS + rounds`` is ``(1 + b) T`` with ``T`` the whole allreduce's time and
+``b`` :func:`~collectives.stragglar.cost.break_even_lead` (n) (Table 1's
+bandwidth terms against a ring: 1/3 at n = 4, 0.22 at n = 8, never at
+n = 3).  Both are measured online at the fallback synchronizations on the
+rank that arrived last (it did not wait): ``T`` from the start of its
+reduction, ``F`` from its arrival.  For local SGD and WAGMA they are the
+same and the gate is ``b T``; Allreduce-SGD's buckets start during
+backward (``reduction_started`` of :meth:`begin`), so its ``F`` is the
+tail that backward did not hide, and the gate is higher by what was
+hidden.  Under the WAGMA paper's random-k imbalance, where the two late
+ranks are late by the same delay, no rank leads and none is predicted; a
+persistent straggler leads by its delay and is.
 
 Every synchronization is logged: :attr:`log` rows of
-``(sync, predicted, last, lead_s)`` (predicted -1: the allreduce ran).
+``(sync, predicted, last, lead_s, min_lead_s)`` (predicted -1: the
+allreduce ran).
 """
 
 import time
@@ -98,13 +111,16 @@ class PredictedStragglerSync:
         log: one ``(sync, predicted, last, lead_s, min_lead_s)`` row per
             synchronization (``min_lead_s``: the lead the prediction made
             after it required).
-        allreduce_s: the allreduce's time as last measured (NaN before).
+        allreduce_s, tail_s: ``T`` and ``F`` of the module's gate, as last
+            measured (NaN before).
     """
 
     #: Column names of :attr:`log`'s rows.
     COLUMNS = ("sync", "predicted", "last", "lead_s", "min_lead_s")
 
     def __init__(self, comm, templates, *, op="avg", fallback=None, cached_plans=4, **predictor):
+        if isinstance(cached_plans, bool) or not isinstance(cached_plans, int) or cached_plans < 1:
+            raise ValueError(f"cached_plans must be an int >= 1, got {cached_plans!r}")
         self.comm, self.op = comm, op
         self.predictor = StragglerPredictor(comm.size, **predictor)
         self._fallback = fallback or (lambda buf: allreduce(buf, comm=comm, op=op, check=False))
@@ -115,10 +131,10 @@ class PredictedStragglerSync:
             self._templates.setdefault((info.numel, info.dtype), template)
         self._cached = cached_plans * max(1, len(self._templates))
         self._break_even = break_even_lead(comm.size, lower_bound(comm.size)) if comm.size > 1 else 0.0
-        self.allreduce_s = float("nan")
-        self._reduce_s = float("nan")      # this rank's seconds in its last fallback reduction(s)
-        self._mine = np.zeros(2)
-        self._received = np.zeros((comm.size, 2))
+        self.allreduce_s = self.tail_s = float("nan")
+        self._reduce_s = (float("nan"),) * 2    # this rank's T and F at its last fallback synchronization
+        self._mine = np.zeros(3)
+        self._received = np.zeros((comm.size, 3))
         self._request = None
         self._ran_stragglar = False
         self.log = []
@@ -128,14 +144,18 @@ class PredictedStragglerSync:
     def straggler(self):
         return self.predictor.straggler
 
-    def begin(self, arrival_s: float = None):
+    def begin(self, arrival_s: float = None, reduction_started: float = None):
         """A synchronization begins: this rank's arrival goes out
         (nonblocking).  ``arrival_s`` overrides the measured one (seconds
-        since the last :meth:`end`) - for tests and replayed traces."""
+        since the last :meth:`end`) - for tests and replayed traces;
+        ``reduction_started``: the ``time.perf_counter()`` at which the
+        caller's own fallback reduction started before this call (buckets
+        launched during backward)."""
         if self._request is not None:
             raise RuntimeError("begin() twice without end()")
         entered = time.perf_counter()
-        self._mine[:] = entered - self._left if arrival_s is None else arrival_s, self._reduce_s
+        self._mine[:] = entered - self._left if arrival_s is None else arrival_s, *self._reduce_s
+        self._started = entered if reduction_started is None else min(reduction_started, entered)
         self._request = self.comm.control.Iallgather(self._mine, self._received)
         self._ran_stragglar = self.straggler is not None
         self._began = entered
@@ -162,18 +182,19 @@ class PredictedStragglerSync:
         reduced = time.perf_counter()
         self._request.Wait()
         self._request = None
-        arrivals, reduce_s = self._received[:, 0], self._received[:, 1]
-        # The allreduce's time: the last fallback reduction of the rank that
-        # arrived last at the previous synchronization (it did not wait).
-        if self.log and self.log[-1][1] < 0 and np.isfinite(reduce_s[int(self.log[-1][2])]):
-            self.allreduce_s = float(reduce_s[int(self.log[-1][2])])
+        arrivals = self._received[:, 0]
+        # T and F of the rank that arrived last at the previous
+        # synchronization, if the fallback ran there (it did not wait).
+        if self.log and self.log[-1][1] < 0 and np.all(np.isfinite(self._received[int(self.log[-1][2]), 1:])):
+            self.allreduce_s, self.tail_s = map(float, self._received[int(self.log[-1][2]), 1:])
         if np.isfinite(self.allreduce_s):
-            self.predictor.min_lead_s = self._break_even * self.allreduce_s
+            gate = (1 + self._break_even) * self.allreduce_s - self.tail_s
+            self.predictor.min_lead_s = max(0.0, gate) if np.isfinite(gate) else np.inf
         predicted, last, lead = self.predictor.observe(arrivals)
         self.log.append((len(self.log), predicted if self._ran_stragglar else -1, last, lead,
                          self.predictor.min_lead_s))
         if not self._ran_stragglar:
-            self._reduce_s = reduced - self._began
+            self._reduce_s = (reduced - self._started, reduced - self._began)
         if self.straggler is not None:
             for (numel, dtype), template in self._templates.items():
                 self._plan((self.straggler, numel, dtype), template)

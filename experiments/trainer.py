@@ -276,13 +276,13 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                     clock.pause()
                     _checkpoint(args, comm, model, optimizer, algo, step, clock())
                     clock.resume()
+                for name, (rows, columns) in (algo.sync_tables() if rank == 0 else {}).items():
+                    if len(rows) > logged_rows.get(name, 0):    # tables only grow; rank 0 writes them
+                        recorder.record_table(name, rows, columns)
+                        logged_rows[name] = len(rows)
                 if stopping and step < total:
                     status = "stopped"
                     break
-                for name, (rows, columns) in algo.sync_tables().items():
-                    if len(rows) > logged_rows.get(name, 0):    # tables only grow
-                        recorder.record_table(name, rows, columns)
-                        logged_rows[name] = len(rows)
         finally:
             bar.close()
             update.remove()

@@ -61,8 +61,10 @@ Root attributes
     synchronization, columns sync, predicted (the straggler StragglAR ran
     with; -1: the allreduce ran, no prediction), last (the rank whose
     arrival was latest), lead_s (the seconds it arrived after the
-    second-latest), see :mod:`collectives.straggler_sync`; the summary's
-    ``stragglar_fraction`` and ``straggler_hit_rate`` come from it.
+    second-latest), min_lead_s (the lead a prediction required after it),
+    see :mod:`collectives.straggler_sync`; the summary's
+    ``stragglar_fraction`` and ``straggler_hit_rate`` come from it (over
+    the whole run: the predictor's warm-up included).
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,

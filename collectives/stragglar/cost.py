@@ -39,9 +39,14 @@ def break_even_lead(n, rounds):
     ``RS = (n-2)/(n-1) s beta``.  For ``L <= RS`` StragglAR is ahead when
     ``L > RS + R/(n-1) s beta - 2(n-1)/n s beta``; divided by the ring's
     time that is 1/3 at n = 4, 0.22 at n = 8, 0.14 at n = 16 (0 for n <= 2,
-    where StragglAR is one exchange like the ring's).
+    where StragglAR is one exchange like the ring's).  Where the rounds
+    alone, ``R/(n-1) s beta``, take as long as the ring or longer, no lead
+    makes StragglAR win (beyond ``L = RS`` it is ``L + R/(n-1) s beta``
+    against ``L + 2(n-1)/n s beta``): infinity (n = 3, 3 rounds).
     """
     if n <= 2:
         return 0.0
     ring = 2 * (n - 1) / n
+    if rounds / (n - 1) >= ring:
+        return math.inf
     return max(0.0, ((n - 2) / (n - 1) + rounds / (n - 1) - ring) / ring)

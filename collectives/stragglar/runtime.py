@@ -19,6 +19,8 @@ Communicator`, like the ring and RHD allreduce of :mod:`collectives.blocking`,
 so that benchmarks compare algorithms and not transports.
 """
 
+import functools
+
 import numpy as np
 from mpi4py import MPI
 
@@ -74,8 +76,9 @@ class StragglerAwareAllreduce:
         op: ``"sum"`` or ``"avg"``.
         schedule: a :class:`~.schedule.Schedule` for ``comm.size`` ranks
             and this straggler (default: :func:`~.generator.generate`); it is
-            verified before use, generated or not (on every rank: 10 s at
-            n = 1024 on one core, once per plan).
+            verified before use, generated or not (on every rank: 10 to
+            15 s at n = 1024 on one core; a generated one once per process
+            and straggler).
         reduce_scatter: the non-stragglers' ReduceScatter schedule, a key
             of :data:`collectives.blocking.REDUCE_SCATTER_ALGORITHMS`.
 
@@ -224,11 +227,19 @@ def _rank_problem(straggler, size):
     return f"straggler must be a rank in range({size}), got {straggler!r}"
 
 
+@functools.lru_cache(maxsize=16)
+def _generated(n, straggler):
+    """The generator's schedule for ``(n, straggler)``, verified: generated
+    and verified once per process (several buffers' plans, and a straggler
+    predicted again after another, reuse it)."""
+    return verify(generate(n, straggler))
+
+
 def _checked_schedule(schedule, n, straggler):
     """The schedule to run, or the reason there is none (same on all ranks)."""
     try:
         if schedule is None:
-            schedule = generate(n, straggler)
+            return _generated(n, straggler), None
         if (schedule.n, schedule.straggler) != (n, straggler):
             return None, (f"schedule is for n={schedule.n}, straggler={schedule.straggler}; "
                           f"this communicator needs n={n}, straggler={straggler}")

@@ -1,7 +1,7 @@
 """Allreduce-SGD done like DDP: bucketed gradient averaging overlapped with the backward pass."""
 
 import contextlib
-
+import time
 
 from collectives import broadcast
 from collectives.background import BackgroundAllreduce
@@ -110,6 +110,8 @@ class AllreduceSGD(Algorithm):
             self._launch(len(self._launched))
 
     def _launch(self, b):
+        if not self._launched:
+            self._first_launch = time.perf_counter()
         dtype, lo, hi, _ = self.buckets[b]
         self._launched.append(self._background.submit(self.flat.grads[dtype][lo:hi]))
 
@@ -126,7 +128,7 @@ class AllreduceSGD(Algorithm):
         self.flat.check_views()
         sync = self.straggler_sync
         if sync is not None:
-            sync.begin()
+            sync.begin(reduction_started=self._first_launch if self._launched else None)
         if self._stragglar_step():
             for grads in self.flat.grads.values():
                 sync.reduce(grads)
