@@ -108,7 +108,9 @@ class WagmaSGD(Algorithm):
         if sync is not None:
             sync.begin()
         for dtype, tensor in self.flat.params.items():
-            if sync is not None:
+            # Without a predicted straggler, exactly the average of
+            # sync="allreduce" (the wait-avoiding collective's own).
+            if sync is not None and sync.straggler is not None:
                 sync.reduce(tensor)
                 if self.wait_avoiding:
                     self._collectives[dtype].sync_reduced(tensor, t)
