@@ -289,12 +289,22 @@ def _stragglersync(args, mpiexec, out_dir):
                 _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync,
                                                       *(["--tau", tau] if tau else [])])
                 runs[sync].append(summarize(load_run(out), skip=args.skip_steps))
-            rows.append((imbalance, label, *({k: sum(s[k] for s in runs[sync] if k in s) / len(runs[sync])
-                                              for k in runs[sync][0]} for sync in ("allreduce", "stragglar"))))
+            rows.append((imbalance, label, *(_mean_summary(runs[sync]) for sync in ("allreduce", "stragglar"))))
     table = _stragglersync_table(args, imbalances, rows)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(table)
     print("\n" + table, flush=True)
+
+
+def _mean_summary(summaries):
+    """The repeats' summaries averaged figure by figure; a figure some runs
+    lack or have as NaN (the hit rate of a run without a prediction) is the
+    mean of the others."""
+    import numpy as np
+
+    keys = dict.fromkeys(k for s in summaries for k in s)
+    return {k: float(np.nanmean([s.get(k, math.nan) for s in summaries]))
+            if any(math.isfinite(s.get(k, math.nan)) for s in summaries) else math.nan for k in keys}
 
 
 def _stragglersync_table(args, imbalances, rows):
