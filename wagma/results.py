@@ -418,13 +418,16 @@ def load_run(path: str) -> Run:
 def straggler_summary(rows) -> dict:
     """The straggler predictor's record from table ``sync/stragglers``:
     ``stragglar_fraction`` (global synchronizations run as StragglAR, with a
-    predicted straggler) and ``straggler_hit_rate`` (of those, the ones whose
-    predicted rank arrived last; NaN with none)."""
+    predicted straggler), ``straggler_hit_rate`` (of those, the ones whose
+    predicted rank arrived last; NaN with none), and the counts
+    ``straggler_syncs``, ``straggler_predictions`` and ``straggler_hits``."""
     rows = np.asarray(rows)
     predicted = rows[:, 1] >= 0
     hits = predicted & (rows[:, 1] == rows[:, 2])
     return {"stragglar_fraction": float(predicted.mean()),
-            "straggler_hit_rate": float(hits.sum() / predicted.sum()) if predicted.any() else math.nan}
+            "straggler_hit_rate": float(hits.sum() / predicted.sum()) if predicted.any() else math.nan,
+            "straggler_syncs": int(rows.shape[0]), "straggler_predictions": int(predicted.sum()),
+            "straggler_hits": int(hits.sum())}
 
 
 def summarize(run: Run, skip: int = 0) -> dict:

@@ -11,8 +11,9 @@ import numpy as np
 from wagma.algorithm_options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table, render
+from wagma.results import straggler_summary
 
-from .engine import ALGORITHMS, Scenario, age_summary, prediction_summary, save, simulate
+from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
 from .network import COLLECTIVES, Network
 
 __all__ = ["format_spread", "main", "model_parameters"]
@@ -46,7 +47,7 @@ def format_spread(runs, skip=0, markdown=False) -> str:
         mean_age, max_age = age_summary(run.age[:, skip:])
         predicted = hit_rate = "-"
         if "stragglers" in run.tables:
-            record = prediction_summary(run.tables["stragglers"])
+            record = straggler_summary(run.tables["stragglers"])
             predicted = f"{record['straggler_predictions']}/{record['straggler_syncs']}"
             hit_rate = f"{record['straggler_hit_rate']:.3f}" if record["straggler_predictions"] else "-"
         cells.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",

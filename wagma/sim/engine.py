@@ -25,7 +25,7 @@ from . import kernels
 from .network import COLLECTIVES, Network
 
 __all__ = ["ALGORITHMS", "STRAGGLER_COLUMNS", "SYNCED", "Scenario", "SimulatedRun", "age_summary", "compute_times",
-           "prediction_summary", "save", "simulate"]
+           "save", "simulate"]
 
 
 #: The algorithms whose global synchronizations may run StragglAR with a
@@ -285,18 +285,6 @@ def age_summary(age: np.ndarray) -> tuple[float, float]:
     return (float(averaged.mean()), float(averaged.max())) if averaged.size else (math.nan, math.nan)
 
 
-def prediction_summary(rows: np.ndarray) -> dict:
-    """The straggler predictor's record from its log (``tables["stragglers"]``):
-    :func:`wagma.results.straggler_summary`'s ``stragglar_fraction`` and
-    ``straggler_hit_rate``, and the counts ``straggler_syncs`` (global
-    synchronizations), ``straggler_predictions`` (those run with a
-    prediction) and ``straggler_hits`` (whose predicted rank did arrive last)."""
-    predicted = rows[:, 1] >= 0
-    return {**straggler_summary(rows), "straggler_syncs": int(rows.shape[0]),
-            "straggler_predictions": int(predicted.sum()),
-            "straggler_hits": int(np.sum(rows[predicted, 1] == rows[predicted, 2]))}
-
-
 @dataclass
 class SimulatedRun(Run):
     """A :class:`~wagma.results.Run` made by the simulator, with ``age``
@@ -306,7 +294,7 @@ class SimulatedRun(Run):
     row per global synchronization: its number, the rank predicted to arrive
     last (-1: none, the fallback collective ran), the rank that did, by how
     many seconds, and the lead the next prediction required), and its
-    summary has :func:`prediction_summary`'s figures."""
+    summary has :func:`~wagma.results.straggler_summary`'s figures."""
 
     age: np.ndarray = field(default=None)
 
@@ -357,7 +345,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     run = SimulatedRun("", attrs, steps, {}, {}, tables=tables, age=age)
     run.summary = summarize(run, skip)
     if stragglers is not None:
-        run.summary.update(prediction_summary(stragglers))
+        run.summary.update(straggler_summary(stragglers))
     return run
 
 
@@ -367,7 +355,7 @@ def _jsonable(options):
 
 def save(run: SimulatedRun, path: str) -> str:
     """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, its
-    ``sync/stragglers`` table and :func:`prediction_summary` included, plus
+    ``sync/stragglers`` table and :func:`~wagma.results.straggler_summary` included, plus
     ``sim/age`` ``[rank, step]``); returns the path."""
     write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS if k in run.steps})
     with h5py.File(path, "a") as f:
@@ -378,5 +366,5 @@ def save(run: SimulatedRun, path: str) -> str:
         if stragglers is not None:
             f.create_dataset("sync/stragglers", data=stragglers)
             f["sync/stragglers"].attrs["columns"] = json.dumps(list(STRAGGLER_COLUMNS))
-            f["summary"].attrs.update(prediction_summary(stragglers))
+            f["summary"].attrs.update(straggler_summary(stragglers))
     return path
