@@ -68,7 +68,9 @@ def add_algorithm_options(parser):
     """The flags that feed the algorithms' options (:func:`algorithm_options`),
     shared by ``experiments.train`` and ``python -m wagma.sim``."""
     g = parser.add_argument_group("algorithm options (default: the paper's)")
-    g.add_argument("--tau", type=int, default=None, help="wagma, local_sgd: global averaging period [10]")
+    g.add_argument("--tau", type=int, default=None,
+                   help="wagma: global averaging period [10]; local_sgd: averaging period [1, the WAGMA "
+                        "paper's baseline (section 5.1); 10 is its ablation 1]")
     g.add_argument("--group-size", default=None, help="wagma: S, a power of two or 'auto' = sqrt(P) [auto]")
     g.add_argument("--no-wait-avoiding", dest="wait_avoiding", action="store_const", const=False,
                    default=None, help="wagma: alpha off")
@@ -99,16 +101,17 @@ def add_algorithm_options(parser):
 def algorithm_options(args, ranks) -> dict:
     """The keyword options of ``wagma.algorithms.create`` for ``args.algo``."""
     s = auto_group_size(ranks) if args.group_size in (None, "auto") else int(args.group_size)
-    tau = 10 if args.tau is None else args.tau
     reallocate = bool(args.reallocate)
     sync = "allreduce" if args.sync is None else args.sync
     if args.algo == "allreduce_sgd":
         return {"bucket_cap_mb": 25.0 if args.bucket_cap_mb is None else args.bucket_cap_mb, "sync": sync}
     if args.algo == "local_sgd":
-        return {"period": tau, "reallocate": reallocate, "sync": sync}
+        # Section 5.1: "Unless mentioned specifically, the synchronization
+        # period of local SGD is set to one"; period 10 is ablation 1 of section 5.2.
+        return {"period": 1 if args.tau is None else args.tau, "reallocate": reallocate, "sync": sync}
     if args.algo == "wagma":
         wait_avoiding = args.wait_avoiding if args.wait_avoiding is not None else not args.group_averaging
-        return {"group_size": s, "tau": tau, "wait_avoiding": wait_avoiding,
+        return {"group_size": s, "tau": 10 if args.tau is None else args.tau, "wait_avoiding": wait_avoiding,
                 "group_averaging": bool(args.group_averaging), "reallocate": reallocate, "sync": sync}
     if args.algo == "ensemble_sync":
         return {"period": 10 if args.period is None else args.period,
