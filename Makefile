@@ -7,6 +7,9 @@
 # make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
 #             once per algorithm (7 runs, about 8 minutes on 2 cores), then the table and
 #             figures, all in a fresh runs/main-TIMESTAMP (OUT=results/main refreshes the reference)
+# make reproduce  every testable claim of the five papers, measured, beside the paper's figure:
+#             results/REPORT.md and results/reproduce/ (about 30 min on 2 cores;
+#             ONLY=name,name for some claims, FULL=1 for the long versions)
 # make lock   re-resolve the newest versions in a scratch venv and rewrite the lock file
 # make clean  remove build files, caches and test logs (distclean: the venv too)
 #
@@ -49,7 +52,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv test test-mpi bench main lock clean distclean
+.PHONY: venv test test-mpi bench main reproduce lock clean distclean
 
 venv: $(STAMP)
 
@@ -109,6 +112,9 @@ bench: venv
 
 main: venv
 	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.campaign main $(if $(OUT),--out-dir $(OUT))
+
+reproduce: venv
+	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.reproduce $(if $(ONLY),--only $(ONLY)) $(if $(FULL),--full)
 
 clean:
 	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache

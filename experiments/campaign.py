@@ -3,9 +3,11 @@
 ``.venv/bin/python -m experiments.campaign main``
     8 ranks train an MLP on scikit-learn's digits with the WAGMA paper's
     imbalance (2 random ranks delayed 320 ms at every step), once per
-    algorithm: Allreduce-SGD, local SGD, WAGMA-SGD, D-PSGD, AD-PSGD, SGP,
-    eager-SGD; same seed, epochs and learning-rate schedule (warm-up for an
-    epoch, then constant) for all.
+    algorithm as the paper ran its baselines: Allreduce-SGD, local SGD
+    (period 1), WAGMA-SGD, D-PSGD, AD-PSGD, SGP with one and with two
+    neighbours, eager-SGD, and ablation 1 (local SGD with period 10); same
+    seed, epochs and learning-rate schedule (warm-up for an epoch, then
+    constant) for all.
 
 ``.venv/bin/python -m experiments.campaign sweep``
     Throughput at 4, 8, 16, 32 ranks with emulated compute (no forward or
@@ -49,45 +51,80 @@ job's command line is printed as it can be pasted to run it again.
 """
 
 import argparse
+import contextlib
+import io
 import math
 import os
-import shlex
 import subprocess
 import sys
 import time
 
-from .mpirun import find_mpiexec, mpiexec_command
+from .jobs import run_training as _run
+from .jobs import shown as _shown
+from .mpirun import find_mpiexec
 from .options import HelpFormatter
 
-__all__ = ["MAIN_ALGORITHMS", "default_out_dir", "main"]
+__all__ = ["MAIN_VARIANTS", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
-MAIN_ALGORITHMS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp", "eager_sgd")
+#: The main job's runs, ``ALGO[:OPTION=VALUE...]`` (an option of experiments.train
+#: without its dashes): the WAGMA paper's baselines as it ran them (section 5.1:
+#: local SGD with period 1; SGP with one and two neighbours), and its ablation 1.
+MAIN_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=1", "sgp:peers=2",
+                 "eager_sgd", "local_sgd:tau=10")
+#: Figure 4's algorithms (SGP with two neighbours there).
+SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd")
 PAPER_IMBALANCE = "random:k=2,ms=320"
 
 
-def _shown(path):
-    """``path`` as a command line shows it: relative to the working directory when inside it."""
-    relative = os.path.relpath(path)
-    return relative if not relative.startswith(os.pardir) else path
+def parse_variants(text, ranks):
+    """``ALGO[:OPTION=VALUE|:SWITCH...]`` items, comma-separated, as ``(name,
+    algo, flags)``: ``sgp:peers=2`` is ``("sgp_peers2", "sgp", ["--peers", "2"])``.
+    Every item is checked as experiments.train would check it on each of
+    ``ranks`` (a rank count or a list), so a bad one stops the campaign
+    before any job starts.
+
+    Raises:
+        ValueError: the message names the item and the accepted values.
+    """
+    from wagma.algorithms import ALGORITHMS     # here: --help needs no torch
+
+    from .options import build_parser, usage_problem
+
+    variants = []
+    for item in [i for i in text.split(",") if i]:
+        algo, *options = item.split(":")
+        if algo not in ALGORITHMS:
+            raise ValueError(f"--algos: unknown algorithm {algo!r} in {item!r}; accepted: "
+                             f"{', '.join(sorted(ALGORITHMS))}, each optionally followed by :OPTION=VALUE")
+        flags = []
+        for option in options:
+            key, sep, value = option.partition("=")
+            if not key:
+                raise ValueError(f"--algos: {item!r}: expected ALGO:OPTION=VALUE or ALGO:SWITCH "
+                                 f"(e.g. sgp:peers=2, wagma:fixed-groups)")
+            flags += [f"--{key.replace('_', '-')}", *([value] if sep else [])]
+        for p in [ranks] if isinstance(ranks, int) else ranks:
+            said = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(said):
+                    args, unknown = build_parser().parse_known_args(["--algo", algo, *flags])
+            except SystemExit:
+                raise ValueError(f"--algos: {item!r}: {said.getvalue().strip().splitlines()[-1]}") from None
+            if unknown:
+                raise ValueError(f"--algos: {item!r}: {' '.join(unknown)} is not an option of experiments.train")
+            problem = usage_problem(args, p)
+            if problem:
+                raise ValueError(f"--algos: {item!r} on {p} ranks: {problem}")
+        name = "_".join([algo, *(o.replace("=", "").replace("-", "_") for o in options)])
+        variants.append((name, algo, flags))
+    if not variants:
+        raise ValueError("--algos: nothing given")
+    return variants
 
 
 def default_out_dir(campaign, now=None):
     """``runs/CAMPAIGN-YYYYmmdd-HHMMSS``: a fresh, git-ignored folder per invocation."""
     return os.path.join("runs", f"{campaign}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}")
-
-
-def _run(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):
-    """One ``mpiexec`` job; returns its exit status.  ``may_fail``: a job
-    that ends with an error (a synchronous algorithm whose rank was killed)
-    is reported, not raised."""
-    launch = mpiexec_command(ranks, mpiexec, fault_tolerant=fault_tolerant)
-    command = [*launch, sys.executable, "-m", "experiments.train", "--algo", algo, "--out", out, *extra]
-    print(f"\n$ {shlex.join([_shown(mpiexec), *launch[1:], _shown(sys.executable), *command[len(launch) + 1:]])}",
-          flush=True)
-    start = time.monotonic()
-    status = subprocess.run(command, check=not may_fail).returncode
-    print(f"{algo} on {ranks} ranks: {time.monotonic() - start:.0f} s, exit status {status}", flush=True)
-    return status
 
 
 def _table(out_dir, files, extra=()):
@@ -110,7 +147,8 @@ def main(argv=None):
                    help="epochs of step decay of the learning rate, x0.1 at each [none]")
     m.add_argument("--imbalance", default=PAPER_IMBALANCE,
                    help="experiments.train's --imbalance (the WAGMA paper's: 2 random ranks, 320 ms)")
-    m.add_argument("--algos", default=",".join(MAIN_ALGORITHMS), help="comma-separated algorithms")
+    m.add_argument("--algos", default=",".join(MAIN_VARIANTS),
+                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
     m.add_argument("--out-dir", default=None,
                    help="run files, table.md and figures [a fresh runs/main-YYYYmmdd-HHMMSS]; "
                         "results/main refreshes the committed reference results")
@@ -125,7 +163,8 @@ def main(argv=None):
                         "for ResNet-50 at batch 128 per P100)")
     s.add_argument("--imbalance", default=PAPER_IMBALANCE, help="experiments.train's --imbalance")
     s.add_argument("--model", default="resnet20", help="whose buffers are communicated")
-    s.add_argument("--algos", default=",".join(MAIN_ALGORITHMS), help="comma-separated algorithms")
+    s.add_argument("--algos", default=",".join(SWEEP_VARIANTS),
+                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
     s.add_argument("--out-dir", default=None,
                    help="run files, table.md and figures [a fresh runs/sweep-YYYYmmdd-HHMMSS]; "
                         "results/sweep refreshes the committed reference results")
@@ -170,10 +209,17 @@ def main(argv=None):
             ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a))
     from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
     algos = [a for a in args.algos.split(",") if a]
-    unknown = sorted(set(algos) - set(ALGORITHMS))
-    if unknown or not algos:
-        parser.error(f"--algos: unknown {', '.join(unknown) or 'nothing given'}; "
-                     f"accepted: {', '.join(sorted(ALGORITHMS))}")
+    if args.campaign in ("main", "sweep"):
+        try:
+            variants = parse_variants(args.algos, args.ranks if args.campaign == "main"
+                                      else [int(r) for r in args.ranks.split(",")])
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        unknown = sorted(set(algos) - set(ALGORITHMS))
+        if unknown or not algos:
+            parser.error(f"--algos: unknown {', '.join(unknown) or 'nothing given'}; "
+                         f"accepted: {', '.join(sorted(ALGORITHMS))}")
     mpiexec = find_mpiexec()
     if not mpiexec:
         parser.error("no mpiexec found next to this Python or on PATH; set MPIEXEC")
@@ -182,10 +228,10 @@ def main(argv=None):
     files = []
     if args.campaign == "main":
         decay = ["--decay-epochs", args.decay_epochs] if args.decay_epochs else []
-        for algo in algos:
-            out = os.path.join(out_dir, f"{algo}_p{args.ranks}.h5")
+        for name, algo, flags in variants:
+            out = os.path.join(out_dir, f"{name}_p{args.ranks}.h5")
             _run(mpiexec, args.ranks, algo, out, ["--dataset", "digits", "--model", "mlp",
-                                                  "--epochs", str(args.epochs), *decay,
+                                                  "--epochs", str(args.epochs), *decay, *flags,
                                                   "--imbalance", args.imbalance, "--no-progress"])
             files.append(out)
         _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
@@ -195,9 +241,9 @@ def main(argv=None):
         _stragglersync(args, mpiexec, out_dir)
     else:
         for ranks in [int(r) for r in args.ranks.split(",")]:
-            for algo in algos:
-                out = os.path.join(out_dir, f"{algo}_p{ranks}.h5")
-                _run(mpiexec, ranks, algo, out, ["--dataset", "synthetic", "--model", args.model,
+            for name, algo, flags in variants:
+                out = os.path.join(out_dir, f"{name}_p{ranks}.h5")
+                _run(mpiexec, ranks, algo, out, [*flags, "--dataset", "synthetic", "--model", args.model,
                                                  "--compute", "emulate", "--compute-ms", str(args.compute_ms),
                                                  "--max-steps", str(args.steps), "--batch-size", "128",
                                                  "--epochs", str(args.steps), "--imbalance", args.imbalance,

@@ -1,6 +1,7 @@
 """``experiments.campaign main`` as a user runs it: its own fresh folder, commands that paste, nothing else touched."""
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -117,3 +118,19 @@ def test_stragglersync_campaign_tabulates_both_syncs_from_the_run_files(tmp_path
     assert cells[5] == f"{100 * ours['stragglar_fraction']:.0f} %"
     assert cells[6] == f"{100 * ours['straggler_hit_rate']:.0f} %"
     assert "stragglar_fraction" not in base
+
+
+def test_variants_name_their_runs_and_flags_and_bad_ones_stop_before_any_job():
+    from experiments.campaign import MAIN_VARIANTS, parse_variants
+
+    variants = parse_variants(",".join(MAIN_VARIANTS), 8)
+    assert [name for name, _, _ in variants] == ["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd",
+                                                 "sgp_peers1", "sgp_peers2", "eager_sgd", "local_sgd_tau10"]
+    assert variants[-1] == ("local_sgd_tau10", "local_sgd", ["--tau", "10"])
+    for bad, message in (("sgp:peers=3", "'sgp:peers=3' on 8 ranks: --algo sgp: --peers must be 1 or 2, got 3"),
+                         ("foo", "unknown algorithm 'foo'"), ("wagma:nope=1", "--nope 1 is not an option"),
+                         ("sgp:peers", "argument --peers: expected one argument"), ("", "nothing given")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_variants(bad, 8)
+    with pytest.raises(ValueError, match="on 6 ranks"):         # wagma needs a power of two
+        parse_variants("wagma", [4, 6])

@@ -1,0 +1,41 @@
+"""One ``mpiexec`` job per call, its command line printed as it can be pasted to run it again."""
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from .mpirun import mpiexec_command
+
+__all__ = ["run_module", "run_training", "shown"]
+
+
+def shown(path):
+    """``path`` as a command line shows it: relative to the working directory when inside it."""
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith(os.pardir) else path
+
+
+def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False):
+    launch = mpiexec_command(ranks, mpiexec, fault_tolerant=fault_tolerant)
+    command = [*launch, sys.executable, *tail]
+    print(f"\n$ {shlex.join([shown(mpiexec), *launch[1:], shown(sys.executable), *tail])}", flush=True)
+    start = time.monotonic()
+    status = subprocess.run(command, check=not may_fail).returncode
+    print(f"{what} on {ranks} ranks: {time.monotonic() - start:.0f} s, exit status {status}", flush=True)
+    return status
+
+
+def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):
+    """``experiments.train --algo ALGO --out OUT EXTRA`` on ``ranks`` ranks;
+    returns its exit status.  ``may_fail``: a job that ends with an error (a
+    synchronous algorithm whose rank was killed) is reported, not raised."""
+    return _launch(mpiexec, ranks, ["-m", "experiments.train", "--algo", algo, "--out", out, *extra], algo,
+                   fault_tolerant=fault_tolerant, may_fail=may_fail)
+
+
+def run_module(mpiexec, ranks, module, args):
+    """``python -m mpi4py -m MODULE ARGS`` on ``ranks`` ranks (mpi4py turns an
+    exception on one rank into an abort of all); raises if it fails."""
+    return _launch(mpiexec, ranks, ["-m", "mpi4py", "-m", module, *args], module)
