@@ -111,12 +111,13 @@ def choose_group_allreduce(nbytes: int) -> str:
 
 
 def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
-                    check=True):
+                    dynamic_groups=True, check=True):
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
     The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
     (:class:`~collectives.groups.ButterflyGrouping`, WAGMA Algorithm 1, which
-    changes the groups with ``t``).  On return every member of a group holds
+    changes the groups with ``t``; with ``dynamic_groups=False`` iteration
+    0's groups at every ``t``).  On return every member of a group holds
     the sum (or mean, ``op="avg"``) of the group's inputs, bitwise equal
     within the group.  This is the blocking group allreduce; all ranks call it
     with the same ``t``.
@@ -132,6 +133,10 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         algorithm: ``"recursive_doubling"``, ``"halving_doubling"`` or
             ``"auto"`` (recursive doubling below
             :data:`~collectives.blocking.SMALL_ALLREDUCE_BYTES`).
+        dynamic_groups: Algorithm 1's groups of iteration ``t`` (default);
+            False: the groups of iteration 0 whatever ``t`` (the same log2 S
+            hypercube dimensions at every iteration: WAGMA's ablation 2,
+            section 5.2, "the groups are fixed").
         check: agree on the arguments across ranks first.
 
     Raises:
@@ -140,7 +145,9 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
     info = describe(data)
     problem, error = info.problem, info.error
     try:
-        masks = ButterflyGrouping(comm.size, group_size).masks(t)
+        if not isinstance(dynamic_groups, bool):
+            raise TypeError(f"dynamic_groups must be True or False, got {dynamic_groups!r}")
+        masks = ButterflyGrouping(comm.size, group_size, dynamic_groups).masks(t)
     except (TypeError, ValueError) as exc:
         problem, error = problem or str(exc), error if problem else type(exc)
         masks = ()
@@ -150,7 +157,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
     check_arguments(comm, "group_allreduce", problem, error, check, numel=info.numel,
                     dtype=info.dtype, algorithm=algorithm, op=op,
-                    group_size=group_size, t=t)
+                    group_size=group_size, t=t, dynamic_groups=dynamic_groups)
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)

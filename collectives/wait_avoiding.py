@@ -77,9 +77,10 @@ class WaitAvoidingGroupAllreduce:
     Algorithm 2).  Iteration t is a *group version* unless
     ``(t + 1) mod tau == 0``, which makes it a *sync step*.  Every rank
     executes every group version exactly once and in order, in the butterfly
-    group of iteration t (:class:`~collectives.groups.ButterflyGrouping`),
-    either *actively* (its main thread reached t first: it publishes its
-    iteration-t contribution and activates t along its binomial tree) or
+    group of iteration t (:class:`~collectives.groups.ButterflyGrouping`; of
+    iteration 0 at every t with ``dynamic_groups=False``), either *actively*
+    (its main thread reached t first: it publishes its iteration-t
+    contribution and activates t along its binomial tree) or
     *passively* (an activation for t, or a later version, arrived first: its
     progress thread executes t with the contribution it last published, even
     while its main thread still computes an older iteration).  The main
@@ -140,6 +141,13 @@ class WaitAvoidingGroupAllreduce:
             ``first_iteration - 1``.
         waits: one of :data:`WAITS`; :attr:`waits_used` says what ``"auto"``
             chose (set by :meth:`open`).
+        dynamic_groups: Algorithm 1's groups, which change with the version
+            (default); False: every version averages in iteration 0's groups
+            (the same log2 S hypercube dimensions; activations still travel
+            over all P ranks).  That is WAGMA's ablation 2 (section 5.2,
+            experiment 2: "the groups are fixed"; ResNet-50's top-1
+            accuracy "drops to 72.2%"): with 1 < S < P an update leaves its
+            group only at the sync steps.
 
     Example::
 
@@ -160,13 +168,14 @@ class WaitAvoidingGroupAllreduce:
 
     def __init__(self, comm, like, *, group_size, tau=None, op="sum",
                  activation="first", algorithm="auto", history=0, first_iteration=0,
-                 waits="auto"):
+                 waits="auto", dynamic_groups=True):
         self._raw = comm
         self._like = like
         self.first_iteration = first_iteration
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
         self.waits = waits
+        self.dynamic_groups = dynamic_groups
         self.waits_used = None
         self._history = history
         self._like_info = describe(like)
@@ -179,8 +188,10 @@ class WaitAvoidingGroupAllreduce:
         info = self._like_info
         if info.problem:
             return info.problem, info.error
+        if not isinstance(self.dynamic_groups, bool):
+            return f"dynamic_groups must be True or False, got {self.dynamic_groups!r}", TypeError
         try:
-            self.grouping = ButterflyGrouping(world_size, self.group_size)
+            self.grouping = ButterflyGrouping(world_size, self.group_size, self.dynamic_groups)
         except (TypeError, ValueError) as exc:
             return str(exc), type(exc)
         if self.tau is not None and (isinstance(self.tau, bool) or
@@ -226,7 +237,7 @@ class WaitAvoidingGroupAllreduce:
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
                   tau=self.tau, op=self.op, activation=self.activation,
                   algorithm=self.algorithm, first_iteration=self.first_iteration,
-                  waits=self.waits)
+                  waits=self.waits, dynamic_groups=self.dynamic_groups)
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"

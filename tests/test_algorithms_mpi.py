@@ -219,6 +219,39 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch):
 
 
 @needs_pow2
+@pytest.mark.parametrize("switch", ["group_averaging", "wait_avoiding"])
+def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
+    """``fixed_groups`` (ablation 2) on both paths: with lr = 0 and no global
+    average in 6 steps, a rank's model only mixes with iteration 0's group
+    (blocks of S consecutive ranks): exactly its mean with the blocking
+    groups, inside its members' range with the wait-avoiding ones (a stale
+    step mixes convexly); the dynamic groups mix in other ranks from step 1."""
+    S = max(1, WORLD.size // 2)
+    first = WORLD.rank // S * S
+    model = _mlp()
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):     # small integers: exact means
+            p.copy_(torch.arange(p.numel()).reshape(p.shape) % 7 + 8 * WORLD.rank + i)
+    initial = WORLD.allgather(_flat_params(model))
+    group = torch.stack(initial[first:first + S])
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with create("wagma", model, opt, comm, group_size=S, tau=100, fixed_groups=True,
+                wait_avoiding=switch == "wait_avoiding",
+                group_averaging=switch == "group_averaging") as algo:
+        x, y = _batches(1)[0]
+        for _ in range(6):
+            algo.zero_grad()
+            _train_step(model, x, y)
+            algo.step()
+            final = _flat_params(model)
+            if switch == "group_averaging":
+                assert torch.equal(final, group.mean(0))
+            else:
+                low, high = group.min(0).values, group.max(0).values
+                assert bool(((final >= low - 1e-4) & (final <= high + 1e-4)).all())   # float32 rounding
+
+
+@needs_pow2
 def test_wagma_resumes_its_schedule(comm):
     def make(model, opt):
         return create("wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4,
@@ -412,6 +445,8 @@ def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
 @pytest.mark.parametrize("options, text", [
     ({"group_size": 3}, "group_size must be a power of two"),
     ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
+    ({"group_size": 1, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
+    ({"group_size": 1, "wait_avoiding": False, "fixed_groups": True}, "fixed_groups needs the wait-avoiding"),
 ])
 def test_wagma_bad_options_raise_on_every_rank(comm, options, text):
     model = _mlp()

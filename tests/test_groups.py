@@ -70,7 +70,7 @@ def test_world_size_one():
 
 def test_repr_and_frozen():
     g = ButterflyGrouping(16, 4)
-    assert repr(g) == "ButterflyGrouping(world_size=16, group_size=4)"
+    assert repr(g) == "ButterflyGrouping(world_size=16, group_size=4, dynamic=True)"
     with pytest.raises(AttributeError):
         g.group_size = 8
 
@@ -162,6 +162,47 @@ def test_iterations_to_connect_values():
     assert ButterflyGrouping(8, 2).iterations_to_connect == 3
     assert ButterflyGrouping(1024, 32).iterations_to_connect == 2
     assert ButterflyGrouping(1024, 8).iterations_to_connect == 4
+
+
+# --- fixed groups (WAGMA section 5.2, ablation 2) -------------------------------------
+
+
+@pytest.mark.parametrize("P,S", SIZES)
+def test_fixed_groups_are_iteration_0s_at_every_iteration(P, S):
+    """Every iteration uses iteration 0's masks: blocks of S consecutive ranks."""
+    fixed, dynamic = ButterflyGrouping(P, S, dynamic=False), ButterflyGrouping(P, S)
+    blocks = [list(range(first, first + S)) for first in range(0, P, S)]
+    assert dynamic.groups(0) == blocks
+    for t in TS:
+        assert fixed.masks(t) == dynamic.masks(0)
+        assert fixed.groups(t) == blocks
+        assert fixed.group_of(t, P - 1) == blocks[-1]
+        assert fixed.partners(t, 0) == dynamic.partners(0, 0)
+
+
+@pytest.mark.parametrize("P,S", SMALL_SIZES)
+def test_fixed_groups_never_connect_unless_one_group(P, S):
+    fixed = ButterflyGrouping(P, S, dynamic=False)
+    if P == 1:
+        assert fixed.iterations_to_connect == 0
+    elif S == P:
+        assert fixed.iterations_to_connect == 1
+    else:
+        assert fixed.iterations_to_connect is None
+        g = nx.Graph()
+        g.add_nodes_from(range(P))
+        for t in range(P.bit_length() + 3):
+            for p in range(P):
+                g.add_edges_from((p, q) for q in fixed.partners(t, p))
+        assert nx.number_connected_components(g) == P // S
+
+
+def test_fixed_grouping_repr_and_bad_flag():
+    assert repr(ButterflyGrouping(8, 4, dynamic=False)) == \
+        "ButterflyGrouping(world_size=8, group_size=4, dynamic=False)"
+    for bad in (0, 1, "no", None):
+        with pytest.raises(TypeError, match=f"dynamic must be True or False, got {bad!r}"):
+            ButterflyGrouping(8, 4, dynamic=bad)
 
 
 # --- helpers and bad input ------------------------------------------------------------

@@ -47,8 +47,8 @@ def test_group_size_is_sqrt_p_rounded_up_to_a_power_of_two():
 
 def test_algorithm_options_follow_the_paper_by_default():
     assert algorithm_options(_args("wagma"), 16) == {"group_size": 4, "tau": 10, "wait_avoiding": True,
-                                                     "group_averaging": False, "reallocate": False,
-                                                     "sync": "allreduce"}
+                                                     "group_averaging": False, "fixed_groups": False,
+                                                     "reallocate": False, "sync": "allreduce"}
     assert algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"),
                              8)["group_averaging"] is True
     assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4, "reallocate": False,
@@ -72,6 +72,7 @@ def test_algorithm_options_follow_the_paper_by_default():
     (["hierarchical_sgd", "--levels", "2:16,4:P"], "--levels group size 16 exceeds the 8 ranks"),
     (["adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma, not of adpsgd"),
     (["local_sgd", "--timeout-s", "1"], "--timeout-s is an option of ensemble_sync, not of local_sgd"),
+    (["sgp", "--fixed-groups"], "--fixed-groups is an option of wagma, not of sgp"),
     (["ensemble_sync", "--checkpoint-dir", "c"], "--checkpoint-dir is not available with --algo ensemble_sync"),
     (["ensemble_sync", "--eval-replicas"], "--eval-replicas is not available with --algo ensemble_sync"),
 ])
@@ -86,6 +87,8 @@ def test_usage_problems_name_the_option(argv, words):
     (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
     (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
     (8, ["local_sgd", "--tau", "0"], "--algo local_sgd: --tau must be an int >= 1"),
+    (8, ["wagma", "--no-wait-avoiding", "--fixed-groups"],
+     "--algo wagma: --fixed-groups needs the wait-avoiding (alpha) or the blocking (beta) group averaging"),
     (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (mpiexec -n), got 6"),
     (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', got 'all'"),
     (5, ["adpsgd"], "adpsgd needs an even number of ranks (mpiexec -n), got 5"),
@@ -122,3 +125,19 @@ def test_help_imports_neither_torch_nor_mpi():
 
 def test_a_good_command_line_has_no_problem():
     assert usage_problem(_args("wagma", "--tau", "5", "--group-size", "4"), 8) is None
+
+
+def test_fixed_groups_reach_wagma_on_both_group_paths():
+    """--fixed-groups (WAGMA's ablation 2) is False unless given, and goes with
+    the wait-avoiding groups (alpha, the default) or the blocking ones (beta)."""
+    from wagma.algorithms import options_problem
+
+    assert algorithm_options(_args("wagma", "--fixed-groups"), 8)["fixed_groups"] is True
+    beta = algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--fixed-groups"), 8)
+    assert (beta["wait_avoiding"], beta["group_averaging"], beta["fixed_groups"]) == (False, True, True)
+    assert usage_problem(_args("wagma", "--fixed-groups"), 8) is None
+    assert usage_problem(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--fixed-groups"), 8) is None
+    assert options_problem("wagma", 8, group_size=4, fixed_groups=1) == \
+        "fixed_groups must be True or False, got 1"
+    assert "fixed_groups needs" in options_problem("wagma", 8, group_size=4, wait_avoiding=False,
+                                                    fixed_groups=True)

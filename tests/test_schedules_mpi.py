@@ -210,6 +210,35 @@ def test_group_schedules_out_of_place_equal_in_place(pow2, algorithm, library):
             assert np.asarray(source).tobytes() == x.tobytes(), "src was written"
 
 
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
+def test_group_allreduce_with_fixed_groups_averages_in_iteration_0s_groups(pow2, algorithm):
+    """``dynamic_groups=False`` (WAGMA's ablation 2): at every t the mean over
+    iteration 0's group, blocks of S consecutive ranks; exact, the data being
+    small integers."""
+    comm = member(pow2)
+    n = 1001
+
+    def data(rank, t):
+        return (rank * 1000 + t % 97 + np.arange(n) % 13).astype(np.float64)
+
+    group_size = 1
+    while group_size <= comm.size:
+        first = comm.rank // group_size * group_size
+        for t in (0, 1, 2, 5, 2**40 + 3):
+            x = data(comm.rank, t)
+            group_allreduce(x, comm=comm, group_size=group_size, t=t, op="avg",
+                            algorithm=algorithm, dynamic_groups=False)
+            expected = sum(data(q, t) for q in range(first, first + group_size)) / group_size
+            np.testing.assert_array_equal(x, expected, err_msg=f"S={group_size}, t={t}")
+        group_size *= 2
+
+
+def test_group_allreduce_refuses_a_dynamic_groups_that_is_not_a_bool(pow2):
+    comm = member(pow2)
+    with pytest.raises(TypeError, match="dynamic_groups must be True or False, got 'no'"):
+        group_allreduce(np.zeros(3), comm=comm, group_size=1, t=0, dynamic_groups="no")
+
+
 def test_group_allreduce_average(pow2):
     comm = member(pow2)
     group_size = comm.size

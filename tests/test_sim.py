@@ -124,6 +124,27 @@ def test_wagma_does_not_wait_for_a_straggler_between_sync_steps():
     assert np.all(blocking[:, group_steps].max(axis=0) >= 0.3)
 
 
+def test_wagma_with_fixed_groups_waits_only_in_the_stragglers_group():
+    """Ablation 2 (fixed groups): blocking group averaging in iteration 0's
+    groups {0..3}, {4..7}: only the straggler's group waits for it between
+    sync steps; with the dynamic groups every rank does, in turn."""
+    sc = scenario(steps=40, imbalance="straggler:rank=3,ms=200")
+    options = dict(group_size=4, tau=10, wait_avoiding=False, group_averaging=True)
+    fixed = step_times(simulate("wagma", sc, fixed_groups=True, **options))
+    dynamic = step_times(simulate("wagma", sc, **options))
+    group_steps = [t for t in range(40) if (t + 1) % 10]
+    assert np.all(fixed[np.ix_([0, 1, 2, 3], group_steps)] >= 0.3)
+    assert np.all(fixed[np.ix_([4, 5, 6, 7], group_steps)] < 0.15)
+    assert np.any(dynamic[np.ix_([4, 5, 6, 7], group_steps)] >= 0.3, axis=1).all()
+    # The wait-avoiding collective in fixed groups: the straggler is stale at
+    # every group step and nobody waits for it, as with the dynamic groups.
+    wait_avoiding = simulate("wagma", sc, group_size=4, tau=10, fixed_groups=True)
+    assert wait_avoiding.steps["stale"][3, group_steps].all()
+    assert np.all(np.delete(step_times(wait_avoiding), 3, axis=0)[:, group_steps] < 0.15)
+    json_options = wait_avoiding.config["options"]
+    assert json_options["fixed_groups"] is True
+
+
 def test_eager_sgd_majority_does_not_wait_for_a_minority_of_late_ranks():
     quiet = simulate("eager_sgd", scenario(), quorum="majority")
     activation = 3 * NET.alpha
@@ -323,6 +344,9 @@ def test_results_reproduce_from_the_seed():
     ("nonesuch", {}, "algorithm must be one of"),
     ("wagma", {}, "wagma needs group_size"),
     ("wagma", {"group_size": 3}, "power of two"),
+    ("wagma", {"group_size": 4, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
+    ("wagma", {"group_size": 4, "wait_avoiding": False, "fixed_groups": True},
+     "fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group averaging"),
     ("sgp", {"peers": 9}, "peers must be an int from 1 to ceil(log2 P) = 3"),
     ("eager_sgd", {"quorum": "half"}, "quorum must be 'solo' or 'majority'"),
     ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period, reallocate, sync"),

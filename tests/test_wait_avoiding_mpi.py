@@ -132,6 +132,48 @@ def test_both_wait_policies_give_the_same_semantics(waits):
 
 
 @needs_pow2
+@pytest.mark.parametrize("tau", [None, 4])
+def test_fixed_groups_average_in_iteration_0s_groups(tau):
+    """``dynamic_groups=False`` (WAGMA's ablation 2): every version's result
+    is the mean over iteration 0's group (blocks of S consecutive ranks) of
+    the contributions its members used, stale ones included; exact, the
+    contributions being small integers (or a sync step's mean of them)."""
+    S = P // 2 if P >= 4 else P
+    mine = next(g for g in butterfly_groups(P, S, 0) if WORLD.rank in g)
+    assert mine == list(range(WORLD.rank // S * S, WORLD.rank // S * S + S))
+    iterations = 120
+    delays = _delays("random")[:iterations]
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1).astype(np.float64), group_size=S,
+                                    tau=tau, op="avg", history=iterations, dynamic_groups=False)
+    records = []
+    with wa:
+        for t in range(iterations):
+            time.sleep(delays[t])
+            contribution = value(WORLD.rank, t).astype(np.float64)
+            if wa.is_group_version(t):
+                records.append((t, wa.allreduce(contribution, t).value))
+            else:
+                wa.sync_allreduce(contribution, t, op="avg")
+                np.testing.assert_array_equal(contribution, sum(value(q, t) for q in range(P)) / P)
+        history = wa.history
+    used = WORLD.allgather(dict(history))
+
+    def published(rank, c):
+        if c >= 0 and not wa.is_group_version(c):   # a sync step published the global mean
+            return sum(value(q, c) for q in range(P)) / P
+        return value(rank, c)
+
+    assert [t for t, _ in records] == [v for v, _ in history]
+    for t, mean in records:
+        expected = sum(published(q, used[q][t]) for q in mine) / S
+        np.testing.assert_array_equal(mean, expected, err_msg=f"version {t}")
+    # The dynamic groups would have been others at every other iteration.
+    assert 1 < S < P or P < 4
+    if 1 < S < P:
+        assert any(mine not in butterfly_groups(P, S, t) for t, _ in records)
+
+
+@needs_pow2
 def test_solo_allreduce_reduces_over_all_ranks():
     wa = solo_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
     records, history, _ = _run(wa, _delays("random"))
@@ -203,6 +245,7 @@ def test_misuse_is_refused():
     (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'majority'"),
     (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
     (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
+    (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
 ])
 def test_bad_arguments_raise_on_every_rank(options, error, text):
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), **options)

@@ -25,6 +25,7 @@ ALGORITHM_OPTIONS = {
     "group_size": ("wagma",),
     "wait_avoiding": ("wagma",),
     "group_averaging": ("wagma",),
+    "fixed_groups": ("wagma",),
     "levels": ("hierarchical_sgd",),
     "levels_warmup_steps": ("hierarchical_sgd",),
     "peers": ("sgp",),
@@ -76,6 +77,9 @@ def add_algorithm_options(parser):
                    default=None, help="wagma: alpha off")
     g.add_argument("--group-averaging", dest="group_averaging", action="store_const", const=True,
                    default=None, help="wagma: beta on (blocking group allreduce; needs --no-wait-avoiding)")
+    g.add_argument("--fixed-groups", dest="fixed_groups", action="store_const", const=True, default=None,
+                   help="wagma: average in iteration 0's groups at every step, not Algorithm 1's dynamic "
+                        "butterfly groups (the paper's ablation 2, section 5.2)")
     g.add_argument("--levels", type=_levels, default=None,
                    help="hierarchical_sgd: PERIOD:SIZE,... groups of SIZE ranks average every PERIOD "
                         "steps, P = all [2:sqrt(P),10:P]")
@@ -112,7 +116,8 @@ def algorithm_options(args, ranks) -> dict:
     if args.algo == "wagma":
         wait_avoiding = args.wait_avoiding if args.wait_avoiding is not None else not args.group_averaging
         return {"group_size": s, "tau": 10 if args.tau is None else args.tau, "wait_avoiding": wait_avoiding,
-                "group_averaging": bool(args.group_averaging), "reallocate": reallocate, "sync": sync}
+                "group_averaging": bool(args.group_averaging), "fixed_groups": bool(args.fixed_groups),
+                "reallocate": reallocate, "sync": sync}
     if args.algo == "ensemble_sync":
         return {"period": 10 if args.period is None else args.period,
                 "timeout_s": 30.0 if args.timeout_s is None else args.timeout_s, "reallocate": reallocate}
@@ -131,7 +136,7 @@ def algorithm_options(args, ranks) -> dict:
 #: The flag that sets each keyword of the algorithms' constructors.
 KEYWORD_FLAGS = {
     "bucket_cap_mb": "--bucket-cap-mb", "period": "--tau", "tau": "--tau", "group_size": "--group-size",
-    "wait_avoiding": "--no-wait-avoiding", "group_averaging": "--group-averaging",
+    "wait_avoiding": "--no-wait-avoiding", "group_averaging": "--group-averaging", "fixed_groups": "--fixed-groups",
     "period_group_size_dict": "--levels", "periods": "--levels periods", "warmup_steps": "--levels-warmup-steps",
     "peers": "--peers", "quorum": "--quorum", "timeout_s": "--timeout-s", "reallocate": "--reallocate",
     "sync": "--sync",

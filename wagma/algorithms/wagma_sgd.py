@@ -20,6 +20,8 @@ class WagmaSGD(Algorithm):
     the same groups average with a blocking group allreduce (W_{t+1} = sum / S,
     D-PSGD/SGP-like); with neither, nothing happens between sync steps and the
     algorithm is local SGD with period tau (tested equal to ``local_sgd``).
+    With ``fixed_groups`` the groups of either switch are iteration 0's at
+    every step instead of Algorithm 1's dynamic ones (the paper's ablation 2).
     Buffers (BatchNorm statistics) stay local.
 
     One :class:`~collectives.WaitAvoidingGroupAllreduce` per parameter dtype,
@@ -34,6 +36,13 @@ class WagmaSGD(Algorithm):
         tau: the global synchronisation period, >= 1 (the paper: 10).
         wait_avoiding: alpha, use the wait-avoiding group allreduce.
         group_averaging: beta, use the blocking group allreduce.
+        fixed_groups: average in the same groups at every step, iteration
+            0's (blocks of S consecutive ranks), not Algorithm 1's dynamic
+            butterfly groups: section 5.2, experiment 2 ("group model
+            averaging without using the dynamic grouping strategy (i.e., the
+            groups are fixed)", top-1 accuracy "drops to 72.2%").  Needs
+            ``wait_avoiding`` or ``group_averaging`` (with both off no groups
+            average).
         reallocate: after each global average, Lemma 1's shares of the
             global batch for the next tau steps (:mod:`wagma.reallocation`).
         sync: ``"allreduce"`` or ``"stragglar"``: the global average every
@@ -48,17 +57,20 @@ class WagmaSGD(Algorithm):
     name = "wagma"
 
     def __init__(self, model, optimizer, comm, *, group_size, tau=10,
-                 wait_avoiding=True, group_averaging=False, reallocate=False, sync="allreduce"):
+                 wait_avoiding=True, group_averaging=False, fixed_groups=False, reallocate=False,
+                 sync="allreduce"):
         super().__init__(model, optimizer, comm, group_size=group_size, tau=tau,
-                         wait_avoiding=wait_avoiding, group_averaging=group_averaging, reallocate=reallocate,
-                         sync=sync)
+                         wait_avoiding=wait_avoiding, group_averaging=group_averaging,
+                         fixed_groups=fixed_groups, reallocate=reallocate, sync=sync)
         self.group_size, self.tau = group_size, tau
         self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
+        self.fixed_groups = fixed_groups
         self._collectives = None
         self._open_straggler_sync(sync, self.flat.params.values())
 
     @classmethod
-    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, reallocate, sync):
+    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, fixed_groups,
+                      reallocate, sync):
         try:
             ButterflyGrouping(world_size, group_size)
         except (TypeError, ValueError) as exc:
@@ -70,6 +82,11 @@ class WagmaSGD(Algorithm):
         if wait_avoiding and group_averaging:
             return ("wait_avoiding and group_averaging cannot both be True "
                     "(Algorithm 2's alpha and beta)")
+        if not isinstance(fixed_groups, bool):
+            return f"fixed_groups must be True or False, got {fixed_groups!r}"
+        if fixed_groups and not (wait_avoiding or group_averaging):
+            return ("fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group "
+                    "averaging: with both off no groups average")
         if not isinstance(reallocate, bool):
             return f"reallocate must be True or False, got {reallocate!r}"
         return cls._sync_problem(sync)
@@ -81,7 +98,7 @@ class WagmaSGD(Algorithm):
             self._collectives = {
                 dtype: WaitAvoidingGroupAllreduce(
                     self.comm.data, tensor, group_size=self.group_size, tau=self.tau,
-                    op="avg", first_iteration=t).open()
+                    op="avg", first_iteration=t, dynamic_groups=not self.fixed_groups).open()
                 for dtype, tensor in self.flat.params.items()}
         if (t + 1) % self.tau == 0:
             self._global_average(t)
@@ -100,7 +117,7 @@ class WagmaSGD(Algorithm):
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
                 group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
-                                t=t, op="avg")
+                                t=t, op="avg", dynamic_groups=not self.fixed_groups)
 
     def _global_average(self, t):
         """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t."""

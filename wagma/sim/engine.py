@@ -146,6 +146,11 @@ def _options(algorithm, ranks, options):
         ButterflyGrouping(ranks, out["group_size"])            # raises on non-powers of two, S > P
         if out["wait_avoiding"] and out["group_averaging"]:
             raise ValueError("wait_avoiding and group_averaging cannot both be True (Algorithm 2's alpha and beta)")
+        if not isinstance(out["fixed_groups"], bool):
+            raise ValueError(f"fixed_groups must be True or False, got {out['fixed_groups']!r}")
+        if out["fixed_groups"] and not (out["wait_avoiding"] or out["group_averaging"]):
+            raise ValueError("fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group "
+                             "averaging: with both off no groups average")
     if "sync" in out and out["sync"] not in SYNCS:
         raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {out['sync']!r}")
     for name in ("period", "tau"):
@@ -245,8 +250,9 @@ def _run_kernel(algorithm, scenario, options, compute):
     else:
         s = options["group_size"]
         phases, costs = net.butterfly_phases(s, nbytes)
-        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1, phases, costs,
-                                          options["wait_avoiding"], net.message(0), everyone, *prediction)
+        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
+                                          not options["fixed_groups"], phases, costs, options["wait_avoiding"],
+                                          net.message(0), everyone, *prediction)
     if options["sync"] != "stragglar":
         return clock, stale, age, None
     record = prediction[-1]

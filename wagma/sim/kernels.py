@@ -299,7 +299,7 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, hop, collective, planned,
+def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, activation, hop, collective, planned,
           predictor, scores, record):
     """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
     "The wait-avoiding group allreduce").
@@ -310,7 +310,9 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, h
     itself (one ``hop`` per tree level), and r's own arrival activates it too.
     Then the butterfly phases of iteration t: in phase k rank r and its
     partner r ^ mask_k (mask_k = 1 << ((t log2 S + phases[k]) mod log2 P),
-    Algorithm 1) both start when both are ready and take ``phase_costs[k]``.
+    Algorithm 1; without ``dynamic``, the paper's fixed groups of ablation 2,
+    iteration 0's mask_k = 1 << phases[k] at every t) both start when both
+    are ready and take ``phase_costs[k]``.
     A rank whose version started before it arrived is stale: its contribution
     is the one of its last fresh step (however small the gap: a rank whose
     partner of the previous version started late by a hop arrives late by as
@@ -346,7 +348,7 @@ def wagma(compute, tau, log_ranks, log_group, phases, phase_costs, activation, h
                 reached = f[first] + hop * _popcount(r ^ first) if activation else f[r]
                 began[r] = max(version_end[r], min(f[r], reached))
             ready[:] = began
-            shift = (t * log_group) % log_ranks if log_ranks else 0
+            shift = (t * log_group) % log_ranks if log_ranks and dynamic else 0
             for k in range(phases.size):
                 mask = 1 << ((shift + phases[k]) % log_ranks)
                 for r in range(ranks):
