@@ -11,17 +11,20 @@ import h5py
 import numpy as np
 import pytest
 
-from wagma.analysis import compare, format_table, mean_throughput, read_runs, to_dataframe, write_csv
+from wagma.analysis import (ROW_FIELDS, compare, format_table, mean_throughput, read_runs, run_label,
+                            to_dataframe, write_csv)
+from wagma.analysis import plots
 from wagma.analysis.plots import _binned
-from wagma.results import write_run
+from wagma.results import Run, write_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, STEPS = 32, 20
 
 
 def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, imbalance="none",
-           evals=None, status="complete", steps_planned=STEPS, wait=None, stale=None):
-    """A run file whose latest rank (rank 0) ends step t at sum(durations[:t + 1])."""
+           evals=None, status="complete", steps_planned=STEPS, wait=None, stale=None, options=None):
+    """A run file whose latest rank (rank 0) ends step t at sum(durations[:t + 1]);
+    ``options``: the algorithm options its config records, as experiments.train's."""
     durations = np.broadcast_to(np.asarray(durations, dtype=float), (STEPS,))
     clock = np.cumsum(durations)[None, :] - 0.001 * np.arange(ranks)[:, None]
     shape = (ranks, STEPS)
@@ -30,6 +33,8 @@ def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, im
              "wait_time": np.zeros(shape) if wait is None else wait, "loss": np.full(shape, np.nan),
              "stale": np.zeros(shape) if stale is None else stale, "clock": clock}
     config = {"algorithm": algorithm, "ranks": ranks}
+    if options is not None:
+        config["algorithm_options"] = options
     attrs = {"config": json.dumps(config), "kind": "measured", "algorithm": algorithm, "ranks": ranks,
              "group_size": group_size, "tau": tau, "imbalance": imbalance, "compute": "emulate",
              "model": "mlp", "dataset": "synthetic", "batch_size": BATCH, "seed": 0,
@@ -261,7 +266,7 @@ def test_cli_table_and_csv(results, tmp_path):
     assert rows["wagma", "8", "none"]["speedup vs allreduce_sgd"] == "2.50"
     assert rows["allreduce_sgd", "4", "none"]["time to 90% (s)"] == "7.5"
     assert wrote.strip() == str(table)
-    assert table.read_text().startswith("file,algorithm,ranks,")
+    assert table.read_text().startswith("file,algorithm,label,ranks,")
 
 
 def test_cli_plots(results, tmp_path):
@@ -301,3 +306,113 @@ def test_cli_nothing_readable(results):
     assert done.stdout == ""
     done = _cli(results, "--target-accuracy", "90")
     assert done.returncode == 2 and "--target-accuracy" in done.stderr
+
+
+# --- labels: variants of one algorithm -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """SGP with one and with two neighbours, WAGMA and its ablations, two
+    Allreduce-SGD baselines (plain, and with StragglAR syncs), 4 ranks."""
+    folder = str(tmp_path_factory.mktemp("variants"))
+    _write(folder, "sgp_1n.h5", "sgp", 4, 0.4, options={"peers": 1}, evals=([4, 8], [0.5, 0.7]))
+    _write(folder, "sgp_2n.h5", "sgp", 4, 0.5, options={"peers": 2}, evals=([5, 10], [0.6, 0.8]))
+    wagma = {"group_size": 2, "tau": 10, "wait_avoiding": True, "group_averaging": False,
+             "fixed_groups": False, "reallocate": False, "sync": "allreduce"}
+    _write(folder, "wagma.h5", "wagma", 4, 0.25, group_size=2, tau=10, options=wagma)
+    _write(folder, "wagma_fixed.h5", "wagma", 4, 0.25, group_size=2, tau=10,
+           options={**wagma, "fixed_groups": True})
+    _write(folder, "wagma_beta.h5", "wagma", 4, 0.3, group_size=2, tau=10,
+           options={**wagma, "wait_avoiding": False, "group_averaging": True})
+    _write(folder, "wagma_none.h5", "wagma", 4, 0.2, group_size=2, tau=10,
+           options={**wagma, "wait_avoiding": False})
+    _write(folder, "allreduce.h5", "allreduce_sgd", 4, 1.0, options={"bucket_cap_mb": 25.0, "sync": "allreduce"})
+    _write(folder, "allreduce_stragglar.h5", "allreduce_sgd", 4, 0.5,
+           options={"bucket_cap_mb": 25.0, "sync": "stragglar"})
+    return folder
+
+
+def test_labels_tell_sgp_with_one_and_two_neighbours_apart(variants):
+    runs, _ = read_runs([os.path.join(variants, "sgp_1n.h5"), os.path.join(variants, "sgp_2n.h5")])
+    rows = compare(runs, baseline="sgp (1n)")
+    assert [(r["algorithm"], r["label"]) for r in rows] == [("sgp", "sgp (1n)"), ("sgp", "sgp (2n)")]
+    assert [r["speedup"] for r in rows] == [pytest.approx(1.0), pytest.approx(0.4 / 0.5)]
+    text = format_table(rows)
+    cells = _parse_text_table(text)
+    assert [c["algorithm"] for c in cells] == ["sgp (1n)", "sgp (2n)"]
+    assert "speedup vs sgp (1n)" in text.splitlines()[0]
+    # The bare name as baseline: every sgp run, 1n and 2n, is the reference.
+    mean = (4 * 32 * 20 / 8 + 4 * 32 * 20 / 10) / 2
+    assert compare(runs, baseline="sgp")[0]["speedup"] == pytest.approx(4 * 32 * 20 / 8 / mean)
+
+
+def test_labels_of_wagmas_ablations_and_of_a_stragglar_sync(variants):
+    runs, _ = read_runs([variants])
+    rows = _by_file(compare(runs))
+    labels = {name: row["label"] for name, row in rows.items()}
+    assert labels == {"sgp_1n.h5": "sgp (1n)", "sgp_2n.h5": "sgp (2n)", "wagma.h5": "wagma",
+                      "wagma_fixed.h5": "wagma (fixed groups)", "wagma_beta.h5": "wagma (group averaging)",
+                      "wagma_none.h5": "wagma (no group collectives)", "allreduce.h5": "allreduce_sgd",
+                      "allreduce_stragglar.h5": "allreduce_sgd (stragglar sync)"}
+    assert {row["algorithm"] for name, row in rows.items() if name.startswith("wagma")} == {"wagma"}
+    assert {row["algorithm"] for name, row in rows.items() if name.startswith("allreduce")} == {"allreduce_sgd"}
+    # The plain allreduce_sgd is the baseline; its StragglAR variant is a run like the others.
+    assert rows["allreduce_stragglar.h5"]["speedup"] == pytest.approx(2.0)
+    assert rows["wagma_fixed.h5"]["speedup"] == pytest.approx(4.0)
+
+
+def test_label_column_in_csv_and_markdown(variants, tmp_path):
+    runs, _ = read_runs([variants])
+    rows = compare(runs)
+    path = str(tmp_path / "rows.csv")
+    write_csv(rows, path)
+    with open(path, newline="") as f:
+        read = {os.path.basename(r["file"]): r for r in csv.DictReader(f)}
+    assert list(read["sgp_2n.h5"])[:3] == ["file", "algorithm", "label"] == list(ROW_FIELDS[:3])
+    assert (read["sgp_2n.h5"]["algorithm"], read["sgp_2n.h5"]["label"]) == ("sgp", "sgp (2n)")
+    markdown = format_table(rows, markdown=True)
+    assert "| wagma (fixed groups) | 4 | 2 | 10 |" in markdown
+
+
+def test_label_of_a_simulated_run_and_of_a_file_without_options():
+    """Simulated runs record their options under ``options``; an old file none."""
+    def run(algorithm, config):
+        return Run("x.h5", {"algorithm": algorithm, "config": json.dumps(config)})
+
+    assert run_label(run("wagma", {"options": {"wait_avoiding": True, "fixed_groups": True}})) == \
+        "wagma (fixed groups)"
+    assert run_label(run("wagma", {"options": {"wait_avoiding": False, "group_averaging": True,
+                                               "fixed_groups": True}})) == "wagma (group averaging, fixed groups)"
+    assert run_label(run("eager_sgd", {"options": {"quorum": "solo"}})) == "eager_sgd (solo)"
+    assert run_label(run("eager_sgd", {"options": {"quorum": "majority"}})) == "eager_sgd"
+    assert run_label(run("local_sgd", {"algorithm_options": {"period": 10, "reallocate": False}})) == "local_sgd"
+    assert run_label(run("local_sgd", {"algorithm_options": {"period": 1, "reallocate": True}})) == \
+        "local_sgd (reallocate)"
+    assert run_label(run("sgp", {})) == "sgp"
+    assert run_label(Run("x.h5", {"algorithm": "sgp", "config": "not json"})) == "sgp"
+
+
+def _figure_lines(monkeypatch):
+    """The (legend label, colour) of every line of the next figure saved."""
+    seen, save = [], plots._save
+
+    def spy(plt, fig, title, path):
+        seen.extend((line.get_label(), line.get_color()) for ax in fig.axes for line in ax.get_lines())
+        return save(plt, fig, title, path)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    return seen
+
+
+def test_plots_draw_each_variant_as_its_own_line(variants, tmp_path, monkeypatch):
+    runs, _ = read_runs([os.path.join(variants, "sgp_1n.h5"), os.path.join(variants, "sgp_2n.h5"),
+                         os.path.join(variants, "wagma.h5"), os.path.join(variants, "wagma_fixed.h5")])
+    lines = _figure_lines(monkeypatch)
+    assert plots.plot_throughput(compare(runs), str(tmp_path / "throughput.png"))
+    assert [label for label, _ in lines] == ["sgp (1n)", "sgp (2n)", "wagma", "wagma (fixed groups)"]
+    assert len({color for _, color in lines}) == 4
+    lines.clear()
+    assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))     # the sgp runs have evaluations
+    assert [label for label, _ in lines] == ["sgp (1n), P=4", "sgp (2n), P=4"]
+    assert len({color for _, color in lines}) == 2

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import h5py
@@ -400,10 +401,11 @@ def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, caps
     out = capsys.readouterr()
     assert status == 0
     table, spread = out.out.split("\n\n")
-    expected = sorted((a, p) for a in ("allreduce_sgd", "wagma", "sgp") for p in ("16", "64"))
-    assert sorted(tuple(line.split()[:2]) for line in table.splitlines()[2:]) == expected
-    spread = [line.split() for line in spread.splitlines()]
-    assert spread[0][:4] == ["algorithm", "P", "wait", "ms/step:"]
+    expected = sorted((a, p) for a in ("allreduce_sgd", "wagma", "sgp (2n)") for p in ("16", "64"))
+    columns = re.compile(r"\s{2,}")         # the labels have single spaces: "sgp (2n)"
+    assert sorted(tuple(columns.split(line.strip())[:2]) for line in table.splitlines()[2:]) == expected
+    spread = [columns.split(line.strip()) for line in spread.splitlines()]
+    assert spread[0][:3] == ["algorithm", "P", "wait ms/step: least"]
     assert sorted(tuple(cells[:2]) for cells in spread[2:]) == expected
     waits = {tuple(cells[:2]): [float(c) for c in cells[2:5]] for cells in spread[2:]}
     assert all(least <= median <= most for least, median, most in waits.values())

@@ -22,7 +22,9 @@ def main(argv=None) -> int:
                         help="run files, or directories searched for *.h5 (*.partial.h5 included)")
     parser.add_argument("--baseline", default="allreduce_sgd",
                         help="algorithm the speedup is measured against, at the same P, imbalance, "
-                             "compute, model, dataset and batch size (default %(default)s)")
+                             "compute, model, dataset and batch size: its runs labelled so (the plain "
+                             "algorithm), else all its variants; or a variant's label, 'sgp (2n)' "
+                             "(default %(default)s)")
     parser.add_argument("--target-accuracy", type=float, default=0.9,
                         help="accuracy (a fraction) for the time-to-accuracy column (default %(default)s)")
     parser.add_argument("--skip-steps", type=int, default=None, metavar="N",
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
         return 1
     rows = compare(runs, baseline=args.baseline, target_accuracy=args.target_accuracy,
                    skip=args.skip_steps)
-    if not any(row["algorithm"] == args.baseline for row in rows):
+    if not any(args.baseline in (row["algorithm"], row["label"]) for row in rows):
         print(f"note: no {args.baseline} run among these files: no speedups", file=sys.stderr)
     print(format_table(rows, markdown=args.markdown))
     written = []

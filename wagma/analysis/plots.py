@@ -8,7 +8,7 @@ import numpy as np
 
 from wagma.results import Run
 
-from .table import mean_throughput
+from .table import mean_throughput, run_label
 
 __all__ = ["plot_accuracy", "plot_all", "plot_throughput", "plot_waits"]
 
@@ -51,8 +51,9 @@ def _grid(plt, count, width=5.5, height=4.0, **options):
 
 
 def plot_throughput(rows: list[dict], path: str) -> str | None:
-    """Throughput against P, one line per algorithm (repeated runs: their
-    :func:`~wagma.analysis.table.mean_throughput`), one panel per
+    """Throughput against P, one line per algorithm variant (the rows'
+    ``label``: ``sgp (1n)`` and ``sgp (2n)`` are two lines; repeated runs:
+    their :func:`~wagma.analysis.table.mean_throughput`), one panel per
     (imbalance, compute) - as WAGMA-SGD's Figure 4.
 
     ``rows`` are :func:`~wagma.analysis.table.compare`'s.  Returns ``path``,
@@ -64,13 +65,13 @@ def plot_throughput(rows: list[dict], path: str) -> str | None:
     plt = _pyplot()
     panels = sorted({(r["imbalance"], r["compute"]) for r in rows}, key=lambda k: (k[0] != "none", k))
     several = len({(r["model"], r["dataset"]) for r in rows}) > 1
-    lines = sorted({(r["algorithm"], r["model"], r["dataset"]) for r in rows})
+    lines = sorted({(r["label"], r["model"], r["dataset"]) for r in rows})
     colors = {line: f"C{i % 10}" for i, line in enumerate(lines)}     # the same in every panel
     fig, axes = _grid(plt, len(panels))
     for ax, (imbalance, compute) in zip(axes, panels):
         mine = [r for r in rows if (r["imbalance"], r["compute"]) == (imbalance, compute)]
-        for line in sorted({(r["algorithm"], r["model"], r["dataset"]) for r in mine}):
-            points = [r for r in mine if (r["algorithm"], r["model"], r["dataset"]) == line]
+        for line in sorted({(r["label"], r["model"], r["dataset"]) for r in mine}):
+            points = [r for r in mine if (r["label"], r["model"], r["dataset"]) == line]
             ranks = sorted({r["ranks"] for r in points})
             mean = [mean_throughput([r for r in points if r["ranks"] == p]) for p in ranks]
             label = f"{line[0]} ({line[1]}, {line[2]})" if several else line[0]
@@ -84,7 +85,9 @@ def plot_throughput(rows: list[dict], path: str) -> str | None:
 
 def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = None) -> str | None:
     """Accuracy of the averaged model against training-clock time, one line
-    per run, one panel per (P, dataset) - as WAGMA-SGD's Figure 5.
+    per run, a colour per algorithm variant
+    (:func:`~wagma.analysis.table.run_label`), one panel per (P, dataset) -
+    as WAGMA-SGD's Figure 5.
 
     Only runs with evaluations are drawn; returns ``path``, or None (nothing
     written) when no run has one.
@@ -95,13 +98,12 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
     plt = _pyplot()
     key = lambda run: (int(run.attrs.get("ranks", 0)), str(run.attrs.get("dataset", "?")))
     panels = sorted({key(run) for run in runs})
-    algorithms = sorted({str(run.attrs.get("algorithm", "?")) for run in runs})
-    colors = {name: f"C{i % 10}" for i, name in enumerate(algorithms)}   # the same in every panel
+    labels = {id(run): run_label(run) for run in runs}
+    colors = {name: f"C{i % 10}" for i, name in enumerate(sorted(set(labels.values())))}  # the same in every panel
     fig, axes = _grid(plt, len(panels))
     for ax, panel in zip(axes, panels):
-        mine = sorted((r for r in runs if key(r) == panel),
-                      key=lambda r: (str(r.attrs.get("algorithm")), r.path))
-        names = [str(run.attrs.get("algorithm", "?")) for run in mine]
+        mine = sorted((r for r in runs if key(r) == panel), key=lambda r: (labels[id(r)], r.path))
+        names = [labels[id(run)] for run in mine]
         for run, name in zip(mine, names):
             label = f"{name}, P={panel[0]}"
             if names.count(name) > 1:
@@ -166,7 +168,7 @@ def plot_waits(run: Run, path: str) -> str | None:
     bottom.set_title("cumulative wait time per rank")
     bottom.grid(True, alpha=0.3)
     attrs = run.attrs
-    return _save(plt, fig, f"{attrs.get('algorithm', '?')}, P={ranks}, imbalance "
+    return _save(plt, fig, f"{run_label(run)}, P={ranks}, imbalance "
                            f"{attrs.get('imbalance', '?')}: {os.path.basename(run.path)}", path)
 
 

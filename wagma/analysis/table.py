@@ -11,14 +11,55 @@ from wagma.results import Run, load_run, summarize
 from .files import is_partial
 
 __all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "mean_throughput", "render",
-           "time_to_accuracy", "write_csv"]
+           "run_label", "time_to_accuracy", "write_csv"]
 
 #: The keys of a :func:`compare` row, in CSV order.  Values are in the run
 #: file's units (seconds, accuracy as a fraction); None where there is none.
-ROW_FIELDS = ("file", "algorithm", "ranks", "group_size", "tau", "imbalance", "compute", "model",
+ROW_FIELDS = ("file", "algorithm", "label", "ranks", "group_size", "tau", "imbalance", "compute", "model",
               "dataset", "batch_size", "status", "file_status", "steps", "steps_planned", "skip",
               "throughput", "baseline", "speedup", "final_accuracy", "best_accuracy",
               "target_accuracy", "time_to_target", "mean_wait_time", "stale_fraction")
+
+
+def _options(run: Run) -> dict:
+    """The algorithm's options a run file records: ``algorithm_options`` of
+    a measured run's config, ``options`` of a simulated one's; {} if none."""
+    try:
+        config = run.config
+    except ValueError:          # not JSON: an old or hand-made file
+        return {}
+    options = config.get("algorithm_options", config.get("options")) if isinstance(config, dict) else None
+    return options if isinstance(options, dict) else {}
+
+
+def run_label(run: Run) -> str:
+    """The run's algorithm and, in the paper's words, the options that make
+    it a variant: ``sgp (1n)`` / ``sgp (2n)`` (SGP's out-peers, as the WAGMA
+    paper writes "SGP (1n)"), ``wagma (fixed groups)`` (ablation 2),
+    ``wagma (group averaging)`` (beta instead of alpha) or ``wagma (no group
+    collectives)`` (both off: ablation 1's local SGD with tau), ``eager_sgd
+    (solo)``, and ``stragglar sync`` / ``reallocate`` for any algorithm run
+    with them; several join with commas inside one parenthesis.  Options
+    at their defaults add nothing (SGP's peers excepted), nor does a tau or
+    S, which have columns of their own; a file that records no options is
+    named by its algorithm alone."""
+    algorithm = str(run.attrs.get("algorithm", "?"))
+    options = _options(run)
+    parts = []
+    if algorithm == "sgp" and options.get("peers") is not None:
+        parts.append(f"{options['peers']}n")
+    if algorithm == "wagma":
+        if options.get("wait_avoiding") is False:
+            parts.append("group averaging" if options.get("group_averaging") else "no group collectives")
+        if options.get("fixed_groups"):
+            parts.append("fixed groups")
+    if algorithm == "eager_sgd" and options.get("quorum") == "solo":
+        parts.append("solo")
+    if options.get("sync") == "stragglar":
+        parts.append("stragglar sync")
+    if options.get("reallocate"):
+        parts.append("reallocate")
+    return f"{algorithm} ({', '.join(parts)})" if parts else algorithm
 
 
 def time_to_accuracy(run: Run, target: float) -> float | None:
@@ -60,6 +101,7 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
     return {
         "file": run.path,
         "algorithm": str(attrs.get("algorithm", "?")),
+        "label": run_label(run),
         "ranks": int(attrs.get("ranks", run.steps["clock"].shape[0] if "clock" in run.steps else 0)),
         "group_size": int(attrs.get("group_size", 0)),
         "tau": int(attrs.get("tau", 0)),
@@ -87,21 +129,27 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
 
 def _sort_key(row: dict) -> tuple:
     return (row["imbalance"] != "none", row["imbalance"], row["compute"], row["ranks"],
-            row["algorithm"], row["group_size"], row["tau"], row["model"], row["dataset"], row["file"])
+            row["algorithm"], row["label"], row["group_size"], row["tau"], row["model"], row["dataset"],
+            row["file"])
 
 
 def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
             skip: int | None = None) -> list[dict]:
     """One row (a dict of :data:`ROW_FIELDS`) per run, sorted by imbalance
-    (``none`` first), compute mode, P and algorithm.
+    (``none`` first), compute mode, P, algorithm and variant.
 
-    The speedup of a run is its throughput over the :func:`mean_throughput`
-    of the ``baseline`` algorithm's runs with the same :func:`baseline_key`
-    (the complete ones if there are any); None where there is no such run.
+    A row's ``label`` (:func:`run_label`) tells variants of one algorithm
+    apart (``sgp (1n)``, ``sgp (2n)``, ``wagma (fixed groups)``); its
+    ``algorithm`` is the bare name.  The speedup of a run is its throughput
+    over the :func:`mean_throughput` of the baseline's runs with the same
+    :func:`baseline_key` (the complete ones if there are any): those
+    labelled ``baseline`` (the plain algorithm, or a variant named by its
+    label, ``"sgp (2n)"``), else those whose ``algorithm`` is ``baseline``
+    (every variant of it); None where there is no such run.
 
     Args:
         runs: :class:`~wagma.results.Run` objects or run file paths.
-        baseline: the algorithm name speedups are measured against.
+        baseline: the algorithm name (or a run label) speedups are measured against.
         target_accuracy: the accuracy (a fraction) whose first evaluation
             gives ``time_to_target``.
         skip: recompute the summary with :func:`~wagma.results.summarize`,
@@ -114,11 +162,13 @@ def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
         raise ValueError(f"skip must be >= 0, got {skip}")
     runs = [load_run(os.fspath(r)) if isinstance(r, (str, os.PathLike)) else r for r in runs]
     rows = sorted((_row(run, baseline, target_accuracy, skip) for run in runs), key=_sort_key)
-    references = {}
+    labelled, named = {}, {}
     for row in rows:
+        if row["label"] == baseline:
+            labelled.setdefault(baseline_key(row), []).append(row)
         if row["algorithm"] == baseline:
-            references.setdefault(baseline_key(row), []).append(row)
-    references = {key: mean_throughput(same) for key, same in references.items()}
+            named.setdefault(baseline_key(row), []).append(row)
+    references = {key: mean_throughput(labelled.get(key, same)) for key, same in {**named, **labelled}.items()}
     for row in rows:
         reference = references.get(baseline_key(row))
         if row["throughput"] is not None and reference:
@@ -143,7 +193,7 @@ def _columns(rows: list[dict]) -> list:
     target = rows[0]["target_accuracy"] if rows else 0.9
     baseline = rows[0]["baseline"] if rows else None
     return [
-        ("algorithm", "<", lambda r: r["algorithm"]),
+        ("algorithm", "<", lambda r: r["label"]),
         ("P", ">", lambda r: str(r["ranks"])),
         ("S", ">", lambda r: str(r["group_size"]) if r["group_size"] else "-"),
         ("tau", ">", lambda r: str(r["tau"]) if r["tau"] else "-"),

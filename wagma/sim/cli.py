@@ -10,7 +10,7 @@ import numpy as np
 
 from wagma.algorithm_options import add_algorithm_options, algorithm_options
 from wagma.analysis.plots import plot_throughput
-from wagma.analysis.table import compare, format_table, render
+from wagma.analysis.table import compare, format_table, render, run_label
 from wagma.results import straggler_summary
 
 from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
@@ -50,7 +50,7 @@ def format_spread(runs, skip=0, markdown=False) -> str:
             record = straggler_summary(run.tables["stragglers"])
             predicted = f"{record['straggler_predictions']}/{record['straggler_syncs']}"
             hit_rate = f"{record['straggler_hit_rate']:.3f}" if record["straggler_predictions"] else "-"
-        cells.append([run.attrs["algorithm"], str(run.attrs["ranks"]), f"{wait.min():.1f}",
+        cells.append([run_label(run), str(run.attrs["ranks"]), f"{wait.min():.1f}",
                       f"{np.median(wait):.1f}", f"{wait.max():.1f}", f"{mean_age:.3f}", f"{max_age:.0f}",
                       str(run.attrs["sync"]), predicted, hit_rate])
     return render(cells, ["<"] + [">"] * 6 + ["<", ">", ">"], markdown)
