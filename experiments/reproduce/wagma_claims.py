@@ -8,7 +8,7 @@ import numpy as np
 
 from collectives.groups import ButterflyGrouping
 from wagma.results import summarize
-from wagma.sim import Scenario, save, simulate
+from wagma.sim import Scenario, simulate
 
 from ..jobs import run_module
 from ..validate_sim import ARIES, PAPER, SETTINGS
@@ -117,26 +117,25 @@ def figure4_measured(ctx):
         f"neighbours; eager-SGD majority.", rows, ["figure4_measured.png"], sources)
 
 
-def _simulated(ctx, setting, ranks, name):
+def _simulated(setting, ranks):
     """Throughput of every algorithm of the paper's ``setting`` at ``ranks``, simulated on an
-    Aries-like network (experiments.validate_sim.SETTINGS); the runs at the largest P are saved."""
+    Aries-like network (experiments.validate_sim.SETTINGS).  The simulated runs are not saved
+    (hundreds of MB at 1,024 ranks); ``python -m wagma.sim --out-dir`` writes them."""
     common, algos = SETTINGS[setting]
-    throughput, sources = {algo: {} for algo in algos}, []
+    throughput = {algo: {} for algo in algos}
     for p in ranks:
         for algo, options in algos.items():
             if algo == "wagma":
                 options = dict(options, group_size=1 << int(np.ceil(np.log2(p) / 2)))
             run = simulate(algo, Scenario(ranks=p, steps=1000, network=ARIES, **common), **options)
             throughput[algo][p] = run.summary["throughput"]
-            if p == max(ranks):
-                sources.append(os.path.basename(save(run, ctx.path(f"{name}_{algo}_p{p}.h5"))))
-    return throughput, sources
+    return throughput
 
 
 def figure4_simulated(ctx):
     """Figure 4 simulated from 4 to 256 processes (wagma.sim, the paper's setting)."""
     ranks = (4, 8, 16, 32, 64, 128, 256)
-    throughput, sources = _simulated(ctx, "figure4", ranks, "figure4")
+    throughput = _simulated("figure4", ranks)
     note = "simulated on an alpha-beta network (2 us, 9 GB/s), not measured on Piz Daint"
     rows = _speedup_rows(throughput, 64, FIGURE4[64], "64 nodes", note)
     best = _largest_speedup(throughput, 256)
@@ -149,13 +148,13 @@ def figure4_simulated(ctx):
     return ClaimResult("python -m wagma.sim's engine, 1000 steps per run: ResNet-50 v1's 25,559,081 parameters, "
                        "600 ms compute per step plus the paper's imbalance, alpha 2 us, 9 GB/s per rank (Cray "
                        "Aries); WAGMA tau 10 and S = sqrt(P); local SGD period 1; SGP two neighbours.",
-                       rows, ["figure4_simulated.png"], sources)
+                       rows, ["figure4_simulated.png"])
 
 
 def figure10_simulated(ctx):
     """Figure 10 simulated from 16 to 1024 processes (the RL navigation setting)."""
     ranks = (16, 64, 256, 1024)
-    throughput, sources = _simulated(ctx, "figure10", ranks, "figure10")
+    throughput = _simulated("figure10", ranks)
     names = {**BASELINE_NAMES, "sgp": "SGP (4n)"}
     note = ("simulated with compute drawn from our reading of Figure 9 (lognormal, median 2 s, 1.7 to 43.5 s); "
             "the gap to the paper is the fidelity audit's open point (issue 22)")
@@ -176,7 +175,7 @@ def figure10_simulated(ctx):
     return ClaimResult("python -m wagma.sim's engine, 1000 steps per run: the navigation model's 8,476,421 "
                        "parameters, batch 256, compute per step lognormal (median 2 s, sigma 1, clipped to "
                        "1.7-43.5 s), alpha 2 us, 9 GB/s; WAGMA tau 8 and S = sqrt(P); local SGD period 1; SGP "
-                       "four neighbours.", rows, ["figure10_simulated.png"], sources)
+                       "four neighbours.", rows, ["figure10_simulated.png"])
 
 
 #: The image task of the accuracy claim (wagma.datasets: synthetic-cifar, docs/training.md): ResNet-20 on
