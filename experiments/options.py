@@ -53,7 +53,7 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g = p.add_argument_group("model and data")
     g.add_argument("--model", default="mlp",
                    help="mlp, resnet20, resnet18, resnet50, transformer, transformer-base")
-    g.add_argument("--dataset", default="digits", help="digits, cifar10, synthetic, translation")
+    g.add_argument("--dataset", default="digits", help="digits, cifar10, synthetic, synthetic-cifar, translation")
     g.add_argument("--data-dir", default=None, help="cifar10: the cifar-10-batches-py folder")
     g.add_argument("--synthetic-size", type=int, default=None, help="synthetic: samples per rank")
     g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),

@@ -150,7 +150,8 @@ def test_test_batches_split_into_contiguous_shares(digits):
 
 
 def test_bad_arguments_name_the_parameter(digits):
-    with pytest.raises(ValueError, match="dataset must be one of 'digits', 'cifar10', 'synthetic', 'translation'"):
+    with pytest.raises(ValueError, match="dataset must be one of 'digits', 'cifar10', 'synthetic', "
+                                         "'synthetic-cifar', 'translation'"):
         load_dataset("mnist")
     with pytest.raises(ValueError, match="dataset 'synthetic' needs model to be one of 'mlp'"):
         load_dataset("synthetic")
