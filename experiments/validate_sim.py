@@ -35,7 +35,7 @@ from wagma.analysis.table import compare
 from wagma.results import summarize
 from wagma.sim import Network, Scenario, save, simulate
 
-__all__ = ["PAPER", "fit_network", "main"]
+__all__ = ["PAPER", "SETTINGS", "fit_network", "main", "paper_throughput"]
 
 SKIP = 5                 # the sweep's table leaves out its first 5 steps
 TOLERANCE = 0.15         # the issue's bound on |simulated ratio / measured ratio - 1|
@@ -120,7 +120,8 @@ SETTINGS = {
 }
 
 
-def _paper_runs(setting, ranks):
+def paper_throughput(setting, ranks):
+    """Samples/s of every algorithm of ``SETTINGS[setting]`` at ``ranks``, simulated on the Aries-like network."""
     common, algos = SETTINGS[setting]
     throughput = {}
     for algo, options in algos.items():
@@ -135,7 +136,7 @@ def paper():
     lines = ["| setting | P | WAGMA-SGD over | paper | simulated |", "|---|---:|---|---:|---:|"]
     for setting in SETTINGS:
         for ranks in (64, 256, 1024):
-            throughput = _paper_runs(setting, ranks)
+            throughput = paper_throughput(setting, ranks)
             claims = PAPER.get(setting, {}).get(ranks, {})
             speedups = {algo: throughput["wagma"] / t for algo, t in throughput.items() if algo != "wagma"}
             for algo in sorted(speedups):

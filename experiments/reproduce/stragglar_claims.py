@@ -6,7 +6,7 @@ import os
 
 import h5py
 
-from collectives.stragglar.cost import broadcast_time, rhd_time, ring_time, stragglar_time
+from collectives.stragglar.__main__ import cost_table
 from collectives.stragglar.generator import generate
 from collectives.stragglar.verify import verify
 
@@ -42,18 +42,11 @@ def rounds(ctx):
                        "by collectives.stragglar.verify.", rows)
 
 
-def _model(n):
-    count = len(verify(generate(n)).rounds)
-    return {"Ring": ring_time(n, SIZE, ALPHA, BETA), "RHD": rhd_time(n, SIZE, ALPHA, BETA),
-            "Broadcast": broadcast_time(n, SIZE, ALPHA, BETA),
-            "StragglAR": stragglar_time(n, SIZE, ALPHA, BETA, count)}
-
-
 def cost_model(ctx):
     """Table 1 and Figure 6: StragglAR's modelled speedup over Ring, RHD and
     Broadcast for n = 4..256 (powers of two and the midpoints), 1 GiB."""
     ns = sorted(POWERS + MIDPOINTS)
-    times = {n: _model(n) for n in ns}
+    times = {n: seconds for n, _, seconds in cost_table(ns, SIZE, ALPHA, BETA)}
     speedups = {name: [times[n][name] / times[n]["StragglAR"] for n in ns] for name in ("Ring", "RHD", "Broadcast")}
     rows = []
     at256 = speedups["Ring"][ns.index(256)]

@@ -8,10 +8,9 @@ import numpy as np
 
 from collectives.groups import ButterflyGrouping
 from wagma.results import summarize
-from wagma.sim import Scenario, simulate
 
 from ..jobs import run_module
-from ..validate_sim import ARIES, PAPER, SETTINGS
+from ..validate_sim import PAPER, paper_throughput
 from .figures import accuracy_figure, throughput_figure
 from .record import DIFFERS, REPRODUCED, ClaimResult, Row
 from .runs import direction_verdict, ratio_verdict, train, train_time
@@ -56,14 +55,15 @@ def algorithm1(ctx):
                        "of two at t = 1: collectives/groups.py).", rows, sources=["group_example.h5"])
 
 
-def _speedup_rows(throughput, ranks, paper, where, note):
-    """WAGMA's speedup over each baseline at ``ranks``, beside the paper's ``paper`` (at ``where``)."""
+def _speedup_rows(throughput, ranks, paper, where, note, names=BASELINE_NAMES):
+    """WAGMA's speedup over each baseline at ``ranks``, beside the paper's ``paper`` (at ``where``),
+    and the row that AD-PSGD alone is faster; ``names`` are the baselines' names in the paper."""
     rows = []
     wagma = throughput["wagma"][ranks]
     for algo, claim in paper.items():
         ours = wagma / throughput[algo][ranks]
         verdict, why = ratio_verdict(ours, claim, note)
-        rows.append(Row(f"WAGMA-SGD over {BASELINE_NAMES[algo]}, throughput ({where}; ours P = {ranks})",
+        rows.append(Row(f"WAGMA-SGD over {names[algo]}, throughput ({where}; ours P = {ranks})",
                         f"{claim:.2f}x", ours, "{:.2f}x", verdict=verdict, why=why))
     if "adpsgd" in throughput:
         ours = wagma / throughput["adpsgd"][ranks]
@@ -118,18 +118,11 @@ def figure4_measured(ctx):
 
 
 def _simulated(setting, ranks):
-    """Throughput of every algorithm of the paper's ``setting`` at ``ranks``, simulated on an
-    Aries-like network (experiments.validate_sim.SETTINGS).  The simulated runs are not saved
-    (hundreds of MB at 1,024 ranks); ``python -m wagma.sim --out-dir`` writes them."""
-    common, algos = SETTINGS[setting]
-    throughput = {algo: {} for algo in algos}
-    for p in ranks:
-        for algo, options in algos.items():
-            if algo == "wagma":
-                options = dict(options, group_size=1 << int(np.ceil(np.log2(p) / 2)))
-            run = simulate(algo, Scenario(ranks=p, steps=1000, network=ARIES, **common), **options)
-            throughput[algo][p] = run.summary["throughput"]
-    return throughput
+    """Throughput ``{algo: {P: samples/s}}`` of the paper's ``setting`` at each of ``ranks``
+    (experiments.validate_sim).  The simulated runs are not saved (hundreds of MB at 1,024
+    ranks); ``python -m wagma.sim --out-dir`` writes them."""
+    by_ranks = {p: paper_throughput(setting, p) for p in ranks}
+    return {algo: {p: by_ranks[p][algo] for p in ranks} for algo in by_ranks[ranks[0]]}
 
 
 def figure4_simulated(ctx):
@@ -158,17 +151,7 @@ def figure10_simulated(ctx):
     names = {**BASELINE_NAMES, "sgp": "SGP (4n)"}
     note = ("simulated with compute drawn from our reading of Figure 9 (lognormal, median 2 s, 1.7 to 43.5 s); "
             "the gap to the paper is the fidelity audit's open point (issue 22)")
-    rows = []
-    wagma = throughput["wagma"][1024]
-    for algo, claim in FIGURE10[1024].items():
-        ours = wagma / throughput[algo][1024]
-        verdict, why = ratio_verdict(ours, claim, note)
-        rows.append(Row(f"WAGMA-SGD over {names[algo]}, throughput (1,024 nodes)", f"{claim:.2f}x", ours,
-                        "{:.2f}x", verdict=verdict, why=why))
-    ours = wagma / throughput["adpsgd"][1024]
-    verdict, why = direction_verdict(ours < 1, "AD-PSGD, fully asynchronous, is the only faster one")
-    rows.append(Row("only AD-PSGD is faster than WAGMA-SGD (1,024 nodes: WAGMA-SGD over AD-PSGD)", "< 1x", ours,
-                    "{:.2f}x", verdict=verdict, why=why))
+    rows = _speedup_rows(throughput, 1024, FIGURE10[1024], "1,024 nodes", note, names)
     throughput_figure({names.get(a, "WAGMA-SGD"): t for a, t in throughput.items()},
                       ctx.path("figure10_simulated.png"), "Figure 10, simulated: PPO navigation, heavy-tailed "
                       "episode times", ylabel="Throughput (steps x batch / s)")
