@@ -72,6 +72,11 @@ def _state(env, job):
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
 
+def _log_tail(path, lines=40):
+    log = Path(path)
+    return "".join(log.read_text(errors="replace").splitlines(True)[-lines:]) if log.is_file() else f"(no {path})"
+
+
 def _finished(env, *jobs):
     """Poll until every job has ended; return their final states (scontrol's fields)."""
     start = time.monotonic()
@@ -81,7 +86,10 @@ def _finished(env, *jobs):
             state = _state(env, job)
             if state["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
                 states[job] = state
-        assert time.monotonic() - start < DEADLINE, f"jobs {jobs} still running: {_state(env, jobs[-1])}"
+        if time.monotonic() - start >= DEADLINE:
+            running = [_state(env, job) for job in jobs if job not in states]
+            pytest.fail(f"jobs {[s['JobId'] for s in running]} still running after {DEADLINE} s; their logs end:\n"
+                        + "\n".join(_log_tail(s.get("StdOut", "")) for s in running))
         time.sleep(0.5)
     return [states[job] for job in jobs]
 
