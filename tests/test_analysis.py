@@ -416,3 +416,16 @@ def test_plots_draw_each_variant_as_its_own_line(variants, tmp_path, monkeypatch
     assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))     # the sgp runs have evaluations
     assert [label for label, _ in lines] == ["sgp (1n), P=4", "sgp (2n), P=4"]
     assert len({color for _, color in lines}) == 2
+
+
+def test_the_accuracy_plot_tells_runs_of_one_label_and_different_tau_apart(tmp_path, monkeypatch):
+    # The main job's local SGD with period 1 (the paper's baseline) and 10 (ablation 1): one label,
+    # whose tau column tells them apart in the table; in the figure each needs its own line and colour.
+    paths = [_write(str(tmp_path), f"local_tau{tau}.h5", "local_sgd", 4, 0.5, tau=tau,
+                    options={"period": tau, "reallocate": False}, evals=([5, 10], [0.6, 0.1 * tau]))
+             for tau in (1, 10)]
+    runs, _ = read_runs(paths)
+    lines = _figure_lines(monkeypatch)
+    assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))
+    assert [label for label, _ in lines] == ["local_sgd, tau 1, P=4", "local_sgd, tau 10, P=4"]
+    assert len({color for _, color in lines}) == 2

@@ -83,6 +83,20 @@ def plot_throughput(rows: list[dict], path: str) -> str | None:
     return _save(plt, fig, "Training throughput against the number of processes", path)
 
 
+def _variant_labels(runs: list[Run]) -> dict:
+    """``{id(run): label}``: :func:`~wagma.analysis.table.run_label`, and
+    where runs of one label differ in tau or S (local SGD with period 1 and
+    10 in one job), the value of each, so that they get lines of their own."""
+    labels = {id(run): run_label(run) for run in runs}
+    for name in set(labels.values()):
+        same = [run for run in runs if labels[id(run)] == name]
+        for attribute, word in (("tau", "tau"), ("group_size", "S")):
+            if len({str(run.attrs.get(attribute)) for run in same}) > 1:
+                for run in same:
+                    labels[id(run)] += f", {word} {run.attrs.get(attribute)}"
+    return labels
+
+
 def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = None) -> str | None:
     """Accuracy of the averaged model against training-clock time, one line
     per run, a colour per algorithm variant
@@ -98,7 +112,7 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
     plt = _pyplot()
     key = lambda run: (int(run.attrs.get("ranks", 0)), str(run.attrs.get("dataset", "?")))
     panels = sorted({key(run) for run in runs})
-    labels = {id(run): run_label(run) for run in runs}
+    labels = _variant_labels(runs)
     colors = {name: f"C{i % 10}" for i, name in enumerate(sorted(set(labels.values())))}  # the same in every panel
     fig, axes = _grid(plt, len(panels))
     for ax, panel in zip(axes, panels):
