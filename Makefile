@@ -5,10 +5,10 @@
 #                (make test MPI=openmpi: the whole suite under Open MPI)
 # make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce_n4.h5 refreshes the reference)
 # make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
-#             once per algorithm and variant (9 runs, about 10 minutes on 2 cores), then the table and
+#             once per algorithm and variant (9 runs, about 11 minutes on 2 cores), then the table and
 #             figures, all in a fresh runs/main-TIMESTAMP (OUT=results/main refreshes the reference)
 # make reproduce  every testable claim of the five papers, measured, beside the paper's figure:
-#             results/REPORT.md and results/reproduce/ (about 30 min on 2 cores;
+#             results/REPORT.md and results/reproduce/ (about 22 min on 2 cores;
 #             ONLY=name,name for some claims, FULL=1 for the long versions)
 # make lock   re-resolve the newest versions in a scratch venv and rewrite the lock file
 # make clean  remove build files, caches and test logs (distclean: the venv too)

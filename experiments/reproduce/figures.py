@@ -1,5 +1,7 @@
 """The report's figures, with the papers' axes and units."""
 
+import textwrap
+
 import numpy as np
 
 __all__ = ["accuracy_figure", "speedup_figure", "throughput_figure"]
@@ -13,7 +15,7 @@ def _pyplot():
 
 
 def _save(plt, fig, ax, title, path):
-    ax.set_title(title, fontsize="medium")
+    ax.set_title(textwrap.fill(title, 72), fontsize="medium")      # two lines rather than cut off
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()

@@ -83,7 +83,9 @@ def figure4_measured(ctx):
     """Figure 4 measured: throughput at 8 and 32 ranks (4 to 32 with
     ``full``), emulated compute of the paper's 600 ms steps, the paper's
     imbalance, every algorithm (SGP with two neighbours, local SGD with period 1)."""
-    ranks = (4, 8, 16, 32) if ctx.full else (8, 32)
+    # 16 by default: a 32-process run spends about a minute starting on 2 cores, and 7 of them would
+    # take half of the default's 30 minutes (measured: P = 8 and 32 took 13.4 min).
+    ranks = (4, 8, 16, 32) if ctx.full else (8, 16)
     steps = 50 if ctx.full else 25
     variants = {"allreduce_sgd": [], "local_sgd": [], "wagma": [], "dpsgd": [], "sgp": ["--peers", "2"],
                 "eager_sgd": [], "adpsgd": []}
@@ -162,11 +164,14 @@ def figure10_simulated(ctx):
 
 
 #: The image task of the accuracy claim (wagma.datasets: synthetic-cifar, docs/training.md): ResNet-20 on
-#: CIFAR-shaped synthetic data, 8 ranks; chosen so that one run takes about a minute on 2 cores.
-ACCURACY_TASK = ["--dataset", "synthetic-cifar", "--model", "resnet20", "--epochs", "4", "--batch-size", "32"]
+#: CIFAR-shaped synthetic data, 8 ranks, 2 epochs of 32 steps (global batch 128), a quarter-epoch warm-up
+#: and the learning rate x0.1 for the last half epoch; chosen so that one run takes under a minute on 2 cores.
+ACCURACY_TASK = ["--dataset", "synthetic-cifar", "--model", "resnet20", "--epochs", "2", "--batch-size", "16",
+                 "--lr", "0.2", "--warmup-epochs", "0.25", "--decay-epochs", "1.5"]
 #: Accuracy gaps (points) within this are read as "equal": the spread of Allreduce-SGD's final accuracy over
-#: seeds on this task (docs/reproduce.md).
-ACCURACY_NOISE = 1.0
+#: seeds 0, 1 and 2 on this task (71.6, 62.7, 83.9 %; synchronous, so the imbalance does not change it).
+#: 64 steps leave the final accuracy that noisy; only larger gaps are read (docs/reproduce.md).
+ACCURACY_NOISE = 21.2
 #: Figure 5 (section 5.2, 64 nodes, 90 epochs): top-1 accuracy, %.
 FIGURE5 = {"allreduce_sgd": 75.9, "local_sgd": 75.6, "wagma": 75.3, "sgp2": 74.8}
 #: Figure 5's training-time speedups of WAGMA-SGD.
@@ -189,9 +194,11 @@ ACCURACY_VARIANTS = {
 }
 
 
-def _gap_row(claim, paper_gap, ours_gap, holds, why):
+def _gap_row(claim, paper_gap, ours_gap, holds, why, cause, fmt="{:+.1f} points"):
+    """A row that compares accuracies: where it differs, ``cause`` (what the
+    runs show, or None) follows the reason."""
     verdict, why = direction_verdict(holds, why)
-    return Row(claim, paper_gap, ours_gap, "{:+.1f} points", verdict=verdict, why=why)
+    return Row(claim, paper_gap, ours_gap, fmt, verdict=verdict, why=f"{why}; {cause}" if cause and not holds else why)
 
 
 def accuracy(ctx):
@@ -203,25 +210,39 @@ def accuracy(ctx):
             for key, (_, algo, extra) in ACCURACY_VARIANTS.items()}
     final = {key: 100 * summarize(run)["final_accuracy"] for key, run in runs.items()}
     gap = {key: final[key] - final["wagma"] for key in runs}
+    stale = summarize(runs["wagma"])["stale_fraction"]
     noise = f"gaps within {ACCURACY_NOISE:g} points count as equal (seed spread)"
+    # Where WAGMA-SGD's place differs, the likely cause is stated with the figure that shows it:
+    # 8 processes time-slice the cores, so the first to finish a step activates its group's
+    # allreduce while most of the group still computes, and their contributions are stale.
+    stale_note = f"{stale:.0%} of WAGMA-SGD's contributions were stale ({ranks} processes on {os.cpu_count()} cores)"
     # Each absolute accuracy is another task's; what is checked is its place beside WAGMA-SGD's.
     places = {"allreduce_sgd": (gap["allreduce_sgd"] >= -ACCURACY_NOISE, "not below WAGMA-SGD beyond noise"),
               "local_sgd": (gap["local_sgd"] >= -ACCURACY_NOISE, "not below WAGMA-SGD beyond noise"),
               "wagma": (final["wagma"] > max(final["dpsgd"], final["adpsgd"]), "above D-PSGD and AD-PSGD"),
               "sgp2": (gap["sgp2"] <= ACCURACY_NOISE, "not above WAGMA-SGD beyond noise")}
     rows = [Row(f"{ACCURACY_VARIANTS[key][0]}: top-1 accuracy, %", f"{FIGURE5[key]:.1f}", final[key], "{:.1f}",
-                verdict=direction_verdict(*places[key])[0], why=f"{places[key][1]} (the paper's place)")
+                verdict=direction_verdict(*places[key])[0],
+                why=f"{places[key][1]} (the paper's place)" + ("" if places[key][0] else f"; {stale_note}"))
             for key in FIGURE5]
     close = max(abs(gap["allreduce_sgd"]), abs(gap["local_sgd"]))
-    rows.append(Row("WAGMA-SGD very close to Allreduce-SGD and local SGD: largest gap", "0.6 points", close,
-                    "{:.1f} points", verdict=direction_verdict(close <= ACCURACY_NOISE, noise)[0], why=noise))
+    rows.append(_gap_row("WAGMA-SGD very close to Allreduce-SGD and local SGD: largest gap", "0.6 points", close,
+                         close <= ACCURACY_NOISE, noise, stale_note, "{:.1f} points"))
     for key in ("dpsgd", "adpsgd"):
         rows.append(_gap_row(f"{ACCURACY_VARIANTS[key][0]} much lower than WAGMA-SGD (gap)", "lower",
-                             gap[key], gap[key] < -ACCURACY_NOISE, noise))
+                             gap[key], gap[key] < -ACCURACY_NOISE, noise, stale_note))
+    # Figure 5's other ordering, which does not involve WAGMA-SGD: the gossip methods end below both
+    # synchronous baselines (the gap to the lower of the two).
+    synchronous = min(final["allreduce_sgd"], final["local_sgd"])
+    for key in ("dpsgd", "adpsgd"):
+        below = final[key] - synchronous
+        rows.append(_gap_row(f"{ACCURACY_VARIANTS[key][0]} below Allreduce-SGD and local SGD (gap to the lower)",
+                             "lower", below, below < -ACCURACY_NOISE, noise, None))
     rows.append(_gap_row("SGP (2n) below WAGMA-SGD (gap)", f"{FIGURE5['sgp2'] - FIGURE5['wagma']:+.1f} points",
-                         gap["sgp2"], gap["sgp2"] < 0, "below WAGMA-SGD"))
+                         gap["sgp2"], gap["sgp2"] < 0, "below WAGMA-SGD", stale_note))
     rows.append(_gap_row("SGP (1n) below SGP (2n) (gap between them)", "lower (Figure 8, BLEU)",
-                         final["sgp1"] - final["sgp2"], final["sgp1"] <= final["sgp2"], "one neighbour mixes slower"))
+                         final["sgp1"] - final["sgp2"], final["sgp1"] <= final["sgp2"], "one neighbour mixes slower",
+                         f"one seed, whose spread is {ACCURACY_NOISE:g} points"))
     for key, claim in FIGURE5_TIME.items():
         ours = train_time(runs[key]) / train_time(runs["wagma"])
         verdict, why = ratio_verdict(ours, claim, "training time for the same epochs; 8 processes, not 64 nodes")
@@ -229,9 +250,10 @@ def accuracy(ctx):
                         "{:.2f}x", verdict=verdict, why=why))
     for key, claim in ABLATIONS.items():
         rows.append(_gap_row(f"ablation {ACCURACY_VARIANTS[key][0]}: below WAGMA-SGD (gap)",
-                             f"{claim - FIGURE5['wagma']:+.1f} points", gap[key], gap[key] < -ACCURACY_NOISE, noise))
+                             f"{claim - FIGURE5['wagma']:+.1f} points", gap[key], gap[key] < -ACCURACY_NOISE, noise,
+                             stale_note))
     rows.append(_gap_row("ablation 3: S = P does not raise accuracy (gap)", "not higher", gap["wagma_sp"],
-                         gap["wagma_sp"] <= ACCURACY_NOISE, noise))
+                         gap["wagma_sp"] <= ACCURACY_NOISE, noise, stale_note))
     slowdown = summarize(runs["wagma"])["throughput"] / summarize(runs["wagma_sp"])["throughput"]
     verdict, why = ratio_verdict(slowdown, ABLATION_S_P_SLOWDOWN, "8 processes: a global group is 8 ranks, not 64")
     rows.append(Row("ablation 3: S = P lowers throughput by", f"{ABLATION_S_P_SLOWDOWN:.2f}x", slowdown, "{:.2f}x",
