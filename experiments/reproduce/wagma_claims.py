@@ -80,7 +80,7 @@ def _largest_speedup(throughput, ranks):
 
 
 def figure4_measured(ctx):
-    """Figure 4 measured: throughput at 8 and 32 ranks (4 to 32 with
+    """Figure 4 measured: throughput at 8 and 16 ranks (4 to 32 with
     ``full``), emulated compute of the paper's 600 ms steps, the paper's
     imbalance, every algorithm (SGP with two neighbours, local SGD with period 1)."""
     # 16 by default: a 32-process run spends about a minute starting on 2 cores, and 7 of them would
