@@ -15,7 +15,7 @@ from collectives.straggler_prediction import StragglerPredictor
 from collectives.straggler_sync import PredictedStragglerSync
 from wagma.analysis.table import compare
 from wagma.results import load_run
-from wagma.sim import Network, Scenario, compute_times, save, simulate
+from wagma.sim import ALGORITHMS, Network, Scenario, compute_times, save, simulate
 from wagma.sim.cli import main as sim_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -451,6 +451,24 @@ def test_the_cli_refuses_bad_input_with_a_message(argv, message, capsys):
 def test_the_model_option_sizes_messages_by_the_real_parameter_count(capsys):
     sim_main(["--algo", "dpsgd", "--ranks", "4", "--steps", "5", "--model", "resnet20"])
     assert "272,474 parameters" in capsys.readouterr().err
+
+
+def test_the_cli_runs_every_algorithm_at_4096_ranks_the_largest_size_it_claims(capsys):
+    # wagma.sim's docstring promises 16 to 4096 ranks: the paper's ResNet-50 and imbalance at 4096, no files.
+    ranks, batch, compute, delay = 4096, 128, 0.600, 0.320
+    assert sim_main(["--algo", "all", "--ranks", str(ranks), "--steps", "20", "--markdown"]) == 0
+    table = capsys.readouterr().out.split("\n\n")[0].splitlines()[2:]
+    rows = {cells[0].split()[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table)}
+    assert sorted(rows) == sorted(ALGORITHMS)
+    assert all(cells[1] == str(ranks) and cells[6] == "complete" for cells in rows.values())
+    throughput = {name: float(cells[7]) for name, cells in rows.items()}
+    # No rank steps faster than its compute: P * batch / 600 ms bounds every algorithm.
+    assert all(0 < t <= ranks * batch / compute for t in throughput.values()), throughput
+    # random:k=2 delays two ranks 320 ms at every step, and a synchronous step waits for them.
+    for name in ("allreduce_sgd", "local_sgd"):        # local SGD's default period is 1: synchronous too
+        assert throughput[name] <= ranks * batch / (compute + delay)
+    # WAGMA-SGD waits for a delayed rank only at its sync steps (every tau = 10): Figures 4 and 10's direction.
+    assert throughput["wagma"] > throughput["allreduce_sgd"]
 
 
 def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
