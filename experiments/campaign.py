@@ -59,12 +59,13 @@ import subprocess
 import sys
 import time
 
+from .jobs import clear_run
 from .jobs import run_training as _run
 from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
 
-__all__ = ["MAIN_VARIANTS", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
+__all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
 #: The main job's runs, ``ALGO[:OPTION=VALUE...]`` (an option of experiments.train
 #: without its dashes): the WAGMA paper's baselines as it ran them (section 5.1:
@@ -73,6 +74,7 @@ MAIN_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:
                  "eager_sgd", "local_sgd:tau=10")
 #: Figure 4's algorithms (SGP with two neighbours there).
 SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd")
+#: The WAGMA paper's imbalance (section 5.2): two random ranks delayed 320 ms at every step.
 PAPER_IMBALANCE = "random:k=2,ms=320"
 
 
@@ -263,7 +265,7 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
     """The faults on the last rank, at fractions of the run's steps."""
     from wagma.analysis.outages import format_outage_table, outage_row, plot_allocation, plot_time_vs_epoch
     from wagma.datasets import load_dataset
-    from wagma.results import load_run
+    from wagma.results import load_run, partial_path
 
     from .mpirun import launcher_library
 
@@ -287,12 +289,10 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
             extra = ["--period", str(args.period), "--timeout-s", str(args.timeout_s), "--reallocate"] \
                 if algo == "ensemble_sync" else []
             out = os.path.join(out_dir, f"{algo}_{fault}.h5")
-            for stale in (out, out.replace(".h5", ".partial.h5")):
-                if os.path.exists(stale):
-                    os.remove(stale)
+            clear_run(out)
             _run(mpiexec, args.ranks, algo, out, [*common, *extra, *(w for s in specs for w in ("--fault", s))],
                  fault_tolerant=fault == "kill", may_fail=fault == "kill" and algo != "ensemble_sync")
-            written = out if os.path.exists(out) else out.replace(".h5", ".partial.h5")
+            written = out if os.path.exists(out) else partial_path(out)
             runs[fault, algo] = load_run(written)
     rows = [outage_row(runs[fault, algo], fault, runs.get(("none", algo)))
             for fault, algo in runs]

@@ -8,13 +8,23 @@ import time
 
 from .mpirun import mpiexec_command
 
-__all__ = ["run_module", "run_training", "shown"]
+__all__ = ["clear_run", "run_module", "run_training", "shown"]
 
 
 def shown(path):
     """``path`` as a command line shows it: relative to the working directory when inside it."""
     relative = os.path.relpath(path)
     return relative if not relative.startswith(os.pardir) else path
+
+
+def clear_run(out):
+    """Remove an earlier run file ``out`` and its partial file, so that what is
+    read back after the job is the job's own."""
+    from wagma.results import partial_path     # here: the launching process need not load MPI
+
+    for path in (out, partial_path(out)):
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False):

@@ -1,10 +1,8 @@
 """Training runs for the claims: one ``experiments.train`` job each, read back as run files."""
 
-import os
-
 from wagma.results import load_run, summarize
 
-from ..jobs import run_training
+from ..jobs import clear_run, run_training
 from .record import DIFFERS, IN_KIND, REPRODUCED
 
 __all__ = ["direction_verdict", "ratio_verdict", "train", "train_time"]
@@ -17,9 +15,7 @@ def train(ctx, name, ranks, algo, extra):
     """Run ``experiments.train`` into ``<claim folder>/NAME.h5`` (an earlier
     file of that name is removed first) and return the run."""
     out = ctx.path(f"{name}.h5")
-    for stale in (out, out.replace(".h5", ".partial.h5")):
-        if os.path.exists(stale):
-            os.remove(stale)
+    clear_run(out)
     run_training(ctx.mpiexec, ranks, algo, out, [*extra, "--no-progress"])
     return load_run(out)
 
