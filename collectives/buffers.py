@@ -29,6 +29,7 @@ __all__ = [
     "Workspace",
     "describe",
     "open_buffer",
+    "zeros_like",
 ]
 
 #: dtype names the schedules accept, for numpy arrays and torch tensors
@@ -283,6 +284,13 @@ def empty_like(data):
     if isinstance(data, np.ndarray):
         return np.empty_like(data)
     return _torch_or_none().empty_like(data)
+
+
+def zeros_like(data):
+    """A new buffer of zeros of the same library, dtype, shape and device."""
+    buffer = empty_like(data)
+    buffer[...] = 0
+    return buffer
 
 
 def address(data) -> int:

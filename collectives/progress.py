@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .activation import ActivationState, version_from_tag, version_tag
 from .backoff import Backoff
-from .buffers import address, copy_into, empty_like
+from .buffers import address, copy_into, empty_like, zeros_like
 
 __all__ = ["ProgressEngine"]
 
@@ -28,6 +28,13 @@ class ProgressEngine:
     published buffer that has been replaced and is no longer read joins the
     free ones.  So the main thread's model and the published contribution
     ping-pong between two buffers, and a stale result takes one more.
+
+    With ``carry_over`` (eager-SGD's gradients) a contribution is consumed:
+    the first version that begins after its publication reads it, versions
+    that begin before the next publication read zeros, and a contribution
+    still unconsumed when the main thread publishes the next one is added
+    into that one.  So each contribution enters exactly one version, and the
+    initial one (nothing computed yet) none.
 
     Who executes version v: the main thread itself when it arrives first
     (nothing has begun v here, activation by first arrival, every earlier
@@ -79,11 +86,13 @@ class ProgressEngine:
         first_iteration: versions before it count as executed.
         yield_awaited: executions the main thread waits for yield the core
             instead of spinning.
+        carry_over: consume contributions (above) instead of letting every
+            version read the last one published.
     """
 
     def __init__(self, comm, like, *, masks, schedule, is_group_version,
                  scale=None, quorum=None, history=0, first_iteration=0,
-                 yield_awaited=False):
+                 yield_awaited=False, carry_over=False):
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
@@ -104,6 +113,11 @@ class ProgressEngine:
         self._published = empty_like(like)
         copy_into(self._published, like)
         self._published_iteration = first_iteration - 1
+        self._carry_over = carry_over
+        # carry_over: whether a version has read the published contribution
+        # (the initial one counts as read), and what later ones read instead.
+        self._consumed = carry_over
+        self._zeros = zeros_like(like) if carry_over else None
         self._reading = None      # the published buffer the executing version reads
         self._free = []
         self.started = first_iteration - 1
@@ -138,7 +152,9 @@ class ProgressEngine:
         thread while this one waits.  Stale (t has begun): ``contribution``
         serves later versions, and this thread waits for t's result.
         Deciding and publishing happen under the lock the executor takes to
-        begin a version, so no version begins between the two.
+        begin a version, so no version begins between the two.  With
+        ``carry_over`` an unconsumed previous contribution is first added
+        into ``contribution``.
 
         Returns ``(result buffer, contribution_iteration)``; the caller owns
         the buffer, and must not write ``contribution`` until it publishes
@@ -148,6 +164,8 @@ class ProgressEngine:
             self._raise_if_failed()
             self._check_not_lent(contribution)
             fresh = self.started < t
+            if self._carry_over and not self._consumed:
+                contribution += self._published
             self._publish(contribution, t)
             if fresh:
                 self._requests.append(t)
@@ -175,6 +193,16 @@ class ProgressEngine:
             copy = self._take_free()
             copy_into(copy, contribution)
             self._publish(copy, t)
+
+    def unconsumed(self):
+        """With ``carry_over``: a copy of the contribution no version has read
+        yet, or None."""
+        with self._lock:
+            if not self._carry_over or self._consumed:
+                return None
+            copy = empty_like(self._published)
+            copy_into(copy, self._published)
+            return copy
 
     def _result(self, t: int):
         with self._done:
@@ -327,6 +355,7 @@ class ProgressEngine:
         """Make ``contribution`` the published one (under the lock)."""
         replaced = self._published
         self._published, self._published_iteration = contribution, t
+        self._consumed = False
         if replaced is not self._reading:
             self._free.append(replaced)
 
@@ -334,8 +363,12 @@ class ProgressEngine:
         return self._free.pop() if self._free else empty_like(self._published)
 
     def _begin(self, version):
-        """Claim ``version`` for the calling thread (under the lock)."""
+        """Claim ``version`` for the calling thread (under the lock); with
+        ``carry_over`` a consumed contribution reads as zeros, iteration -1."""
         self.started, self._executing = version, True
+        if self._carry_over and self._consumed:
+            return version, self._zeros, -1, self._take_free()
+        self._consumed = True
         self._reading = self._published
         return version, self._published, self._published_iteration, self._take_free()
 
@@ -348,7 +381,7 @@ class ProgressEngine:
                            version_tag(version, self._tag_space), inp)
         with self._lock:
             self._executing, self._reading = False, None
-            if source is not self._published:
+            if source is not self._published and source is not self._zeros:
                 self._free.append(source)
             self._next = self._following(version)
             if self.history is not None:

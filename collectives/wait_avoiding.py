@@ -61,7 +61,9 @@ class GroupResult:
         fresh: whether this rank's own contribution was its iteration-t
             contribution (it arrived before version t began here).
         contribution_iteration: the iteration of the contribution this rank
-            gave (t when fresh, older when stale, -1 for the initial one).
+            gave (t when fresh, older when stale, -1 for the initial one;
+            with ``carry_over``, the newest iteration it carried, and -1 for
+            zeros: nothing left to give).
     """
 
     value: object
@@ -94,6 +96,17 @@ class WaitAvoidingGroupAllreduce:
     main threads have reached it; with ``group_size=P`` that is eager-SGD's
     majority allreduce (:func:`majority_allreduce`), and first-arrival
     activation its solo allreduce (:func:`solo_allreduce`).
+
+    ``carry_over=True`` (eager-SGD's gradients; the default of
+    :func:`solo_allreduce` and :func:`majority_allreduce`): each contribution
+    enters exactly one version.  The first version executed here after a
+    publication consumes it; a version that begins before the next
+    publication (this rank is late) contributes zeros; and a contribution
+    that no version consumed (this rank published it late, after its version
+    had begun) is added into the next one, so a late rank's gradient arrives
+    one or more versions late but is never lost nor counted twice.  Without
+    it (WAGMA's models), every version reads the last contribution
+    published, however often.
 
     Lifecycle: configure (no MPI) -> :meth:`open` (collective: duplicates the
     communicator, agrees on the arguments, starts the progress thread) ->
@@ -141,6 +154,10 @@ class WaitAvoidingGroupAllreduce:
             ``first_iteration - 1``.
         waits: one of :data:`WAITS`; :attr:`waits_used` says what ``"auto"``
             chose (set by :meth:`open`).
+        carry_over: consume contributions (above); needs ``tau=None``.  The
+            caller's buffer then receives the unconsumed contribution it
+            carries (``buf += carried`` in :meth:`allreduce`), and
+            :meth:`unconsumed` gives what is left at the end.
         dynamic_groups: Algorithm 1's groups, which change with the version
             (default); False: every version averages in iteration 0's groups
             (the same log2 S hypercube dimensions; activations still travel
@@ -168,7 +185,7 @@ class WaitAvoidingGroupAllreduce:
 
     def __init__(self, comm, like, *, group_size, tau=None, op="sum",
                  activation="first", algorithm="auto", history=0, first_iteration=0,
-                 waits="auto", dynamic_groups=True):
+                 waits="auto", dynamic_groups=True, carry_over=False):
         self._raw = comm
         self._like = like
         self.first_iteration = first_iteration
@@ -176,6 +193,7 @@ class WaitAvoidingGroupAllreduce:
         self.activation, self.algorithm = activation, algorithm
         self.waits = waits
         self.dynamic_groups = dynamic_groups
+        self.carry_over = carry_over
         self.waits_used = None
         self._history = history
         self._like_info = describe(like)
@@ -197,6 +215,11 @@ class WaitAvoidingGroupAllreduce:
         if self.tau is not None and (isinstance(self.tau, bool) or
                                      not isinstance(self.tau, int) or self.tau < 1):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
+        if not isinstance(self.carry_over, bool):
+            return f"carry_over must be True or False, got {self.carry_over!r}", TypeError
+        if self.carry_over and self.tau is not None:
+            return (f"carry_over needs tau=None (sync steps average models; carried "
+                    f"contributions are gradients), got tau={self.tau!r}"), ValueError
         problem = reduction_problem(info, self.algorithm,
                                     (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
         if problem:
@@ -237,7 +260,8 @@ class WaitAvoidingGroupAllreduce:
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
                   tau=self.tau, op=self.op, activation=self.activation,
                   algorithm=self.algorithm, first_iteration=self.first_iteration,
-                  waits=self.waits, dynamic_groups=self.dynamic_groups)
+                  waits=self.waits, dynamic_groups=self.dynamic_groups,
+                  carry_over=self.carry_over)
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"
@@ -259,7 +283,8 @@ class WaitAvoidingGroupAllreduce:
                 scale=1.0 / self.group_size if self.op == "avg" else None,
                 quorum=quorum, history=self._history,
                 first_iteration=self.first_iteration,
-                yield_awaited=self.waits_used == "yield")
+                yield_awaited=self.waits_used == "yield",
+                carry_over=self.carry_over)
             self._engine.start()
             atexit.register(self._engine.halt)
         self._state = "open"
@@ -336,7 +361,8 @@ class WaitAvoidingGroupAllreduce:
         next time.  If version t has not begun here (fresh), this call activates
         it and executes it itself, waiting only for the communication of the
         group.  If it has (stale), the reduction was made with an older
-        contribution.
+        contribution.  With ``carry_over`` the contribution still unconsumed
+        from an earlier call is first added into ``buf``.
 
         Raises:
             ValueError: ``buf`` is a buffer this collective holds (the one
@@ -390,6 +416,12 @@ class WaitAvoidingGroupAllreduce:
 
     # -- introspection ------------------------------------------------------------
 
+    def unconsumed(self):
+        """With ``carry_over``: a copy of this rank's contribution that no
+        version has consumed yet (what it would add to the next version), or
+        None; also after :meth:`close`."""
+        return self._engine.unconsumed() if self._engine else None
+
     @property
     def state(self) -> str:
         """``"new"``, ``"open"``, ``"closing"`` or ``"closed"``."""
@@ -401,15 +433,17 @@ class WaitAvoidingGroupAllreduce:
         return list(self._engine.history or ()) if self._engine else []
 
 
-def solo_allreduce(comm, like, **options) -> WaitAvoidingGroupAllreduce:
+def solo_allreduce(comm, like, *, carry_over=True, **options) -> WaitAvoidingGroupAllreduce:
     """Eager-SGD's solo allreduce: the first rank to arrive triggers a
-    reduction over all P ranks; late ranks contribute their previous value."""
+    reduction over all P ranks; a late rank's contribution is carried over
+    to the next version (``carry_over``, see the class)."""
     return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
-                                      activation="first", **options)
+                                      activation="first", carry_over=carry_over, **options)
 
 
-def majority_allreduce(comm, like, **options) -> WaitAvoidingGroupAllreduce:
+def majority_allreduce(comm, like, *, carry_over=True, **options) -> WaitAvoidingGroupAllreduce:
     """Eager-SGD's majority allreduce: a reduction over all P ranks, triggered
-    once at least half of them (ceil(P/2)) have arrived."""
+    once at least half of them (ceil(P/2)) have arrived; a late rank's
+    contribution is carried over to the next version."""
     return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
-                                      activation="majority", **options)
+                                      activation="majority", carry_over=carry_over, **options)

@@ -48,8 +48,9 @@ def _run(wa, delays):
 
     Every contribution is a new buffer, lent to the collective; the results
     are kept as they came (the caller owns them).  A lent buffer must still
-    hold its contribution when the next one replaces it: while published it
-    is only read.
+    hold what it held after the call (its contribution, plus with
+    ``carry_over`` the one it carried) when the next one replaces it: while
+    published it is only read.
     """
     records, lent, reference = [], None, WORLD.Dup()
     with wa:
@@ -57,14 +58,14 @@ def _run(wa, delays):
         for t in range(ITERATIONS):
             time.sleep(delays[t])
             if lent is not None:
-                np.testing.assert_array_equal(lent[1], value(WORLD.rank, lent[0]),
+                np.testing.assert_array_equal(lent[1], lent[2],
                                               err_msg=f"the buffer lent at {lent[0]} was written")
             contribution = value(WORLD.rank, t)
             if wa.is_group_version(t):
                 result = wa.allreduce(contribution, t)
                 assert result.version == t
                 assert result.value is not contribution
-                lent = (t, contribution)
+                lent = (t, contribution, contribution.copy())
                 records.append((t, result.fresh, result.contribution_iteration,
                                 result.value))
             else:
@@ -88,10 +89,16 @@ def _check(wa, records, history):
     assert [v for v, _ in history] == group_versions
     used = WORLD.allgather(dict(history))
 
-    def contribution(rank, c):
+    def published(rank, c, t):
         if c >= 0 and not wa.is_group_version(c):   # a sync step published its sum
             return sum(value(q, c) for q in range(P))
         return value(rank, c)
+
+    if wa.carry_over:   # what each version consumed: every iteration since the last one consumed
+        consumed = [_consumed(q, used[q]) for q in range(P)]
+        contribution = (lambda rank, c, t: consumed[rank][t])
+    else:
+        contribution = published
 
     previous = -1
     for t, fresh, contribution_iteration, total in records:
@@ -99,12 +106,25 @@ def _check(wa, records, history):
             continue
         assert contribution_iteration == used[WORLD.rank][t]
         assert fresh == (contribution_iteration == t)
-        assert previous <= contribution_iteration <= t     # never from the future
-        previous = contribution_iteration
+        if not (wa.carry_over and contribution_iteration == -1):   # -1: zeros
+            assert previous <= contribution_iteration <= t     # never from the future
+            previous = contribution_iteration
         group = next(g for g in butterfly_groups(P, wa.group_size, t) if WORLD.rank in g)
-        expected = sum(contribution(q, used[q][t]) for q in group)
+        expected = sum(contribution(q, used[q][t], t) for q in group)
         np.testing.assert_array_equal(total, expected, err_msg=f"version {t}")
     return used
+
+
+def _consumed(rank, used):
+    """With carry_over: version -> the sum ``rank`` gave, from its
+    ``{version: contribution_iteration}`` (iteration -1: zeros): every
+    iteration after the last one consumed, up to this one."""
+    given, last = {}, -1
+    for t, c in sorted(used.items()):
+        given[t] = sum((value(rank, k) for k in range(last + 1, c + 1)),
+                       np.zeros(NUMEL, dtype=np.int64))
+        last = max(last, c)
+    return given
 
 
 @needs_pow2
@@ -181,6 +201,28 @@ def test_solo_allreduce_reduces_over_all_ranks():
 
 
 @needs_pow2
+@pytest.mark.parametrize("make", [solo_allreduce, majority_allreduce], ids=["solo", "majority"])
+@pytest.mark.parametrize("delays", ["random", "straggler"])
+def test_carry_over_applies_every_contribution_exactly_once(make, delays):
+    """Eager-SGD's carry-over (issue 22, point 1): over a run, the sum of the
+    versions' results plus what every rank still carries at the end equals
+    the sum of every contribution of every rank, exactly (int64), under
+    random delays and a persistent straggler; and late ranks did carry
+    (some contribution entered a later version than its own)."""
+    wa = make(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
+    records, history, _ = _run(wa, _delays(delays))
+    applied = sum(total for *_, total in records)
+    unconsumed = wa.unconsumed()
+    left = WORLD.allreduce(np.zeros(NUMEL, dtype=np.int64) if unconsumed is None else unconsumed)
+    computed = sum(value(q, t) for q in range(P) for t in range(ITERATIONS))
+    np.testing.assert_array_equal(applied + left, computed)
+    carried = WORLD.allreduce(sum(c not in (t, -1) for t, c in history))
+    zeros = WORLD.allreduce(sum(c == -1 for _, c in history))
+    if P > 1:
+        assert carried > 0 and zeros > 0, (carried, zeros)
+
+
+@needs_pow2
 def test_majority_allreduce_has_a_fresh_majority():
     wa = majority_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
     records, history, _ = _run(wa, _delays("random"))
@@ -246,6 +288,10 @@ def test_misuse_is_refused():
     (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
     (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
     (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
+    (dict(group_size=1, carry_over=1), TypeError, "carry_over must be True or False, got 1"),
+    (dict(group_size=1, tau=10, carry_over=True), ValueError,
+     r"carry_over needs tau=None \(sync steps average models; carried contributions are "
+     r"gradients\), got tau=10"),
 ])
 def test_bad_arguments_raise_on_every_rank(options, error, text):
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), **options)
