@@ -1,5 +1,7 @@
 """Shared pytest configuration for the test suite."""
 
+import json
+import os
 import shutil
 import tempfile
 
@@ -21,3 +23,22 @@ def shared_dir():
     world.Barrier()
     if world.rank == 0:
         shutil.rmtree(path)
+
+
+@pytest.fixture
+def record_measurement(request):
+    """``record(name, value, bound)``: what a randomized test measured and
+    the bound it checks ``value`` against (``value < bound``), appended as a
+    JSON line to ``$WAGMA_TEST_MEASUREMENTS`` by rank 0 of COMM_WORLD when
+    that is set (scripts/repeat-mpi-tests sets it and tabulates the
+    distribution: the failure rates of issue 22, point 3); else nothing."""
+    path = os.environ.get("WAGMA_TEST_MEASUREMENTS")
+
+    def record(name, value, bound):
+        from mpi4py import MPI
+        if path and MPI.COMM_WORLD.rank == 0:
+            with open(path, "a") as out:
+                out.write(json.dumps({"test": request.node.nodeid, "name": name,
+                                      "ranks": MPI.COMM_WORLD.size,
+                                      "value": float(value), "bound": float(bound)}) + "\n")
+    return record

@@ -6,8 +6,8 @@ methods are evaluated on) is scored on all classes.  Every algorithm must
 end below half its starting loss and, with more than one rank, below half
 the loss of a control run in which the replicas never average (each learns
 only its own classes): so the test fails when averaging is broken.
-Measured on 2 / 4 / 8 ranks (start 2.33): control 0.94 / 2.23 / 2.42,
-algorithms 0.10 to 0.97, the slowest D-PSGD on a ring of 8.
+Measured on 2 / 4 / 8 ranks (start 2.33): control 0.97 / 2.27 / 2.42,
+algorithms 0.05 to 0.74, the slowest D-PSGD on a ring of 8.
 """
 
 import numpy as np
@@ -25,13 +25,18 @@ WORLD = MPI.COMM_WORLD
 P = WORLD.size
 POW2 = P & (P - 1) == 0
 EVEN = P == 1 or P % 2 == 0
-STEPS = 150
-# AD-PSGD averages when two ranks happen to meet: with 2 ranks on 2 busy
-# cores a descheduled peer means fewer meetings (measured in a loaded run:
-# 0.66 against a control of 0.94), so it must only beat the control clearly,
-# which a broken averaging (ending near the control) still fails.
-ASYNCHRONOUS = {"adpsgd"}
-ASYNCHRONOUS_MARGIN = 0.8
+# 300 steps, not 150: at 150 the 2-rank AD-PSGD run reached 0.33 on loaded
+# cores (against a bound of 0.47); at 300, 0.06-0.08.
+STEPS = 300
+# AD-PSGD's guarantee (Lian et al., ICML 2018, Theorem 1) bounds an
+# expectation over the order in which pairs meet, which here the OS's
+# scheduling sets.  On these non-IID shards that order decides where the
+# replicas' average ends: single runs on 8 ranks spread from 0.16 to 1.52
+# (median 0.33), and 3 of 180 went above half the start, with the sum of
+# the replicas conserved to 2e-7 in every run (no exchange lost or
+# corrupted a model; scripts/repeat-mpi-tests records the rates).  So the
+# test bounds the mean of three runs, the estimate of that expectation.
+RUNS = {"adpsgd": 3}
 
 
 def _data():
@@ -52,13 +57,11 @@ def _options():
     yield "ensemble_sync", {"period": 2, "timeout_s": 30.0}     # no rank is ever 30 s late here: local SGD
     if POW2:
         yield "wagma", {"group_size": min(2, P), "tau": 4}
-    if POW2 and P >= 4:
-        # On 2 ranks a majority is one rank: while the OS deschedules the
-        # other, every version carries the same stale gradient of its
-        # classes, and on these non-IID shards that constant pull kept the
-        # loss at 1.78 (from 2.33) in about half of the runs on 2 cores.
-        # That is eager-SGD's semantics, not a fault; from 4 ranks on a
-        # majority holds at least two fresh gradients.
+    if POW2:
+        # On 2 ranks a majority is one rank, so the other is often late: its
+        # gradient is carried to the next version (it used to be re-sent to
+        # every version it missed, which kept the loss at 1.78 in about half
+        # of the runs).
         yield "eager_sgd", {"quorum": "majority"}
     if EVEN:
         yield "adpsgd", {}
@@ -95,11 +98,16 @@ def control_loss():
 
 
 @pytest.mark.parametrize("name, options", list(_options()), ids=[n for n, _ in _options()])
-def test_trains_well_below_the_start_and_the_control(name, options, control_loss):
-    final, start = _train(name, options)
+def test_trains_well_below_the_start_and_the_control(name, options, control_loss,
+                                                    record_measurement):
+    finals, starts = zip(*(_train(name, options) for _ in range(RUNS.get(name, 1))))
+    final, start = float(np.mean(finals)), starts[0]
+    bound = min(0.5 * start, 0.5 * control_loss) if P > 1 else 0.5 * start
+    for one in finals:
+        record_measurement("final loss, one run", one, bound)
+    record_measurement("final loss, tested", final, bound)
     assert final < 0.5 * start, f"{name}: loss {start:.3f} -> {final:.3f}"
     if P > 1:
-        margin = ASYNCHRONOUS_MARGIN if name in ASYNCHRONOUS else 0.5
-        assert final < margin * control_loss, (
+        assert final < 0.5 * control_loss, (
             f"{name}: loss {final:.3f}, not clearly below {control_loss:.3f} "
             f"without averaging")
