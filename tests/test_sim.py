@@ -125,6 +125,33 @@ def test_wagma_does_not_wait_for_a_straggler_between_sync_steps():
     assert np.all(blocking[:, group_steps].max(axis=0) >= 0.3)
 
 
+def test_the_compute_jitter_against_the_activation_hop_decides_who_is_stale():
+    """Issue 22, point 4: without injected delays every rank arrives within
+    the compute's jitter (here up to 2 ms) of the first; an activation
+    faster than that (10 us per tree level) reaches most of them before they
+    arrive, one slower than it (10 ms) reaches none, and without jitter (the
+    drawn compute) nobody is stale whatever the hop."""
+    def stale_fraction(hop, jitter):
+        sc = Scenario(ranks=8, steps=40, network=Network(NET.alpha, NET.beta, hop), parameters=BIG,
+                      compute_ms=100.0)
+        compute = compute_times(sc) + jitter
+        run = simulate("wagma", sc, compute=compute, group_size=4, tau=10)
+        group_steps = [t for t in range(40) if (t + 1) % 10]
+        return run.steps["stale"][:, group_steps].mean()
+
+    jitter = np.random.default_rng(0).random((8, 40)) * 2e-3
+    # Every rank but the first is stale when the hop is 0 and arrivals differ.
+    assert stale_fraction(1e-5, jitter) > 0.5
+    assert stale_fraction(1e-2, jitter) == 0
+    assert stale_fraction(1e-5, 0.0) == 0
+
+
+def test_a_compute_trace_of_the_wrong_shape_is_refused():
+    with pytest.raises(ValueError, match=r"compute must be \[ranks, steps\] = \[8, 40\] finite seconds >= 0, "
+                                         r"got shape \[8, 39\]"):
+        simulate("wagma", scenario(), compute=np.zeros((8, 39)), group_size=4)
+
+
 def test_wagma_with_fixed_groups_waits_only_in_the_stragglers_group():
     """Ablation 2 (fixed groups): blocking group averaging in iteration 0's
     groups {0..3}, {4..7}: only the straggler's group waits for it between
@@ -476,3 +503,6 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
     table, worst, network = validate(str(ROOT / "results" / "sweep"), str(tmp_path))
     assert worst <= TOLERANCE, table
     assert table.count("| wagma |") == 4 and math.isfinite(network.alpha)
+    # WAGMA-SGD's stale fraction at 4, 8, 16 and 32 ranks (issue 22, point 4), in worst.
+    assert "Largest |error| of a stale fraction" in table
+    assert len(re.findall(r"^\| (4|8|16|32) \| 0\.\d{3} \|", table, re.M)) == 4

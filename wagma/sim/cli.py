@@ -85,6 +85,9 @@ def build_parser():
     p.add_argument("--alpha-us", type=float, default=2.0, help="latency per message, microseconds [2: Cray Aries]")
     p.add_argument("--beta-gbps", type=float, default=9.0,
                    help="bandwidth per rank, GB/s (beta = 1 / it) [9: Cray Aries]")
+    p.add_argument("--activation-us", type=float, default=None,
+                   help="time an activation of the wait-avoiding collectives takes per tree level, "
+                        "microseconds (the message and the receiving thread's polling) [the latency]")
     p.add_argument("--collective", default="auto", choices=COLLECTIVES,
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
@@ -117,8 +120,11 @@ def main(argv=None) -> int:
         parser.error(f"--group-size must be a power of two or 'auto', got {args.group_size!r}")
     if not (args.alpha_us >= 0 and args.beta_gbps > 0):
         parser.error(f"--alpha-us must be >= 0 and --beta-gbps > 0, got {args.alpha_us} and {args.beta_gbps}")
+    if args.activation_us is not None and not args.activation_us >= 0:
+        parser.error(f"--activation-us must be >= 0, got {args.activation_us}")
     try:
-        network = Network(args.alpha_us * 1e-6, 1 / (args.beta_gbps * 1e9))
+        network = Network(args.alpha_us * 1e-6, 1 / (args.beta_gbps * 1e9),
+                          None if args.activation_us is None else args.activation_us * 1e-6)
         parameters = args.parameters or model_parameters(args.model)
         plans = []
         for ranks in args.ranks:

@@ -252,7 +252,7 @@ def _run_kernel(algorithm, scenario, options, compute):
         phases, costs = net.butterfly_phases(s, nbytes)
         clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
                                           not options["fixed_groups"], phases, costs, options["wait_avoiding"],
-                                          net.message(0), everyone, *prediction)
+                                          net.hop, everyone, *prediction)
     if options["sync"] != "stragglar":
         return clock, stale, age, None
     record = prediction[-1]
@@ -275,7 +275,7 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
         return clock, None, age
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
-        activation = (p - 1).bit_length() * net.message(0)
+        activation = (p - 1).bit_length() * net.hop
         cost = float(net.butterfly_phases(p, nbytes)[1].sum())   # the group allreduce with S = P
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
@@ -305,9 +305,14 @@ class SimulatedRun(Run):
     age: np.ndarray = field(default=None)
 
 
-def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> SimulatedRun:
+def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
+             **options) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
     :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
+
+    ``compute``: ``[P, T]`` seconds of compute per rank and step to use
+    instead of the scenario's draws, e.g. a measured run's ``compute_time``
+    (trace-driven: the sleep's overshoot and the OS's jitter included).
 
     Returns a run in memory in the schema of measured runs (``compute`` is
     ``"simulated"``, so :mod:`wagma.analysis` compares simulated runs with
@@ -315,10 +320,17 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
     first ``skip`` steps.  Raises ValueError for a bad algorithm or option.
     """
     options = _options(algorithm, scenario.ranks, options)
+    drawn, injected = _draws(scenario)
+    if compute is None:
+        compute = drawn
+    else:
+        compute = np.ascontiguousarray(compute, dtype=np.float64)
+        if compute.shape != drawn.shape or not (np.isfinite(compute).all() and (compute >= 0).all()):
+            raise ValueError(f"compute must be [ranks, steps] = {list(drawn.shape)} finite seconds >= 0, "
+                             f"got shape {list(compute.shape)}")
     if options.get("sync") == "stragglar" and scenario.collective == "stragglar":
         raise ValueError("sync='stragglar' runs the scenario's collective while no straggler is predicted; "
                          "collective='stragglar' (the oracle that always knows the last rank) cannot be that")
-    compute, injected = _draws(scenario)
     skipped = np.zeros_like(compute)
     stragglers = None
     if algorithm == "ensemble_sync":
@@ -342,6 +354,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, **options) -> Si
         "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
         "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
         "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
+        "activation_s": scenario.network.hop,
         "collective": scenario.collective, "sync": options.get("sync", "none"),
         "mean_staleness": age_summary(age)[0],
         "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),

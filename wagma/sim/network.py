@@ -53,15 +53,27 @@ class GlobalAllreduce:
 
 @dataclass(frozen=True)
 class Network:
-    """alpha (seconds per message) and beta (seconds per byte)."""
+    """alpha (seconds per message) and beta (seconds per byte); ``activation``
+    (seconds), the time an activation takes to reach the next level of the
+    wait-avoiding collective's binomial tree: the control message (alpha)
+    plus the time the receiver's progress thread takes to notice it, which
+    on a node where it polls with back-off can exceed alpha by far.  None:
+    alpha (a thread that is always polling)."""
 
     alpha: float
     beta: float
+    activation: float | None = None
 
     def __post_init__(self):
-        for name, value in (("alpha", self.alpha), ("beta", self.beta)):
+        for name, value in (("alpha", self.alpha), ("beta", self.beta),
+                            ("activation", self.hop)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def hop(self) -> float:
+        """Seconds per level of an activation tree."""
+        return self.alpha if self.activation is None else self.activation
 
     def message(self, nbytes: float) -> float:
         """One point-to-point message."""
