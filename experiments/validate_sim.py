@@ -41,7 +41,8 @@ from wagma.analysis.table import compare
 from wagma.results import summarize
 from wagma.sim import Network, Scenario, save, simulate
 
-__all__ = ["PAPER", "SETTINGS", "fit_network", "main", "paper_throughput"]
+__all__ = ["FIGURE10_VARIATIONS", "PAPER", "SETTINGS", "figure10_sensitivity", "fit_network", "main",
+           "paper_throughput"]
 
 SKIP = 5                 # the sweep's table leaves out its first 5 steps
 TOLERANCE = 0.15         # the issue's bound on |simulated ratio / measured ratio - 1|
@@ -189,6 +190,87 @@ def paper_throughput(setting, ranks):
     return throughput
 
 
+def _lognormal(sigma=1, max_ms=43500):
+    return f"lognormal:median_ms=2000,sigma={sigma},min_ms=1700,max_ms={max_ms}"
+
+
+#: Figure 10's setting with one assumption changed at a time: ``(label,
+#: changes)``, the changes being Scenario fields, ``network``, ``tau`` or ``steps``.
+FIGURE10_VARIATIONS = [
+    ("our reading (lognormal, median 2 s, sigma 1, 1.7-43.5 s; Aries; 8.5 M parameters; tau 8; 1000 steps)", {}),
+    ("episodes: sigma 0.5", {"imbalance": _lognormal(sigma=0.5)}),
+    ("episodes: sigma 0.25", {"imbalance": _lognormal(sigma=0.25)}),
+    ("episodes: clipped at 10 s", {"imbalance": _lognormal(max_ms=10000)}),
+    ("model: 10x the parameters", {"parameters": 84_764_210}),
+    ("network: 10x alpha, 1/10 the bandwidth", {"network": Network(20e-6, 10 / 9e9)}),
+    ("network: 100x alpha, 1/100 the bandwidth", {"network": Network(200e-6, 100 / 9e9)}),
+    ("run: 50 steps", {"steps": 50}),
+    ("run: 200 steps", {"steps": 200}),
+    ("WAGMA: tau 16", {"tau": 16}),
+    ("WAGMA: tau 64", {"tau": 64}),
+    ("WAGMA: tau 64, episodes sigma 0.5", {"tau": 64, "imbalance": _lognormal(sigma=0.5)}),
+]
+
+
+def figure10_sensitivity(ranks=1024):
+    """Lines of a table: WAGMA-SGD's speedup over local SGD, D-PSGD and SGP
+    in Figure 10's setting at ``ranks``, with each of
+    :data:`FIGURE10_VARIATIONS` applied alone, under the paper's figures;
+    then what the rows show (:func:`_figure10_reading`)."""
+    common, algos = SETTINGS["figure10"]
+    baselines = ("local_sgd", "dpsgd", "sgp")
+    lines = [f"Figure 10 at {ranks} ranks, one assumption changed at a time: WAGMA-SGD's speedup over",
+             "", "| variation | local SGD | D-PSGD | SGP (4 peers) |", "|---|---:|---:|---:|",
+             "| paper | " + " | ".join(f"{PAPER['figure10'][1024][a]:.2f}x" for a in baselines) + " |"]
+    speedups = {}
+    for label, changes in FIGURE10_VARIATIONS:
+        changes = dict(changes)
+        network, tau, steps = changes.pop("network", ARIES), changes.pop("tau", 8), changes.pop("steps", 1000)
+        scenario = Scenario(ranks=ranks, steps=steps, network=network, **{**common, **changes})
+        throughput = {}
+        for algo in ("wagma", *baselines):
+            options = dict(algos[algo])
+            if algo == "wagma":
+                options.update(tau=tau, group_size=1 << int(np.ceil(np.log2(ranks) / 2)))
+            throughput[algo] = simulate(algo, scenario, **options).summary["throughput"]
+        speedups[label] = {a: throughput["wagma"] / throughput[a] for a in baselines}
+        lines.append(f"| {label} | " + " | ".join(f"{speedups[label][a]:.2f}x" for a in baselines) + " |")
+    return lines + [""] + _figure10_reading(speedups)
+
+
+def _figure10_reading(speedups):
+    """What the sensitivity rows say, with their figures."""
+    paper = PAPER["figure10"][1024]
+    ours = speedups[FIGURE10_VARIATIONS[0][0]]
+    fixed_tau = {k: v for k, v in speedups.items() if not k.startswith("WAGMA:")}
+    tail = {k: v for k, v in fixed_tau.items() if k.startswith("episodes:")}
+    closest = min(tail, key=lambda k: abs(tail[k]["local_sgd"] - paper["local_sgd"]))
+    best_dpsgd = max(fixed_tau, key=lambda k: fixed_tau[k]["dpsgd"])
+    comm = [v["dpsgd"] for k, v in fixed_tau.items() if k.startswith(("model:", "network:"))]
+    return [
+        "Reading:",
+        f"- *Over local SGD* the episode tail decides: local SGD (period 1) waits for the longest "
+        f"of all episodes at every step, WAGMA-SGD once per tau. Our reading of Figure 9 "
+        f"gives {ours['local_sgd']:.2f}x; {closest} gives {tail[closest]['local_sgd']:.2f}x against "
+        f"the paper's {paper['local_sgd']:.2f}x. The figure's histogram is not in the text, so the "
+        f"tail is not fitted.",
+        f"- *Over D-PSGD* no setting of the paper's experiment comes near {paper['dpsgd']:.2f}x "
+        f"while tau is the paper's 8: the largest is {fixed_tau[best_dpsgd]['dpsgd']:.2f}x "
+        f"({best_dpsgd}); a 10x larger model or a network 10 to 100x slower moves it by at most "
+        f"{max(abs(c - ours['dpsgd']) for c in comm):.2f} (2 s episodes dwarf an 8.5 M-parameter "
+        f"exchange). Only a longer tau approaches it ({speedups['WAGMA: tau 64']['dpsgd']:.2f}x at "
+        f"tau 64), and the paper states tau = 8. In the model a "
+        f"delay reaches a D-PSGD rank one neighbour per step, so its step costs "
+        f"{ours['dpsgd'] / ours['local_sgd']:.2f} of local SGD's; the paper's figures make it "
+        f"{paper['dpsgd'] / paper['local_sgd']:.2f} of it, close to a global synchronization at "
+        f"every step. Its D-PSGD coupled ranks much more tightly than neighbour waits do "
+        f"(a global collective or barrier per step, or contention among 1024 concurrent "
+        f"exchanges); the text does not say which, and the simulator models neither.",
+        f"- *Over SGP (4 peers)* the same holds, less strongly: {ours['sgp']:.2f}x against "
+        f"{paper['sgp']:.2f}x; four peers spread a delay four ways per step.",
+    ]
+
+
 def paper():
     lines = ["| setting | P | WAGMA-SGD over | paper | simulated |", "|---|---:|---|---:|---:|"]
     for setting in SETTINGS:
@@ -217,7 +299,7 @@ def main(argv=None) -> int:
                         help="folder for validation.md, paper.md and the simulated runs")
     args = parser.parse_args(argv)
     table, worst, _ = validate(args.measured, args.out)
-    comparison = paper()
+    comparison = paper() + "\n\n" + "\n".join(figure10_sensitivity())
     for name, text in (("validation.md", table), ("paper.md", comparison)):
         path = os.path.join(args.out, name)
         with open(path, "w") as f:

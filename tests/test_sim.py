@@ -506,3 +506,18 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
     # WAGMA-SGD's stale fraction at 4, 8, 16 and 32 ranks (issue 22, point 4), in worst.
     assert "Largest |error| of a stale fraction" in table
     assert len(re.findall(r"^\| (4|8|16|32) \| 0\.\d{3} \|", table, re.M)) == 4
+
+
+def test_figure10_sensitivity_varies_one_assumption_at_a_time():
+    """Issue 22, point 6 (at 64 ranks, to be quick): one row per variation
+    under the paper's, and a longer tau (fewer global synchronizations, each
+    waiting for the longest episode) raises WAGMA-SGD's speedup over every
+    baseline."""
+    from experiments.validate_sim import FIGURE10_VARIATIONS, figure10_sensitivity
+    lines = figure10_sensitivity(ranks=64)
+    rows = {line.split(" | ")[0][2:]: [float(x.rstrip("x")) for x in line.strip(" |").split(" | ")[1:]]
+            for line in lines if line.startswith("| ") and line.endswith("x |")}
+    assert list(rows) == ["paper"] + [label for label, _ in FIGURE10_VARIATIONS]
+    ours, tau16, tau64 = rows[FIGURE10_VARIATIONS[0][0]], rows["WAGMA: tau 16"], rows["WAGMA: tau 64"]
+    assert all(a < b < c for a, b, c in zip(ours, tau16, tau64))
+    assert any(line.startswith("- *Over D-PSGD*") for line in lines)
