@@ -211,8 +211,12 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_me
         torch.testing.assert_close(final[0], average, rtol=1e-6, atol=1e-6)
     else:
         # A stale step, (sum + W'_t) / (S + 1), mixes convexly but does not keep
-        # the sum: the consensus stays inside the initial models' range and
-        # near their average (measured: 1-9% of their spread on 4 and 8 ranks).
+        # the sum: the consensus stays inside the initial models' range (the
+        # guarantee) and near their average.  How near depends on who was
+        # stale: over 80 runs on 4 ranks 0-12 % of the spread (median 5.7 %),
+        # over 20 on 8 ranks 1.5-4.5 % (results/failure-rates); an earlier
+        # "1-9 %" came from a handful of runs.  0.25 is twice the largest
+        # distance measured, a margin for a tail sampled 80 times.
         low, high = torch.stack(initial).min(0).values, torch.stack(initial).max(0).values
         assert bool(((final[0] >= low - 1e-6) & (final[0] <= high + 1e-6)).all())
         if WORLD.size > 1:
