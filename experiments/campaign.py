@@ -72,8 +72,10 @@ __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_di
 #: local SGD with period 1; SGP with one and two neighbours), and its ablation 1.
 MAIN_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=1", "sgp:peers=2",
                  "eager_sgd", "local_sgd:tau=10")
-#: Figure 4's algorithms (SGP with two neighbours there).
-SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd")
+#: Figure 4's algorithms (SGP with two neighbours there), and hierarchical SGD (levels
+#: 2:sqrt(P), 10:P), which the simulator is validated on too.
+SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd",
+                  "hierarchical_sgd")
 #: The WAGMA paper's imbalance (section 5.2): two random ranks delayed 320 ms at every step.
 PAPER_IMBALANCE = "random:k=2,ms=320"
 

@@ -96,6 +96,7 @@ EXPENSIVE = {
     r"-m experiments\.bench_allreduce_sgd\b": "benchmark: 10.5M-parameter MLP, DDP and ours, a minute",
     r"-m collectives\.bench (wagma|stragglar)\b": "benchmarks of 30 s to several minutes",
     r"-m collectives\.bench allreduce\b": "the default sizes up to 64 MiB: a minute on 8 ranks",
+    r"-m collectives\.bench pingpong\b": "every pair's round trips at P ranks: seconds to a minute at 32",
     r"-m collectives\.bench tune$": "measures 4 KiB to 256 MiB, a minute or more; rewrites the table in results/tuning",
     r"-m mpi4py\.bench pingpong\b": "a latency benchmark, not part of this project",
     r"-m wagma\.analysis .*--plot\b": "draws every figure, 5-15 s (tests/test_analysis.py covers the plots)",

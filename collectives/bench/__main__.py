@@ -3,12 +3,13 @@
 import argparse
 import sys
 
-from . import allreduce, stragglar, tune, wagma
+from . import allreduce, pingpong, stragglar, tune, wagma
 
 __all__ = ["BENCHMARKS", "main"]
 
 BENCHMARKS = {
     "allreduce": (allreduce.main, "allreduce bandwidth: our schedules against MPI_Allreduce"),
+    "pingpong": (pingpong.main, "every pair of ranks ping-pongs at once: alpha and beta at P ranks on this node"),
     "stragglar": (stragglar.main, "StragglAR against ring, RHD and MPI_Allreduce with a delayed rank"),
     "tune": (tune.main, "the allreduce tuning table: which allreduce is fastest at each size (auto reads it)"),
     "wagma": (wagma.main, "the wait-avoiding group allreduce against its blocking twin and MPI_Allreduce"),
