@@ -105,6 +105,7 @@ PINGPONG = os.path.join("results", "pingpong")
 #: thread); the blocking, background and neighbour exchanges spin.
 YIELDING = {"wagma", "eager_sgd", "adpsgd"}
 
+
 def pingpong_network(folder, ranks, waits):
     """The network ``collectives.bench pingpong`` measured at ``ranks`` with
     ``waits`` (alpha, beta), its activations taking :data:`POLL`."""
@@ -120,8 +121,17 @@ def _network(networks, run):
     return networks[int(run.attrs["ranks"]), "yield" if run.attrs["algorithm"] in YIELDING else "spin"]
 
 
-def physical(runs, folder):
-    """Table lines and the largest |error|: every run simulated with nothing
+def _pairs(measured_rows, simulated):
+    """``(key, measured row, simulated row)`` per algorithm and P, sorted:
+    ``measured_rows`` from :func:`~wagma.analysis.table.compare` of the
+    measured runs, ``simulated`` the runs that predict them."""
+    simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
+    return [(key, measured_rows[key], simulated_rows[key]) for key in sorted(measured_rows)]
+
+
+def physical(runs, measured_rows, folder):
+    """Table lines and the largest |error|: every run (``measured_rows``: its
+    row of :func:`~wagma.analysis.table.compare`) simulated with nothing
     fitted, on its own measured compute times, with alpha and beta from
     ``collectives.bench pingpong`` at its rank count and its algorithm's
     waits (:data:`YIELDING`).  Reported, not yet within the bound: see
@@ -140,11 +150,8 @@ def physical(runs, folder):
                           compute=r.steps["compute_time"], **_options(r)) for r in runs]
     lines += ["", "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
               "simulated ratio | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
-    simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
     worst = 0.0
-    for key in sorted(measured_rows):
-        m, s = measured_rows[key], simulated_rows[key]
+    for key, m, s in _pairs(measured_rows, simulated):
         absolute, ratio = s["throughput"] / m["throughput"] - 1, s["speedup"] / m["speedup"] - 1
         worst = max(worst, abs(absolute), abs(ratio))
         lines.append(f"| {key[0]} | {key[1]} | {m['throughput']:.0f} | {s['throughput']:.0f} | "
@@ -171,14 +178,12 @@ def validate(measured_dir, out_dir, pingpong_dir=PINGPONG):
         simulated.append(sim)
         save(sim, os.path.join(out_dir, "validation", f"{r.attrs['algorithm']}_p{r.attrs['ranks']}.h5"))
     measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
-    simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
     lines = [f"Fitted to the measured Allreduce-SGD runs: alpha = {network.alpha * 1e6:.0f} us, "
              f"1/beta = {1 / network.beta / 1e9:.2f} GB/s.", "",
              "| algorithm | P | measured samples/s | simulated samples/s | measured ratio | simulated ratio | error |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     worst = 0.0
-    for key in sorted(measured_rows, key=lambda k: (k[0], k[1])):
-        m, s = measured_rows[key], simulated_rows[key]
+    for key, m, s in _pairs(measured_rows, simulated):
         error = s["speedup"] / m["speedup"] - 1
         if key[0] != "allreduce_sgd":
             worst = max(worst, abs(error))
@@ -186,7 +191,7 @@ def validate(measured_dir, out_dir, pingpong_dir=PINGPONG):
                      f"{m['speedup']:.2f} | {s['speedup']:.2f} | {100 * error:+.1f} % |")
     lines += ["", f"Largest |error| of a ratio: {100 * worst:.1f} % (bound {100 * TOLERANCE:.0f} %)."]
     stale_lines, stale_worst = stale_fractions(runs, network)
-    physical_lines = physical(runs, pingpong_dir)[0]
+    physical_lines = physical(runs, measured_rows, pingpong_dir)[0]
     return "\n".join(lines + [""] + stale_lines + [""] + physical_lines), max(worst, stale_worst), network
 
 
