@@ -88,6 +88,9 @@ def build_parser():
     p.add_argument("--activation-us", type=float, default=None,
                    help="time an activation of the wait-avoiding collectives takes per tree level, "
                         "microseconds (the message and the receiving thread's polling) [the latency]")
+    p.add_argument("--synchronization-ms", type=float, default=0.0,
+                   help="what a collective over all ranks costs beyond its messages: every rank's update and "
+                        "Python after it, done at once (wagma.sim.Network.synchronization) [0]")
     p.add_argument("--collective", default="auto", choices=COLLECTIVES,
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
@@ -122,9 +125,12 @@ def main(argv=None) -> int:
         parser.error(f"--alpha-us must be >= 0 and --beta-gbps > 0, got {args.alpha_us} and {args.beta_gbps}")
     if args.activation_us is not None and not args.activation_us >= 0:
         parser.error(f"--activation-us must be >= 0, got {args.activation_us}")
+    if not args.synchronization_ms >= 0:
+        parser.error(f"--synchronization-ms must be >= 0, got {args.synchronization_ms}")
     try:
         network = Network(args.alpha_us * 1e-6, 1 / (args.beta_gbps * 1e9),
-                          None if args.activation_us is None else args.activation_us * 1e-6)
+                          None if args.activation_us is None else args.activation_us * 1e-6,
+                          args.synchronization_ms * 1e-3)
         parameters = args.parameters or model_parameters(args.model)
         plans = []
         for ranks in args.ranks:

@@ -22,7 +22,7 @@ from wagma.imbalance import parse_imbalance
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
 from . import kernels
-from .network import COLLECTIVES, Network
+from .network import COLLECTIVES, GlobalAllreduce, Network
 
 __all__ = ["ALGORITHMS", "STRAGGLER_COLUMNS", "SYNCED", "Scenario", "SimulatedRun", "age_summary", "compute_times",
            "save", "simulate"]
@@ -188,14 +188,14 @@ def _options(algorithm, ranks, options):
 
 
 def _bucketed(scenario, cap_mb):
-    """Allreduce-SGD's buckets, one allreduce after another (one for StragglAR)."""
+    """Allreduce-SGD's buckets, one allreduce after another (one for StragglAR), as a
+    :class:`~wagma.sim.network.GlobalAllreduce`."""
     net, total = scenario.network, scenario.nbytes
     if scenario.collective == "stragglar":
-        return net.allreduce(scenario.ranks, total, "stragglar").as_tuple()
+        return net.allreduce(scenario.ranks, total, "stragglar")
     cap = max(1, int(cap_mb * 2**20))
     sizes = [cap] * (total // cap) + ([total % cap] if total % cap else [])
-    seconds = sum(net.allreduce(scenario.ranks, s, scenario.collective).after_last for s in sizes)
-    return (seconds, False, 0.0, 0.0)
+    return GlobalAllreduce(sum(net.allreduce(scenario.ranks, s, scenario.collective).after_last for s in sizes))
 
 
 def _ensemble_sync(scenario, options, compute):
@@ -217,7 +217,8 @@ def _prediction(scenario, options, tau, fallback):
     no rank is predicted, as the runtime measures it (on the rank that
     arrived last: it did not wait)."""
     p = scenario.ranks
-    planned = scenario.network.allreduce(p, scenario.nbytes, "stragglar").as_tuple()
+    net = scenario.network
+    planned = net.synchronized(net.allreduce(p, scenario.nbytes, "stragglar")).as_tuple()
     if options.get("sync") != "stragglar":
         return (planned, *kernels.no_prediction(p))
     if scenario.min_lead_s is None:
@@ -235,13 +236,15 @@ def _run_kernel(algorithm, scenario, options, compute):
     nothing is ever stale), and the predictor's log, :data:`STRAGGLER_COLUMNS`
     (None without ``sync="stragglar"``)."""
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
-    everyone = net.allreduce(p, nbytes, scenario.collective).as_tuple()
+    allreduce = net.allreduce(p, nbytes, scenario.collective)
+    everyone = net.synchronized(allreduce).as_tuple()
     if algorithm not in SYNCED:
         return (*_other_kernel(algorithm, scenario, options, compute, everyone), None)
     tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm == "local_sgd" else "tau"]
     if algorithm == "allreduce_sgd":
-        everyone = _bucketed(scenario, options["bucket_cap_mb"])
-    prediction = _prediction(scenario, options, tau, everyone[0])
+        allreduce = _bucketed(scenario, options["bucket_cap_mb"])
+        everyone = net.synchronized(allreduce).as_tuple()
+    prediction = _prediction(scenario, options, tau, allreduce.after_last)
     stale = age = None
     if algorithm == "allreduce_sgd":
         clock = kernels.local_sgd(compute, 1, everyone, *prediction)
@@ -276,7 +279,7 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
         activation = (p - 1).bit_length() * net.hop
-        cost = float(net.butterfly_phases(p, nbytes)[1].sum())   # the group allreduce with S = P
+        cost = float(net.butterfly_phases(p, nbytes)[1].sum()) + net.synchronization   # the group allreduce, S = P
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
@@ -354,7 +357,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
         "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
         "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
         "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
-        "activation_s": scenario.network.hop,
+        "activation_s": scenario.network.hop, "synchronization_s": scenario.network.synchronization,
         "collective": scenario.collective, "sync": options.get("sync", "none"),
         "mean_staleness": age_summary(age)[0],
         "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),

@@ -11,7 +11,7 @@ simulated run costs what the code it stands for would send.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,15 +58,29 @@ class Network:
     wait-avoiding collective's binomial tree: the control message (alpha)
     plus the time the receiver's progress thread takes to notice it, which
     on a node where it polls with back-off can exceed alpha by far.  None:
-    alpha (a thread that is always polling)."""
+    alpha (a thread that is always polling).
+
+    ``synchronization`` (seconds): what a collective over all P ranks costs
+    beyond its messages, once it has ended: every rank's work after it (the
+    optimizer update, the step's Python, threads woken).  All P ranks leave
+    such a collective at the same instant and do that work at once, so where
+    they outnumber the cores they share them, and the cost grows with P.
+    The simulator adds it to Allreduce-SGD's steps, the every-tau average
+    of local SGD and WAGMA-SGD, hierarchical SGD's levels of all ranks and
+    eager-SGD's versions, and to nothing else: a group's, a pair's or a
+    neighbour's exchange releases fewer ranks, and the measured runs
+    (``experiments.validate_sim``) need no term there.  0: a core per rank,
+    the work negligible against the step.
+    """
 
     alpha: float
     beta: float
     activation: float | None = None
+    synchronization: float = 0.0
 
     def __post_init__(self):
         for name, value in (("alpha", self.alpha), ("beta", self.beta),
-                            ("activation", self.hop)):
+                            ("activation", self.hop), ("synchronization", self.synchronization)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
@@ -74,6 +88,12 @@ class Network:
     def hop(self) -> float:
         """Seconds per level of an activation tree."""
         return self.alpha if self.activation is None else self.activation
+
+    def synchronized(self, cost: "GlobalAllreduce") -> "GlobalAllreduce":
+        """``cost``, a collective over all ranks, with :attr:`synchronization` added after its end."""
+        if cost.straggler_aware:
+            return replace(cost, after_straggler=cost.after_straggler + self.synchronization)
+        return replace(cost, after_last=cost.after_last + self.synchronization)
 
     def message(self, nbytes: float) -> float:
         """One point-to-point message."""
