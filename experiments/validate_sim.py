@@ -50,7 +50,7 @@ from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import Network, Scenario, save, simulate
 
-__all__ = ["FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "SETTINGS", "REPEATS", "SYNCHRONIZATION", "after_last_arrival",
+__all__ = ["FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "REPEATS", "SETTINGS", "SYNCHRONIZATION", "after_last_arrival",
            "figure10_sensitivity", "main", "measured_networks", "paper_throughput", "pingpong_network",
            "synchronization_cost", "validate"]
 
