@@ -50,9 +50,9 @@ from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import Network, Scenario, save, simulate
 
-__all__ = ["FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "REPEATS", "SETTINGS", "SYNCHRONIZATION", "after_last_arrival",
-           "figure10_sensitivity", "main", "measured_networks", "paper_throughput", "pingpong_network",
-           "synchronization_cost", "validate"]
+__all__ = ["ABLATIONS", "FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "REPEATS", "SETTINGS", "SYNCHRONIZATION",
+           "after_last_arrival", "figure10_sensitivity", "main", "measured_networks", "paper_throughput",
+           "pingpong_network", "synchronization_cost", "validate"]
 
 SKIP = 5                 # the sweep's table leaves out its first 5 steps
 TOLERANCE = 0.15         # the issue's bound on |simulated / measured - 1|
@@ -123,15 +123,19 @@ def after_last_arrival(run):
     return float(np.mean(clock - (clock - comm).max(axis=0)))
 
 
+def _messages(run, network):
+    """Seconds the run's allreduce (its whole buffer) takes on ``network``'s alpha and beta."""
+    return network.allreduce(int(run.attrs["ranks"]), int(run.attrs["parameters"]) * 4).after_last
+
+
 def synchronization_cost(run, network):
     """``Network.synchronization`` at the run's rank count: its
     :func:`after_last_arrival` less what the allreduce's messages take on
-    ``network`` (the alpha-beta time the simulator already charges)."""
-    messages = network.allreduce(int(run.attrs["ranks"]), int(run.attrs["parameters"]) * 4).after_last
-    return max(after_last_arrival(run) - messages, 0.0)
+    ``network`` (the alpha-beta time the simulator charges apart)."""
+    return max(after_last_arrival(run) - _messages(run, network), 0.0)
 
 
-def synchronization_runs(folder, sizes):
+def _synchronization_runs(folder, sizes):
     """The Allreduce-SGD runs without compute imbalance at each of ``sizes``, by rank count."""
     runs = {}
     for ranks in sizes:
@@ -148,94 +152,41 @@ def _network(networks, run):
     return networks[int(run.attrs["ranks"]), "yield" if run.attrs["algorithm"] in YIELDING else "spin"]
 
 
-def _pairs(measured_rows, simulated):
-    """``(key, measured row, simulated row)`` per algorithm and P, sorted:
-    ``measured_rows`` from :func:`~wagma.analysis.table.compare` of the
-    measured runs, ``simulated`` the runs that predict them."""
-    simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
-    return [(key, measured_rows[key], simulated_rows[key]) for key in sorted(measured_rows)]
-
-
 def measured_networks(sizes, pingpong_dir=PINGPONG, synchronization_dir=SYNCHRONIZATION):
-    """``{(P, waits): Network}`` for each P of ``sizes`` and both waits:
-    :func:`pingpong_network` with the ``synchronization`` of
-    :func:`synchronization_cost` (its allreduce's messages on the spinning
-    network, as Allreduce-SGD's background thread waits), and the runs
-    that measured it, by P."""
-    alone = synchronization_runs(synchronization_dir, sizes)
+    """``(networks, runs)``: ``{(P, waits): Network}`` for each P of ``sizes``
+    and both waits, :func:`pingpong_network` with the ``synchronization``
+    of :func:`synchronization_cost` (its allreduce's messages on the
+    spinning network, as Allreduce-SGD's background thread waits), and the
+    runs that measured that cost, by P."""
+    alone = _synchronization_runs(synchronization_dir, sizes)
     cost = {p: synchronization_cost(alone[p], pingpong_network(pingpong_dir, p, "spin")) for p in sizes}
     networks = {(p, w): replace(pingpong_network(pingpong_dir, p, w), synchronization=cost[p])
                 for p in sizes for w in ("spin", "yield")}
     return networks, alone
 
 
-def _network_lines(networks, alone, runs, synchronization_dir):
-    sweep = {int(r.attrs["ranks"]): after_last_arrival(r) for r in runs if r.attrs["algorithm"] == "allreduce_sgd"}
-    lines = ["Nothing fitted: each run simulated on its own measured compute times, with alpha and beta "
-             "from `collectives.bench pingpong` at its rank count (every pair at once, waiting as its "
-             f"algorithm's messages wait: yielding for {', '.join(sorted(YIELDING))}, spinning for the "
-             f"others), activations taking that alpha plus {POLL * 1e3:.0f} ms (the poll's wait) per tree "
-             "level, and what a collective over all ranks costs beyond its messages (the update and the "
-             "Python of P ranks at once on the node's cores), measured without imbalance: Allreduce-SGD "
-             "with 100 ms of compute and no delays, from the last rank's arrival to the step's end, less "
-             f"the allreduce's alpha-beta time (`{synchronization_dir}`). The sweep's own figure, beside "
-             "it, is not used.", "",
-             "| P | waits | alpha (us) | 1/beta (GB/s) | activation hop (ms) |", "|---:|---|---:|---:|---:|"]
-    for (p, w), net in sorted(networks.items()):
-        lines.append(f"| {p} | {w} | {net.alpha * 1e6:.1f} | "
-                     f"{1 / net.beta / 1e9 if net.beta else float('inf'):.2f} | {net.hop * 1e3:.2f} |")
-    lines += ["", "| P | after the last arrival, no imbalance (ms) | allreduce's messages (ms) | "
-              "synchronization (ms) | after the last arrival in the sweep (ms) |", "|---:|---:|---:|---:|---:|"]
-    for p in sorted(alone):
-        measured, synchronization = after_last_arrival(alone[p]), networks[p, "spin"].synchronization
-        lines.append(f"| {p} | {measured * 1e3:.1f} | {(measured - synchronization) * 1e3:.1f} | "
-                     f"{synchronization * 1e3:.1f} | {sweep[p] * 1e3:.1f} |")
-    return lines
-
-
-#: More runs of the sweep's WAGMA-SGD at 16 ranks, whose stale fractions
-#: show how much one run's varies; predicted like the sweep's.
+#: More runs of the sweep's WAGMA-SGD at 16 ranks, measured after the model
+#: was settled (``experiments.campaign sweep --algos wagma --ranks 16``, one
+#: folder each): how much one run's stale fraction varies, predicted like the sweep's.
 REPEATS = os.path.join("results", "sweep-repeats")
 
 
-def validate(measured_dir, out_dir, pingpong_dir=PINGPONG, synchronization_dir=SYNCHRONIZATION, repeats_dir=REPEATS):
-    """Simulate every complete emulated run of ``measured_dir`` with nothing
-    fitted (see the module); save the simulated runs in ``out_dir/validation``.
-    WAGMA-SGD's runs in ``repeats_dir`` (if it exists) have their stale
-    fractions predicted too.  Returns the tables' text, the largest |error|
-    of a throughput, a throughput ratio to Allreduce-SGD or a stale
-    fraction, and the networks (:func:`measured_networks`)."""
-    runs, skipped = read_runs([measured_dir])
-    runs = [r for r in runs if r.attrs.get("status") == "complete" and r.attrs.get("compute") == "emulate"]
-    if skipped or not runs:
-        raise SystemExit(f"no complete emulated runs in {measured_dir} ({len(skipped)} unreadable)")
-    networks, alone = measured_networks(sorted({int(r.attrs["ranks"]) for r in runs}), pingpong_dir,
-                                        synchronization_dir)
-    simulated = []
-    for r in runs:
-        sim = simulate(r.attrs["algorithm"], _scenario(r, _network(networks, r)), skip=SKIP,
-                       compute=r.steps["compute_time"], **_options(r))
-        simulated.append(sim)
-        save(sim, os.path.join(out_dir, "validation", f"{r.attrs['algorithm']}_p{r.attrs['ranks']}.h5"))
-    lines = _network_lines(networks, alone, runs, synchronization_dir)
-    lines += ["", "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
-              "simulated ratio | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    worst = 0.0
-    measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
-    for key, m, s in _pairs(measured_rows, simulated):
-        absolute, ratio = s["throughput"] / m["throughput"] - 1, s["speedup"] / m["speedup"] - 1
-        worst = max(worst, abs(absolute), abs(ratio))
-        lines.append(f"| {key[0]} | {key[1]} | {m['throughput']:.0f} | {s['throughput']:.0f} | "
-                     f"{100 * absolute:+.1f} % | {m['speedup']:.2f} | {s['speedup']:.2f} | {100 * ratio:+.1f} % |")
-    lines += ["", f"Largest |error| of a throughput or a ratio: {100 * worst:.1f} % (bound {100 * TOLERANCE:.0f} %)."]
-    predicted = sorted(((str(r.attrs["ranks"]), r, sim) for r, sim in zip(runs, simulated)
-                        if r.attrs["algorithm"] == "wagma"), key=lambda row: int(row[0]))
-    for r in read_runs([repeats_dir])[0] if os.path.isdir(repeats_dir) else []:
-        predicted.append((f"{r.attrs['ranks']} ({os.path.basename(r.path)})", r,
-                          simulate("wagma", _scenario(r, _network(networks, r)), compute=r.steps["compute_time"],
-                                   **_options(r))))
-    stale_lines, stale_worst = stale_fractions(predicted, networks)
-    return "\n".join(lines + [""] + stale_lines), max(worst, stale_worst), networks
+def _simulate(run, networks, traced=True, **change):
+    """``run`` simulated on its network (``change``: Network fields replaced)
+    and on its own compute times (``traced``) or the drawn ones."""
+    return simulate(run.attrs["algorithm"], _scenario(run, replace(_network(networks, run), **change)), skip=SKIP,
+                    compute=run.steps["compute_time"] if traced else None, **_options(run))
+
+
+def _throughput_rows(measured_rows, simulated):
+    """``(key, measured row, simulated row, throughput error, ratio error)``
+    per algorithm and P, sorted: ``measured_rows`` from
+    :func:`~wagma.analysis.table.compare` of the measured runs, ``simulated``
+    the runs that predict them."""
+    simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
+    return [(key, m, simulated_rows[key], simulated_rows[key]["throughput"] / m["throughput"] - 1,
+             simulated_rows[key]["speedup"] / m["speedup"] - 1)
+            for key, m in sorted(measured_rows.items())]
 
 
 def _group_steps(run):
@@ -243,40 +194,134 @@ def _group_steps(run):
     return [t for t in range(SKIP, int(run.attrs["steps_planned"])) if (t + 1) % tau]
 
 
-def stale_fractions(predicted, networks):
-    """Table lines and the largest relative error of WAGMA-SGD's stale
-    fraction; ``predicted``: ``(label, measured run, simulated run)`` rows.
+def _stale(run, steps):
+    return float(np.mean(np.asarray(run.steps["stale"])[:, steps]))
 
-    A rank is stale at a group step when the first rank to arrive has
-    activated the version and the activation has reached it before it
-    arrives.  Ranks that injected no delay all arrive within the compute's
-    jitter of each other, so whether they are stale depends on that jitter
-    against the activation's time per tree level.  The simulator's drawn
-    compute has no jitter (every undelayed rank arrives at once, and only
-    the delayed ranks and those behind them are stale): the table shows it
-    beside the prediction, which runs on each measured run's own compute
-    times (the emulated sleep overshoots by 1 ms at 4 ranks to 8 ms at 32
-    on 2 cores).
-    """
-    lines = ["WAGMA-SGD's stale fraction over its group steps: measured; simulated on the drawn compute "
-             "(no jitter); simulated on the run's measured compute times (the error is this one's).", "",
-             "| P | measured | simulated, drawn compute | simulated, measured compute | error |",
-             "|---:|---:|---:|---:|---:|"]
-    worst = 0.0
-    for label, run, traced in predicted:
-        options = _options(run)
-        if not options.get("wait_avoiding", True):
-            continue
+
+def _stale_rows(labelled, simulated):
+    """``(label, measured, simulated, error)`` of WAGMA-SGD's stale fraction
+    over its group steps; ``labelled``: ``(label, run)``, ``simulated`` the
+    runs that predict them."""
+    rows = []
+    for (label, run), sim in zip(labelled, simulated):
         steps = _group_steps(run)
-        measured = float(np.mean(run.steps["stale"][:, steps]))
-        drawn = simulate("wagma", _scenario(run, _network(networks, run)), **options)
-        fractions = [float(np.mean(np.asarray(sim.steps["stale"])[:, steps])) for sim in (drawn, traced)]
-        error = fractions[1] / measured - 1 if measured else 0.0
-        worst = max(worst, abs(error))
-        lines.append(f"| {label} | {measured:.3f} | {fractions[0]:.3f} | {fractions[1]:.3f} | "
-                     f"{100 * error:+.1f} % |")
-    lines += ["", f"Largest |error| of a stale fraction: {100 * worst:.1f} % (bound {100 * TOLERANCE:.0f} %)."]
-    return lines, worst
+        measured, predicted = _stale(run, steps), _stale(sim, steps)
+        rows.append((label, measured, predicted, predicted / measured - 1 if measured else 0.0))
+    return rows
+
+
+def _repeats(folder):
+    """The complete emulated WAGMA-SGD runs in ``folder`` (None: none)."""
+    if folder is None:
+        return []
+    if not os.path.isdir(folder):
+        raise SystemExit(f"--repeats: no folder {folder} (pass '' for none)")
+    runs, skipped = read_runs([folder])
+    wrong = [r.path for r in runs if not (r.attrs.get("algorithm") == "wagma" and r.attrs.get("status") == "complete"
+                                          and r.attrs.get("compute") == "emulate")]
+    if skipped or wrong or not runs:
+        raise SystemExit(f"--repeats {folder}: expected complete emulated WAGMA-SGD runs; unreadable: "
+                         f"{[path for path, _ in skipped]}, not such runs: {wrong}")
+    return runs
+
+
+#: What :func:`validate`'s ablation table changes, one at a time: ``(label,
+#: on the measured compute times, Network fields replaced)``.
+ABLATIONS = [
+    ("as measured (the tables above)", True, {}),
+    ("no synchronization cost", True, {"synchronization": 0.0}),
+    (f"activation hop {POLL * 1e3:.0f} ms, without its message's alpha", True, {"activation": POLL}),
+    (f"activation hop {POLL / 2 * 1e3:.0f} ms", True, {"activation": POLL / 2}),
+    ("drawn compute (no jitter) instead of the measured", False, {}),
+]
+
+
+def _worst(rows, value):
+    """``(largest |value|, its row's label)``."""
+    row = max(rows, key=lambda r: abs(value(r)))
+    return abs(value(row)), row[0]
+
+
+def _network_lines(networks, alone, runs, synchronization_dir):
+    """The measured parameters: the ping-pong's networks and the synchronization cost, by P."""
+    sweep = {int(r.attrs["ranks"]): after_last_arrival(r) for r in runs if r.attrs["algorithm"] == "allreduce_sgd"}
+    lines = ["Nothing fitted: each run simulated on its own measured compute times, with alpha and beta "
+             "from `collectives.bench pingpong` at its rank count (every pair at once, waiting as its "
+             f"algorithm's messages wait: yielding for {', '.join(sorted(YIELDING))}, spinning for the "
+             f"others), activations taking that alpha plus {POLL * 1e3:.0f} ms (the poll's wait) per tree "
+             "level, and what a collective over all ranks costs beyond its messages once every rank is "
+             "there (the ranks' arithmetic, threads, updates and Python at once on the node's cores), "
+             "measured without imbalance: Allreduce-SGD with 100 ms of compute and no delays, from the last "
+             "rank's arrival to the step's end, less the allreduce's alpha-beta time "
+             f"(`{synchronization_dir}`). The sweep's own figure, beside it, is not used.", "",
+             "| P | waits | alpha (us) | 1/beta (GB/s) | activation hop (ms) |", "|---:|---|---:|---:|---:|"]
+    for (p, w), net in sorted(networks.items()):
+        lines.append(f"| {p} | {w} | {net.alpha * 1e6:.1f} | "
+                     f"{1 / net.beta / 1e9 if net.beta else float('inf'):.2f} | {net.hop * 1e3:.2f} |")
+    lines += ["", "| P | after the last arrival, no imbalance (ms) | allreduce's messages (ms) | "
+              "synchronization (ms) | after the last arrival in the sweep (ms) |", "|---:|---:|---:|---:|---:|"]
+    for p in sorted(alone):
+        in_sweep = f"{sweep[p] * 1e3:.1f}" if p in sweep else "-"
+        lines.append(f"| {p} | {after_last_arrival(alone[p]) * 1e3:.1f} | "
+                     f"{_messages(alone[p], networks[p, 'spin']) * 1e3:.1f} | "
+                     f"{networks[p, 'spin'].synchronization * 1e3:.1f} | {in_sweep} |")
+    return lines
+
+
+def validate(measured_dir, out_dir, pingpong_dir=PINGPONG, synchronization_dir=SYNCHRONIZATION, repeats_dir=REPEATS):
+    """Simulate every complete emulated run of ``measured_dir`` with nothing
+    fitted (see the module) and save the simulated runs in
+    ``out_dir/validation``; WAGMA-SGD's runs in ``repeats_dir`` (None: none)
+    have their stale fractions predicted too.  Returns the tables' text, the
+    largest |error| of a throughput, a throughput ratio to Allreduce-SGD or
+    a stale fraction, and the networks of :func:`measured_networks`."""
+    runs, skipped = read_runs([measured_dir])
+    runs = [r for r in runs if r.attrs.get("status") == "complete" and r.attrs.get("compute") == "emulate"]
+    if skipped or not runs:
+        raise SystemExit(f"no complete emulated runs in {measured_dir} ({len(skipped)} unreadable)")
+    wagma = sorted(((str(r.attrs["ranks"]), r) for r in runs if r.attrs["algorithm"] == "wagma"
+                    and _options(r).get("wait_avoiding", True)), key=lambda pair: int(pair[0]))
+    wagma += [(f"{r.attrs['ranks']} ({os.path.basename(r.path)})", r) for r in _repeats(repeats_dir)]
+    networks, alone = measured_networks(sorted({int(r.attrs["ranks"]) for r in runs}), pingpong_dir,
+                                        synchronization_dir)
+    measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
+    simulated = [_simulate(r, networks) for r in runs]
+    for r, sim in zip(runs, simulated):
+        save(sim, os.path.join(out_dir, "validation", f"{r.attrs['algorithm']}_p{r.attrs['ranks']}.h5"))
+    throughput = _throughput_rows(measured_rows, simulated)
+    stale = _stale_rows(wagma, [_simulate(r, networks) for _, r in wagma])
+    drawn = _stale_rows(wagma, [_simulate(r, networks, traced=False) for _, r in wagma])
+    worst = max(max(max(abs(row[3]), abs(row[4])) for row in throughput), max(abs(row[3]) for row in stale))
+    lines = _network_lines(networks, alone, runs, synchronization_dir)
+    lines += ["", "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
+              "simulated ratio | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, m, s, absolute, ratio in throughput:
+        lines.append(f"| {key[0]} | {key[1]} | {m['throughput']:.0f} | {s['throughput']:.0f} | "
+                     f"{100 * absolute:+.1f} % | {m['speedup']:.2f} | {s['speedup']:.2f} | {100 * ratio:+.1f} % |")
+    lines += ["", "WAGMA-SGD's stale fraction over its group steps (a rank is stale when the first rank's "
+              "activation reaches it before it arrives): measured; simulated on the run's measured compute "
+              "times (the prediction); simulated on the drawn compute, which has no jitter: every undelayed "
+              "rank arrives at once, and only the delayed ranks and those behind them are stale.", "",
+              "| P | measured | simulated | error | simulated, drawn compute |", "|---:|---:|---:|---:|---:|"]
+    for (label, measured, predicted, error), (*_, without_jitter, _) in zip(stale, drawn):
+        lines.append(f"| {label} | {measured:.3f} | {predicted:.3f} | {100 * error:+.1f} % | {without_jitter:.3f} |")
+    lines += ["", f"Largest |error| of a throughput, a ratio or a stale fraction: {100 * worst:.1f} % "
+              f"(bound {100 * TOLERANCE:.0f} %).", ""] + _ablation_lines(runs, wagma, measured_rows, networks)
+    return "\n".join(lines), worst, networks
+
+
+def _ablation_lines(runs, wagma, measured_rows, networks):
+    """The ablation table: the largest errors with each of :data:`ABLATIONS` applied alone."""
+    lines = ["What each measured term does: the largest |error| with one of them changed, the rest as measured.",
+             "", "| change | throughput | ratio to Allreduce-SGD | stale fraction |", "|---|---:|---:|---:|"]
+    for label, traced, change in ABLATIONS:
+        throughput = _throughput_rows(measured_rows, [_simulate(r, networks, traced, **change) for r in runs])
+        stale = _stale_rows(wagma, [_simulate(r, networks, traced, **change) for _, r in wagma])
+        cells = [_worst([(f"{k[0]} at {k[1]}", a) for k, _, _, a, _ in throughput], lambda r: r[1]),
+                 _worst([(f"{k[0]} at {k[1]}", q) for k, _, _, _, q in throughput], lambda r: r[1]),
+                 _worst([(f"P = {row[0]}", row[3]) for row in stale], lambda r: r[1])]
+        lines.append(f"| {label} | " + " | ".join(f"{100 * v:.1f} % ({where})" for v, where in cells) + " |")
+    return lines
 
 
 #: The paper's two throughput settings; figure10's compute model is the one of
@@ -420,11 +465,12 @@ def main(argv=None) -> int:
                         help="folder of the Allreduce-SGD runs without imbalance that measure a global "
                              "synchronization's cost, one per rank count")
     parser.add_argument("--repeats", default=REPEATS,
-                        help="folder of more WAGMA-SGD runs of the sweep whose stale fractions are predicted too")
+                        help="folder of more WAGMA-SGD runs of the sweep whose stale fractions are predicted too "
+                             "('': none)")
     parser.add_argument("--out", default=os.path.join("results", "sim"),
                         help="folder for validation.md, paper.md and the simulated runs")
     args = parser.parse_args(argv)
-    table, worst, _ = validate(args.measured, args.out, args.pingpong, args.synchronization, args.repeats)
+    table, worst, _ = validate(args.measured, args.out, args.pingpong, args.synchronization, args.repeats or None)
     comparison = paper() + "\n\n" + "\n".join(figure10_sensitivity())
     for name, text in (("validation.md", table), ("paper.md", comparison)):
         path = os.path.join(args.out, name)

@@ -1,7 +1,6 @@
 """The scale simulator (wagma.sim): closed forms, the algorithms' waiting rules, files, CLI, validation."""
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def test_the_global_allreduce_follows_the_runtimes_schedule_choice():
     assert np.allclose(step_times(small), 0.1 + 3 * NET.message(4 * SMALL))
     # Buckets: one allreduce per 25 MiB bucket, one after another.
     bucketed = simulate("allreduce_sgd", scenario(parameters=10_000_000), bucket_cap_mb=25.0)
-    cap = 25 * 2**20
+    cap = 25_000_000
     buckets = [cap, 40_000_000 - cap]
     assert np.allclose(step_times(bucketed), 0.1 + sum(rhd_time(8, b, NET.alpha, NET.beta) for b in buckets))
 
@@ -183,11 +182,13 @@ def test_eager_sgd_majority_does_not_wait_for_a_minority_of_late_ranks():
 
 
 def test_a_synchronization_cost_is_added_to_every_collective_over_all_ranks_and_to_nothing_else():
-    """Network.synchronization: the work every rank does at once after a
-    collective over all ranks (issue 22, point 5).  It lengthens
-    Allreduce-SGD's steps, local SGD's and WAGMA-SGD's every-tau average,
-    eager-SGD's versions and hierarchical SGD's level of all ranks by
-    exactly itself; a group's, a pair's and a neighbour's exchanges not."""
+    """Network.synchronization: what a collective over all ranks costs
+    beyond its messages once every rank is there, the ranks sharing the
+    cores (issue 22, point 5).  It lengthens Allreduce-SGD's steps (once,
+    whatever the buckets), local SGD's and WAGMA-SGD's every-tau average
+    (StragglAR's and a predicted one too), eager-SGD's versions and
+    hierarchical SGD's level of all ranks by exactly itself; a group's, a
+    pair's and a neighbour's exchanges not, and one rank not at all."""
     extra = 0.25
     slow = Network(NET.alpha, NET.beta, synchronization=extra)
 
@@ -208,8 +209,13 @@ def test_a_synchronization_cost_is_added_to_every_collective_over_all_ranks_and_
     levels = np.zeros((8, 20))
     levels[:, [0, 10]] = extra                                               # the level of 8; the groups of 4 not
     assert np.allclose(both("hierarchical_sgd", period_group_size_dict={2: 4, 10: 8}, warmup_steps=0), levels)
+    assert np.allclose(both("hierarchical_sgd", collective="stragglar", period_group_size_dict={2: 4, 10: 8},
+                            warmup_steps=0), levels)
+    assert np.allclose(both("local_sgd", period=5, sync="stragglar")[:, [4, 9, 14, 19]], extra)
     for algorithm, options in (("dpsgd", {}), ("sgp", {"peers": 2}), ("adpsgd", {})):
         assert np.allclose(both(algorithm, **options), 0.0), algorithm
+    alone = simulate("allreduce_sgd", Scenario(ranks=1, steps=5, network=slow, parameters=SMALL, compute_ms=100.0))
+    assert np.allclose(step_times(alone), 0.1)                          # one rank: no collective, nothing to share
     with pytest.raises(ValueError, match="synchronization must be a finite number >= 0, got -1"):
         Network(NET.alpha, NET.beta, synchronization=-1)
 
@@ -224,6 +230,18 @@ def test_hierarchical_sgd_averages_the_largest_firing_level_in_consecutive_group
     # Rank 1 started step 2 0.1 s after its group and took 0.1 s longer.
     assert np.allclose(steps[[0, 2, 3], 2], 0.3 + four) and np.allclose(steps[1, 2], 0.2 + four)
     assert np.allclose(steps[4:, 2], 0.1 + four)
+
+
+def test_hierarchical_sgds_groups_run_the_runtimes_allreduce_when_the_global_one_is_stragglar():
+    """StragglAR is planned for one straggler among all P ranks; a level of
+    fewer ranks runs the runtime's choice (RHD here), not a free allreduce."""
+    levels = {2: 4, 10: 8}
+    auto = step_times(simulate("hierarchical_sgd", scenario(steps=12), period_group_size_dict=levels,
+                               warmup_steps=0))
+    stragglar = step_times(simulate("hierarchical_sgd", scenario(steps=12, collective="stragglar"),
+                                    period_group_size_dict=levels, warmup_steps=0))
+    four = rhd_time(4, 4 * BIG, NET.alpha, NET.beta)
+    assert np.allclose(stragglar[:, 2], 0.1 + four) and np.allclose(stragglar[:, 2], auto[:, 2])
 
 
 def test_stragglar_hides_the_reduce_scatter_behind_a_late_rank():
@@ -499,7 +517,8 @@ def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, ca
     (["--algo", "local_sgd", "--sync", "gossip"], "sync must be one of allreduce, stragglar, got 'gossip'"),
     (["--ranks", "6", "--algo", "wagma"], "power of two"),
     (["--beta-gbps", "0"], "--beta-gbps > 0"),
-    (["--synchronization-ms", "-1"], "--synchronization-ms must be >= 0, got -1"),
+    (["--synchronization-ms", "-1"], "--synchronization-ms must be a finite number >= 0, got -1"),
+    (["--synchronization-ms", "inf"], "--synchronization-ms must be a finite number >= 0, got inf"),
     (["--ranks", "4,x"], "expected comma-separated integers"),
 ])
 def test_the_cli_refuses_bad_input_with_a_message(argv, message, capsys):
@@ -540,13 +559,15 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
     and WAGMA-SGD's stale fraction are within 15 % of the measured sweep at
     4 to 32 ranks, hierarchical SGD and eager-SGD with its carry-over among
     them."""
-    from experiments.validate_sim import TOLERANCE, validate
-    table, worst, networks = validate(str(ROOT / "results" / "sweep"), str(tmp_path))
+    from experiments.validate_sim import ABLATIONS, TOLERANCE, validate
+    results = ROOT / "results"
+    table, worst, networks = validate(str(results / "sweep"), str(tmp_path), str(results / "pingpong"),
+                                      str(results / "synchronization"), str(results / "sweep-repeats"))
     assert worst <= TOLERANCE, table
     for algorithm in ("wagma", "hierarchical_sgd", "eager_sgd", "allreduce_sgd", "adpsgd", "dpsgd", "sgp",
                       "local_sgd"):
         assert table.count(f"| {algorithm} |") == 4, algorithm
-    assert "Largest |error| of a stale fraction" in table
+    assert "Largest |error| of a throughput, a ratio or a stale fraction" in table
     assert len(re.findall(r"^\| (4|8|16|32) \| 0\.\d{3} \|", table, re.M)) == 4
     assert len(re.findall(r"^\| 16 \(wagma_p16_run\d\.h5\) \| 0\.\d{3} \|", table, re.M)) == 3   # results/sweep-repeats
     # The ping-pong's alpha and beta at every rank count, both waits, and the measured synchronization.
@@ -555,6 +576,10 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
     # A synchronization of more ranks on the same 2 cores costs more: they share the cores.
     costs = [networks[p, "spin"].synchronization for p in (4, 8, 16, 32)]
     assert all(0 < a < b for a, b in zip(costs, costs[1:])), costs
+    # The ablation table: one row per change, the first the prediction above.
+    ablations = [line for line in table.split("What each measured term does")[1].splitlines()[4:] if line]
+    assert [line.split(" | ")[0][2:] for line in ablations] == [label for label, _, _ in ABLATIONS]
+    assert f"{100 * worst:.1f} %" in ablations[0]
 
 
 def test_figure10_sensitivity_varies_one_assumption_at_a_time():

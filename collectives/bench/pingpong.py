@@ -14,8 +14,8 @@ trip of ``--mib`` MiB - alpha) / bytes; each the median over the pairs and
 repetitions.  On a machine with a core per rank these are the network's (or
 shared memory's); with more ranks than cores they include the time a woken
 rank waits for a core, which is what a message costs a run there.  These
-are the parameters of the simulator's physical network
-(``experiments.validate_sim``, :class:`wagma.sim.Network`).
+are the alpha and beta with which the simulator is validated against
+measured runs (``experiments.validate_sim``, :class:`wagma.sim.Network`).
 """
 
 import argparse

@@ -2,6 +2,7 @@
 the comparison table, optionally write run files and the throughput figure."""
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -89,8 +90,9 @@ def build_parser():
                    help="time an activation of the wait-avoiding collectives takes per tree level, "
                         "microseconds (the message and the receiving thread's polling) [the latency]")
     p.add_argument("--synchronization-ms", type=float, default=0.0,
-                   help="what a collective over all ranks costs beyond its messages: every rank's update and "
-                        "Python after it, done at once (wagma.sim.Network.synchronization) [0]")
+                   help="what a collective over all ranks costs beyond its messages once every rank is there: "
+                        "the ranks' arithmetic, updates and Python at once on shared cores "
+                        "(wagma.sim.Network.synchronization); the same at every --ranks [0: a core per rank]")
     p.add_argument("--collective", default="auto", choices=COLLECTIVES,
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
@@ -125,8 +127,8 @@ def main(argv=None) -> int:
         parser.error(f"--alpha-us must be >= 0 and --beta-gbps > 0, got {args.alpha_us} and {args.beta_gbps}")
     if args.activation_us is not None and not args.activation_us >= 0:
         parser.error(f"--activation-us must be >= 0, got {args.activation_us}")
-    if not args.synchronization_ms >= 0:
-        parser.error(f"--synchronization-ms must be >= 0, got {args.synchronization_ms}")
+    if not (math.isfinite(args.synchronization_ms) and args.synchronization_ms >= 0):
+        parser.error(f"--synchronization-ms must be a finite number >= 0, got {args.synchronization_ms}")
     try:
         network = Network(args.alpha_us * 1e-6, 1 / (args.beta_gbps * 1e9),
                           None if args.activation_us is None else args.activation_us * 1e-6,

@@ -61,7 +61,8 @@ class Scenario:
     Args:
         ranks: P.
         steps: T, steps per rank.
-        network: alpha and beta.
+        network: alpha, beta, the activation hop and the synchronization
+            cost (:class:`~wagma.sim.network.Network`).
         parameters: the model's parameter count; messages carry
             ``parameters * bytes_per_parameter`` bytes.
         imbalance: a :func:`wagma.imbalance.parse_imbalance` spec; its draws
@@ -189,11 +190,14 @@ def _options(algorithm, ranks, options):
 
 def _bucketed(scenario, cap_mb):
     """Allreduce-SGD's buckets, one allreduce after another (one for StragglAR), as a
-    :class:`~wagma.sim.network.GlobalAllreduce`."""
+    :class:`~wagma.sim.network.GlobalAllreduce`.  A bucket holds up to
+    ``cap_mb`` MB of 10^6 bytes, the runtime's unit; the runtime closes a
+    bucket at a parameter's boundary, which a parameter count does not
+    tell, so here every bucket but the last is full."""
     net, total = scenario.network, scenario.nbytes
     if scenario.collective == "stragglar":
         return net.allreduce(scenario.ranks, total, "stragglar")
-    cap = max(1, int(cap_mb * 2**20))
+    cap = max(1, int(cap_mb * 1e6))
     sizes = [cap] * (total // cap) + ([total % cap] if total % cap else [])
     return GlobalAllreduce(sum(net.allreduce(scenario.ranks, s, scenario.collective).after_last for s in sizes))
 
@@ -215,10 +219,12 @@ def _prediction(scenario, options, tau, fallback):
     synchronization runs (Allreduce-SGD's gradients too: one StragglAR, not
     one per bucket).  ``fallback``: the seconds of the allreduce run while
     no rank is predicted, as the runtime measures it (on the rank that
-    arrived last: it did not wait)."""
+    arrived last: it did not wait), the network's synchronization cost
+    included: the runtime times the allreduce with the ranks' contention
+    for the cores in it."""
     p = scenario.ranks
     net = scenario.network
-    planned = net.synchronized(net.allreduce(p, scenario.nbytes, "stragglar")).as_tuple()
+    planned = net.synchronized(net.allreduce(p, scenario.nbytes, "stragglar"), p).as_tuple()
     if options.get("sync") != "stragglar":
         return (planned, *kernels.no_prediction(p))
     if scenario.min_lead_s is None:
@@ -236,15 +242,13 @@ def _run_kernel(algorithm, scenario, options, compute):
     nothing is ever stale), and the predictor's log, :data:`STRAGGLER_COLUMNS`
     (None without ``sync="stragglar"``)."""
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
-    allreduce = net.allreduce(p, nbytes, scenario.collective)
-    everyone = net.synchronized(allreduce).as_tuple()
+    everyone = net.synchronized(net.allreduce(p, nbytes, scenario.collective), p).as_tuple()
     if algorithm not in SYNCED:
         return (*_other_kernel(algorithm, scenario, options, compute, everyone), None)
     tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm == "local_sgd" else "tau"]
     if algorithm == "allreduce_sgd":
-        allreduce = _bucketed(scenario, options["bucket_cap_mb"])
-        everyone = net.synchronized(allreduce).as_tuple()
-    prediction = _prediction(scenario, options, tau, allreduce.after_last)
+        everyone = net.synchronized(_bucketed(scenario, options["bucket_cap_mb"]), p).as_tuple()
+    prediction = _prediction(scenario, options, tau, everyone[0])
     stale = age = None
     if algorithm == "allreduce_sgd":
         clock = kernels.local_sgd(compute, 1, everyone, *prediction)
@@ -279,12 +283,16 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
         activation = (p - 1).bit_length() * net.hop
-        cost = float(net.butterfly_phases(p, nbytes)[1].sum()) + net.synchronization   # the group allreduce, S = P
+        cost = float(net.butterfly_phases(p, nbytes)[1].sum())     # the group allreduce with S = P
+        cost += net.synchronization if p > 1 else 0.0
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
     sizes = np.array(list(levels.values()), dtype=np.int64)
-    costs = np.array([net.allreduce(int(g), nbytes, scenario.collective).after_last for g in sizes])
+    # A level of fewer ranks runs the runtime's choice where the scenario's collective is StragglAR
+    # (planned for one straggler of all P ranks; its after_last is 0, the rounds' cost is apart).
+    group = "auto" if scenario.collective == "stragglar" else scenario.collective
+    costs = np.array([net.allreduce(int(g), nbytes, group).after_last for g in sizes])
     return kernels.hierarchical_sgd(compute, periods, sizes, costs, options["warmup_steps"], everyone), None, None
 
 

@@ -61,16 +61,20 @@ class Network:
     alpha (a thread that is always polling).
 
     ``synchronization`` (seconds): what a collective over all P ranks costs
-    beyond its messages, once it has ended: every rank's work after it (the
-    optimizer update, the step's Python, threads woken).  All P ranks leave
-    such a collective at the same instant and do that work at once, so where
-    they outnumber the cores they share them, and the cost grows with P.
-    The simulator adds it to Allreduce-SGD's steps, the every-tau average
-    of local SGD and WAGMA-SGD, hierarchical SGD's levels of all ranks and
-    eager-SGD's versions, and to nothing else: a group's, a pair's or a
-    neighbour's exchange releases fewer ranks, and the measured runs
-    (``experiments.validate_sim``) need no term there.  0: a core per rank,
-    the work negligible against the step.
+    beyond its alpha-beta messages, from the last rank's arrival to the end
+    of the step: the collective's arithmetic and threads, the optimizer
+    update and the step's Python.  All P ranks do that work at the same
+    time, so where they outnumber the cores they share them, and the cost
+    grows with P (measured on 2 cores: 13 ms at 4 ranks, 155 ms at 32,
+    where the messages take 0.5 and 7; ``experiments.validate_sim``).  The
+    simulator adds it to the end of Allreduce-SGD's steps, of the every-tau
+    average of local SGD and WAGMA-SGD, of hierarchical SGD's levels of all
+    ranks and of eager-SGD's versions (a rank later than a version's end
+    does not pay it: it arrives alone).  It adds it to nothing else: a
+    group's, a pair's or a neighbour's exchange involves fewer ranks at
+    once, and the measured runs need no term there; EnsembleSync, not
+    validated against measured runs, gets none.  0: a core per rank, the
+    work negligible against the step.
     """
 
     alpha: float
@@ -89,8 +93,11 @@ class Network:
         """Seconds per level of an activation tree."""
         return self.alpha if self.activation is None else self.activation
 
-    def synchronized(self, cost: "GlobalAllreduce") -> "GlobalAllreduce":
-        """``cost``, a collective over all ranks, with :attr:`synchronization` added after its end."""
+    def synchronized(self, cost: "GlobalAllreduce", ranks: int) -> "GlobalAllreduce":
+        """``cost``, a collective over all ``ranks``, with :attr:`synchronization`
+        added to its end (nothing on one rank: no collective runs)."""
+        if ranks <= 1:
+            return cost
         if cost.straggler_aware:
             return replace(cost, after_straggler=cost.after_straggler + self.synchronization)
         return replace(cost, after_last=cost.after_last + self.synchronization)
