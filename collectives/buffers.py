@@ -22,6 +22,7 @@ __all__ = [
     "BufferInfo",
     "address",
     "copy_into",
+    "copy_of",
     "empty_like",
     "FlatBuffer",
     "SUPPORTED_DTYPES",
@@ -284,6 +285,13 @@ def empty_like(data):
     if isinstance(data, np.ndarray):
         return np.empty_like(data)
     return _torch_or_none().empty_like(data)
+
+
+def copy_of(data):
+    """A new buffer of the same library, dtype, shape and device holding a copy of ``data``."""
+    buffer = empty_like(data)
+    copy_into(buffer, data)
+    return buffer
 
 
 def zeros_like(data):

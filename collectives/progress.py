@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .activation import ActivationState, version_from_tag, version_tag
 from .backoff import Backoff
-from .buffers import address, copy_into, empty_like, zeros_like
+from .buffers import address, copy_into, copy_of, empty_like, zeros_like
 
 __all__ = ["ProgressEngine"]
 
@@ -110,8 +110,7 @@ class ProgressEngine:
         self._messaging = threading.Lock()
         self._wake = threading.Event()
         # Shared with the main thread (under _lock).
-        self._published = empty_like(like)
-        copy_into(self._published, like)
+        self._published = copy_of(like)
         self._published_iteration = first_iteration - 1
         self._carry_over = carry_over
         # carry_over: whether a version has read the published contribution
@@ -200,9 +199,7 @@ class ProgressEngine:
         with self._lock:
             if not self._carry_over or self._consumed:
                 return None
-            copy = empty_like(self._published)
-            copy_into(copy, self._published)
-            return copy
+            return copy_of(self._published)
 
     def _result(self, t: int):
         with self._done:

@@ -210,6 +210,18 @@ def _stale_rows(labelled, simulated):
     return rows
 
 
+def _predict(runs, wagma, measured_rows, networks, traced=True, **change):
+    """``(simulated runs, throughput rows, stale rows)``: ``runs`` and the
+    ``(label, run)`` pairs of ``wagma`` simulated by :func:`_simulate` with
+    ``traced`` and ``change``, each run once (the sweep's WAGMA-SGD runs are
+    in both), set beside ``measured_rows``."""
+    simulated = [_simulate(r, networks, traced, **change) for r in runs]
+    of = {id(r): sim for r, sim in zip(runs, simulated)}
+    stale = _stale_rows(wagma, [of[id(r)] if id(r) in of else _simulate(r, networks, traced, **change)
+                                for _, r in wagma])
+    return simulated, _throughput_rows(measured_rows, simulated), stale
+
+
 def _repeats(folder):
     """The complete emulated WAGMA-SGD runs in ``folder`` (None: none)."""
     if folder is None:
@@ -226,7 +238,9 @@ def _repeats(folder):
 
 
 #: What :func:`validate`'s ablation table changes, one at a time: ``(label,
-#: on the measured compute times, Network fields replaced)``.
+#: on the measured compute times, Network fields replaced)``; the first is
+#: the prediction itself, the one without measured compute gives the stale
+#: table's drawn column.
 ABLATIONS = [
     ("as measured (the tables above)", True, {}),
     ("no synchronization cost", True, {"synchronization": 0.0}),
@@ -285,12 +299,12 @@ def validate(measured_dir, out_dir, pingpong_dir=PINGPONG, synchronization_dir=S
     networks, alone = measured_networks(sorted({int(r.attrs["ranks"]) for r in runs}), pingpong_dir,
                                         synchronization_dir)
     measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
-    simulated = [_simulate(r, networks) for r in runs]
+    predictions = {label: _predict(runs, wagma, measured_rows, networks, traced, **change)
+                   for label, traced, change in ABLATIONS}
+    simulated, throughput, stale = predictions[ABLATIONS[0][0]]
+    drawn = next(predictions[label][2] for label, traced, _ in ABLATIONS if not traced)
     for r, sim in zip(runs, simulated):
         save(sim, os.path.join(out_dir, "validation", f"{r.attrs['algorithm']}_p{r.attrs['ranks']}.h5"))
-    throughput = _throughput_rows(measured_rows, simulated)
-    stale = _stale_rows(wagma, [_simulate(r, networks) for _, r in wagma])
-    drawn = _stale_rows(wagma, [_simulate(r, networks, traced=False) for _, r in wagma])
     worst = max(max(max(abs(row[3]), abs(row[4])) for row in throughput), max(abs(row[3]) for row in stale))
     lines = _network_lines(networks, alone, runs, synchronization_dir)
     lines += ["", "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
@@ -306,17 +320,17 @@ def validate(measured_dir, out_dir, pingpong_dir=PINGPONG, synchronization_dir=S
     for (label, measured, predicted, error), (*_, without_jitter, _) in zip(stale, drawn):
         lines.append(f"| {label} | {measured:.3f} | {predicted:.3f} | {100 * error:+.1f} % | {without_jitter:.3f} |")
     lines += ["", f"Largest |error| of a throughput, a ratio or a stale fraction: {100 * worst:.1f} % "
-              f"(bound {100 * TOLERANCE:.0f} %).", ""] + _ablation_lines(runs, wagma, measured_rows, networks)
+              f"(bound {100 * TOLERANCE:.0f} %).", ""] + _ablation_lines(predictions)
     return "\n".join(lines), worst, networks
 
 
-def _ablation_lines(runs, wagma, measured_rows, networks):
-    """The ablation table: the largest errors with each of :data:`ABLATIONS` applied alone."""
+def _ablation_lines(predictions):
+    """The ablation table: the largest errors of :func:`_predict`'s
+    ``predictions`` (by label) with each of :data:`ABLATIONS` applied alone."""
     lines = ["What each measured term does: the largest |error| with one of them changed, the rest as measured.",
              "", "| change | throughput | ratio to Allreduce-SGD | stale fraction |", "|---|---:|---:|---:|"]
-    for label, traced, change in ABLATIONS:
-        throughput = _throughput_rows(measured_rows, [_simulate(r, networks, traced, **change) for r in runs])
-        stale = _stale_rows(wagma, [_simulate(r, networks, traced, **change) for _, r in wagma])
+    for label, _, _ in ABLATIONS:
+        _, throughput, stale = predictions[label]
         cells = [_worst([(f"{k[0]} at {k[1]}", a) for k, _, _, a, _ in throughput], lambda r: r[1]),
                  _worst([(f"{k[0]} at {k[1]}", q) for k, _, _, _, q in throughput], lambda r: r[1]),
                  _worst([(f"P = {row[0]}", row[3]) for row in stale], lambda r: r[1])]

@@ -283,8 +283,8 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
         activation = (p - 1).bit_length() * net.hop
-        cost = float(net.butterfly_phases(p, nbytes)[1].sum())     # the group allreduce with S = P
-        cost += net.synchronization if p > 1 else 0.0
+        group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))   # the group allreduce, S = P
+        cost = net.synchronized(group, p).after_last
         return kernels.eager_sgd(compute, quorum, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
