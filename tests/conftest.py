@@ -27,18 +27,19 @@ def shared_dir():
 
 @pytest.fixture
 def record_measurement(request):
-    """``record(name, value, bound)``: what a randomized test measured and
-    the bound it checks ``value`` against (``value < bound``), appended as a
-    JSON line to ``$WAGMA_TEST_MEASUREMENTS`` by rank 0 of COMM_WORLD when
-    that is set (scripts/repeat-mpi-tests sets it and tabulates the
-    distribution: the failure rates of issue 22, point 3); else nothing."""
+    """``record(name, value, bound, above=False)``: what a randomized or
+    timing-dependent test measured and the bound it checks ``value``
+    against (``value < bound``; with ``above``, ``value >= bound``),
+    appended as a JSON line to ``$WAGMA_TEST_MEASUREMENTS`` by rank 0 of
+    COMM_WORLD when that is set (scripts/repeat-mpi-tests sets it and
+    tabulates the distribution: results/failure-rates); else nothing."""
     path = os.environ.get("WAGMA_TEST_MEASUREMENTS")
 
-    def record(name, value, bound):
+    def record(name, value, bound, above=False):
         from mpi4py import MPI
         if path and MPI.COMM_WORLD.rank == 0:
             with open(path, "a") as out:
                 out.write(json.dumps({"test": request.node.nodeid, "name": name,
-                                      "ranks": MPI.COMM_WORLD.size,
-                                      "value": float(value), "bound": float(bound)}) + "\n")
+                                      "ranks": MPI.COMM_WORLD.size, "value": float(value),
+                                      "bound": float(bound), "above": bool(above)}) + "\n")
     return record

@@ -191,7 +191,7 @@ def test_wagma_with_both_switches_off_equals_local_sgd(comm):
 
 
 @needs_pow2
-@pytest.mark.parametrize("switch", ["group_averaging", "wait_avoiding"])
+@pytest.mark.parametrize("switch", ["group_averaging", pytest.param("wait_avoiding", marks=pytest.mark.timing)])
 def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_measurement):
     model = _mlp(seed=WORLD.rank)   # a different initial model on every rank
     initial = WORLD.allgather(_flat_params(model))
@@ -226,7 +226,7 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_me
 
 
 @needs_pow2
-@pytest.mark.parametrize("switch", ["group_averaging", "wait_avoiding"])
+@pytest.mark.parametrize("switch", ["group_averaging", pytest.param("wait_avoiding", marks=pytest.mark.timing)])
 def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
     """``fixed_groups`` (ablation 2) on both paths: with lr = 0 and no global
     average in 6 steps, a rank's model only mixes with iteration 0's group
@@ -381,6 +381,7 @@ def test_hierarchical_sgd_refuses_bad_levels(comm):
 EVEN = WORLD.size == 1 or WORLD.size % 2 == 0
 
 
+@pytest.mark.timing     # its communication thread meets the neighbours in the OS's order
 @pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
 def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
     # 200 steps: 100 rounds of right-left exchanges on the ring.
@@ -401,6 +402,7 @@ def test_adpsgd_refuses_an_odd_world(comm):
         create("adpsgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("quorum", ["solo", "majority"])
 def test_eager_sgd_keeps_replicas_identical(comm, quorum):
@@ -418,6 +420,7 @@ def test_eager_sgd_keeps_replicas_identical(comm, quorum):
     assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))   # it trained
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("quorum", ["solo", "majority"])
 def test_eager_sgd_applies_every_gradient_computed_exactly_once(comm, quorum):

@@ -26,6 +26,7 @@ def _bench(*args, env=None):
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.timing     # delayed steps by sleeps, CPU time against wall time
 def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path):
     out = tmp_path / "wagma.h5"
     job = _bench("--size-mib", "0.25", "--iterations", "7", "--rounds", "3",

@@ -20,6 +20,7 @@ def _decision(answers, deadline_s=10.0):
     return Decision(buffer, 1)
 
 
+@pytest.mark.timing
 def test_a_decision_not_yet_received_is_not_taken_for_the_next_report():
     """Rank 0 is worker and coordinator: its decision may reach it before its
     main thread posts the receive.  Here round 0's decision is left waiting

@@ -59,6 +59,7 @@ def test_member_allreduce_sums_over_the_members_alone_bitwise_equal_everywhere(m
 STOP_AT, PERIOD, TIMEOUT, OUTAGE, STEPS = 10, 5, 1.0, 2.0, 150
 
 
+@pytest.mark.timing
 @pytest.mark.mpi(min_size=2)
 def test_the_others_do_not_wait_for_a_stopped_rank_which_rejoins_by_skipping_forward(shared_dir):
     out = os.path.join(shared_dir, "ensemble-stop.h5")
@@ -139,6 +140,7 @@ def test_the_average_is_weighted_by_the_samples_each_member_processed():
         WORLD.Barrier()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("algorithm", ["local_sgd", "wagma", "ensemble_sync"])
 def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorithm):
     """Injected speeds: rank r takes (1 + r) ms per sample (a sleep of

@@ -29,6 +29,7 @@ def _library():
     return launcher_library(mpiexec())
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
 def test_the_survivors_of_a_killed_rank_shrink_and_finish(tmp_path):
     job = subprocess.run([*mpiexec_command(RANKS, fault_tolerant=True), sys.executable, str(PROGRAM),
@@ -56,6 +57,7 @@ def test_fault_tolerance_is_refused_where_the_library_has_none():
 TRAIN_KILL_AT, TRAIN_STEPS, TRAIN_TIMEOUT = 30, 120, 1.0
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
 def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_file(tmp_path):
     out = tmp_path / "killed.h5"

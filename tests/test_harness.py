@@ -18,6 +18,7 @@ SUBPROCESS_TIMEOUT = 120  # seconds; the job normally ends within a few
 
 
 @pytest.mark.launcher
+@pytest.mark.timing     # the job must end well before its deadline
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_failure_on_one_rank_ends_the_job(tmp_path):
     env = dict(

@@ -31,7 +31,7 @@ DEADLINE = 200   # seconds for one test's jobs (the longest, the requeue test, t
 
 # Longer than the suite's per-test limit: jobs wait for the node, and a
 # requeued one for Slurm's requeue delay (10 s in scripts/local-slurm).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE + 60)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(DEADLINE + 60)]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,7 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
     assert run.steps["clock"].shape == (4, 2) and np.all(np.isfinite(run.steps["loss"]))
 
 
+@pytest.mark.timing
 def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm):
     folder, env = slurm
     results = folder / "requeue"
@@ -170,6 +171,7 @@ def test_ensemble_sync_runs_in_a_job_without_checkpoints(slurm):
 
 
 @pytest.mark.launcher
+@pytest.mark.timing
 @pytest.mark.skipif(loaded_library()[0] != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi)")
 def test_ensemble_sync_survives_a_killed_rank_in_a_job_started_with_fault_tolerance(slurm):
     """LAUNCHER=mpiexec FAULT_TOLERANT=1: experiments.mpirun --fault-tolerant inside the allocation."""

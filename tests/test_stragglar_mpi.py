@@ -63,6 +63,7 @@ def test_equals_mpi_allreduce(sub, algorithm, dtype):
                 x, expected, err_msg=f"{algorithm}, straggler {straggler}, {numel} elements")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("algorithm", STRAGGLER_AWARE_ALGORITHMS)
 def test_late_straggler_random_floats_bitwise_equal_on_all_ranks(sub, algorithm):
     """The straggler enters 30 ms late; random floats (rounding depends on

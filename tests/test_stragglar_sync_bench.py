@@ -61,6 +61,7 @@ def test_the_table_has_a_row_per_factor_with_times_in_ms_and_the_ratios():
 
 
 @pytest.mark.launcher
+@pytest.mark.timing     # the late rank sleeps; every total must last the sleep
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_a_4_rank_run_writes_every_field_and_checks_the_wrong_prediction(tmp_path):
     out = tmp_path / "sync" / "sync_n4.h5"

@@ -41,6 +41,7 @@ def _algorithms():
         yield "adpsgd", []
 
 
+@pytest.mark.timing     # the imbalance sleeps: late ranks, stale contributions, rounds that time out
 @pytest.mark.parametrize("algo, extra", list(_algorithms()), ids=[a for a, _ in _algorithms()])
 def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     out = os.path.join(shared_dir, f"{algo}.h5")
@@ -112,6 +113,7 @@ def test_bad_options_fail_on_every_rank_before_training(argv, words, shared_dir,
         assert err == ""       # one report, from rank 0
 
 
+@pytest.mark.timing
 def test_emulated_and_padded_compute(shared_dir):
     """Emulated steps sleep --compute-ms plus the delay and train nothing;
     real steps are padded up to --compute-ms."""

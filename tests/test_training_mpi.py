@@ -97,6 +97,7 @@ def control_loss():
     return final
 
 
+@pytest.mark.timing     # the asynchronous algorithms' outcome depends on who arrives when
 @pytest.mark.parametrize("name, options", list(_options()), ids=[n for n, _ in _options()])
 def test_trains_well_below_the_start_and_the_control(name, options, control_loss,
                                                     record_measurement):

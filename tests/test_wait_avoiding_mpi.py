@@ -127,6 +127,7 @@ def _consumed(rank, used):
     return given
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("group_size", sorted({1, 2, P}))
 @pytest.mark.parametrize("tau", [None, 10])
@@ -140,6 +141,7 @@ def test_group_sums_are_what_members_published(group_size, tau):
                    for t in threading.enumerate())
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("waits", ["spin", "yield"])
 def test_both_wait_policies_give_the_same_semantics(waits):
@@ -151,6 +153,7 @@ def test_both_wait_policies_give_the_same_semantics(waits):
     assert wa.waits_used == waits
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("tau", [None, 4])
 def test_fixed_groups_average_in_iteration_0s_groups(tau):
@@ -193,6 +196,7 @@ def test_fixed_groups_average_in_iteration_0s_groups(tau):
         assert any(mine not in butterfly_groups(P, S, t) for t, _ in records)
 
 
+@pytest.mark.timing
 @needs_pow2
 def test_solo_allreduce_reduces_over_all_ranks():
     wa = solo_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
@@ -200,6 +204,7 @@ def test_solo_allreduce_reduces_over_all_ranks():
     _check(wa, records, history)
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("make", [solo_allreduce, majority_allreduce], ids=["solo", "majority"])
 @pytest.mark.parametrize("delays", ["random", "straggler"])
@@ -222,6 +227,7 @@ def test_carry_over_applies_every_contribution_exactly_once(make, delays):
         assert carried > 0 and zeros > 0, (carried, zeros)
 
 
+@pytest.mark.timing
 @needs_pow2
 def test_majority_allreduce_has_a_fresh_majority():
     wa = majority_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
@@ -233,6 +239,7 @@ def test_majority_allreduce_has_a_fresh_majority():
         assert fresh >= quorum, f"version {t}: {fresh} fresh contributions < {quorum}"
 
 
+@pytest.mark.timing
 @needs_pow2
 @pytest.mark.skipif(P < 2, reason="needs a slow and a fast rank")
 @pytest.mark.parametrize("tau", [None, 10])
