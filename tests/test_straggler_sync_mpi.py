@@ -16,12 +16,17 @@ from mpi4py import MPI
 from collectives.straggler_sync import PredictedStragglerSync
 from wagma.algorithms import create
 
+from straggler_log import replayed_predictions
 from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 U = 2.0 ** -24          # float32's unit roundoff
+# The late rank's delay per step.  Scheduling noise makes another rank last
+# only when it delays that rank by more than this: the repeat record
+# (results/failure-rates) has the largest such lead measured.
+LATE_MS = 50
 
 
 @pytest.fixture(scope="module", params=[4, 5, 6])
@@ -37,6 +42,26 @@ def _agreed(comm, value):
     return values[0]
 
 
+def _check_log(comm, log, late, record_measurement):
+    """What a run's log must show whatever the timing: every synchronization
+    ran as the rule planned it from the arrivals it saw, and every rank holds
+    the same log.  What the timing decides is recorded, and one thing of it
+    asserted: StragglAR ran with the late rank at least once (else the run
+    would not test StragglAR's arithmetic), which takes the late rank last,
+    by more than the gate, at three synchronizations running.  It leads by
+    LATE_MS per step; another rank leads only by what the scheduler delays
+    it (recorded as "largest lead of another rank")."""
+    np.testing.assert_array_equal(log[:, 1], replayed_predictions(log, comm.size))
+    gathered = comm.control.allgather(log)
+    assert all(np.array_equal(g, log) for g in gathered)
+    planned = int(np.sum(log[:, 1] == late))
+    others = log[log[:, 2] != late, 3]
+    record_measurement(f"syncs run as StragglAR with the late rank (of {len(log)})", planned, 1, above=True)
+    record_measurement("largest lead of another rank, ms", 1e3 * others.max() if others.size else 0.0, LATE_MS)
+    assert planned >= 1, log
+
+
+@pytest.mark.timing
 def test_a_wrong_prediction_still_gives_the_exact_sum(comm):
     comm = member(comm)
     n, late = comm.size, comm.size - 2
@@ -60,21 +85,19 @@ def test_a_wrong_prediction_still_gives_the_exact_sum(comm):
         assert (sync.predictor.predicted, sync.predictor.hits) == (2, 1)
 
 
-def test_every_rank_holds_the_same_prediction_from_measured_arrivals(comm):
+@pytest.mark.timing
+def test_every_rank_holds_the_same_prediction_from_measured_arrivals(comm, record_measurement):
     comm = member(comm)
     x = np.ones(4096, dtype=np.float32)
     with PredictedStragglerSync(comm, [x], op="avg") as sync:
         rng = np.random.default_rng(comm.rank)
         for k in range(12):
             start = time.perf_counter()
-            time.sleep(rng.uniform(0, 0.004) + (0.03 if comm.rank == comm.size - 1 else 0.0))
+            time.sleep(rng.uniform(0, 0.004) + (LATE_MS / 1e3 if comm.rank == comm.size - 1 else 0.0))
             sync([x], time.perf_counter() - start)
             _agreed(comm, (sync.straggler, sync.predictor.min_lead_s))
         np.testing.assert_array_equal(x, 1.0)           # averages of ones
-        # A 30 ms lead against a 4096-float allreduce: predicted from the
-        # 4th synchronization on (docs of collectives.straggler_prediction).
-        assert sync.straggler == comm.size - 1
-        assert sync.predictor.hit_rate == 1.0
+        _check_log(comm, sync.rows(), comm.size - 1, record_measurement)
 
 
 def _data(rank, steps, batch=32):
@@ -116,17 +139,19 @@ CASES = [("local_sgd", {"period": 1}, 16), ("local_sgd", {"period": 4}, 32),
          ("wagma", {"group_size": 2, "tau": 4, "wait_avoiding": False, "group_averaging": True}, 32)]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("algorithm, options, steps", CASES, ids=[f"{a}-{o}" for a, o, _ in CASES])
-def test_stragglar_sync_trains_the_same_model_as_the_allreduce(comm, algorithm, options, steps):
+def test_stragglar_sync_trains_the_same_model_as_the_allreduce(comm, algorithm, options, steps,
+                                                              record_measurement):
     comm = member(comm)
     if algorithm == "wagma" and comm.size & (comm.size - 1):
         pytest.skip("WAGMA's butterfly groups need a power of two")
-    reference, _ = _train(comm, algorithm, {**options, "sync": "allreduce"}, steps, 20)
-    params, log = _train(comm, algorithm, {**options, "sync": "stragglar"}, steps, 20)
+    # These algorithms are synchronous: their models do not depend on who is
+    # late, so the reference runs without the delay.
+    reference, _ = _train(comm, algorithm, {**options, "sync": "allreduce"}, steps, 0)
+    params, log = _train(comm, algorithm, {**options, "sync": "stragglar"}, steps, LATE_MS)
     syncs = len(log)
-    # The last rank is predicted from the 4th synchronization on (its 20 ms
-    # lead exceeds the break-even share of these tiny allreduces).
-    assert np.sum(log[:, 1] == comm.size - 1) >= syncs - 3, log
+    _check_log(comm, log, comm.size - 1, record_measurement)
     # Each average differs from the allreduce's only in the order of n
     # float32 additions: at most (n - 1) u sum|x_i| / n <= (n - 1) u max|x|
     # per element.  Over the run's syncs these add up, and SGD steps of lr
@@ -143,14 +168,15 @@ def test_stragglar_sync_trains_the_same_model_as_the_allreduce(comm, algorithm, 
         assert all(np.array_equal(g, gathered[0]) for g in gathered)
 
 
-def test_wagma_wait_avoiding_ends_every_tau_steps_with_one_model(comm):
+@pytest.mark.timing
+def test_wagma_wait_avoiding_ends_every_tau_steps_with_one_model(comm, record_measurement):
     comm = member(comm)
     if comm.size & (comm.size - 1):
         pytest.skip("WAGMA's butterfly groups need a power of two")
-    params, log = _train(comm, "wagma", {"group_size": 2, "tau": 4, "sync": "stragglar"}, 32, 20)
+    params, log = _train(comm, "wagma", {"group_size": 2, "tau": 4, "sync": "stragglar"}, 32, LATE_MS)
     # Between global averages the late rank falls behind in its groups
-    # without holding them up; at each tau-th step it is the last to arrive.
-    assert np.sum(log[:, 1] == comm.size - 1) >= len(log) - 3, log
+    # without holding them up, and arrives last at the tau-th step.
+    _check_log(comm, log, comm.size - 1, record_measurement)
     gathered = comm.control.allgather(params.numpy())
     assert all(np.array_equal(g, gathered[0]) for g in gathered)
 
