@@ -423,7 +423,7 @@ def test_eager_sgd_keeps_replicas_identical(comm, quorum):
 @pytest.mark.timing
 @needs_pow2
 @pytest.mark.parametrize("quorum", ["solo", "majority"])
-def test_eager_sgd_applies_every_gradient_computed_exactly_once(comm, quorum):
+def test_eager_sgd_applies_every_gradient_computed_exactly_once(comm, quorum, record_measurement):
     """Issue 22, point 1: with plain SGD the model moves by lr times the sum
     of the averages applied, which must be the sum over ranks and steps of
     the gradients computed, less what the ranks still carry at the end,
@@ -450,7 +450,9 @@ def test_eager_sgd_applies_every_gradient_computed_exactly_once(comm, quorum):
     applied = (start - _flat_params(model)) / lr * WORLD.size
     torch.testing.assert_close(applied, total, rtol=1e-9, atol=1e-9)
     if WORLD.size > 1:
-        assert WORLD.allreduce(stale) > 0   # some gradient was carried
+        carried = WORLD.allreduce(stale)
+        record_measurement("stale steps over all ranks", carried, 1, above=True)
+        assert carried > 0   # some gradient was carried
 
 
 def test_parameters_on_two_devices_are_refused_on_every_rank(comm):

@@ -27,7 +27,7 @@ def _bench(*args, env=None):
 
 
 @pytest.mark.timing     # delayed steps by sleeps, CPU time against wall time
-def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path):
+def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path, record_measurement):
     out = tmp_path / "wagma.h5"
     job = _bench("--size-mib", "0.25", "--iterations", "7", "--rounds", "3",
                  "--warmup", "1", "--delay-ms", "2", "--idle-seconds", "0.1",
@@ -59,6 +59,8 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                 main_thread = group[f"{implementation}_main_thread_cpu"][:]
                 assert process.shape == main_thread.shape == (2, 7)
                 assert (process >= 0).all() and (main_thread >= 0).all()
+                record_measurement(f"{scenario} {implementation}: process CPU / wall time of a delayed step",
+                                   (process.T[delayed] / seconds.T[delayed]).max(initial=0.0), 1.0)
                 assert (process.T[delayed] < seconds.T[delayed]).all()
                 assert group[f"{implementation}_process_cpu"].attrs[
                     "ms_per_step"] == pytest.approx(process[:, kept].mean() * 1e3)

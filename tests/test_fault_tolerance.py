@@ -59,7 +59,7 @@ TRAIN_KILL_AT, TRAIN_STEPS, TRAIN_TIMEOUT = 30, 120, 1.0
 
 @pytest.mark.timing
 @pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
-def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_file(tmp_path):
+def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_file(tmp_path, record_measurement):
     out = tmp_path / "killed.h5"
     job = subprocess.run([*mpiexec_command(RANKS, fault_tolerant=True), sys.executable, "-m", "experiments.train",
                           "--algo", "ensemble_sync", "--period", "5", "--timeout-s", str(TRAIN_TIMEOUT),
@@ -87,6 +87,7 @@ def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_fil
     # waited for again.
     assert status[missed] in (STATUS["late"], STATUS["dead"]) and np.all(status[missed + 1:] == STATUS["dead"])
     assert rounds[missed, fields["timed_out"]] == 1 and np.all(rounds[missed + 1:, fields["timed_out"]] == 0)
+    record_measurement("waited beyond the timeout, s", rounds[missed, fields["waited"]] - TRAIN_TIMEOUT, 0.5)
     assert TRAIN_TIMEOUT <= rounds[missed, fields["waited"]] < TRAIN_TIMEOUT + 0.5     # + polling and 2 cores
     assert json.loads(run.attrs["fault_events"]) == [
         {"rank": VICTIM, "kind": "dead", "missed_round": missed, "missed_step": int(rounds[missed, 1]),

@@ -208,7 +208,7 @@ def test_solo_allreduce_reduces_over_all_ranks():
 @needs_pow2
 @pytest.mark.parametrize("make", [solo_allreduce, majority_allreduce], ids=["solo", "majority"])
 @pytest.mark.parametrize("delays", ["random", "straggler"])
-def test_carry_over_applies_every_contribution_exactly_once(make, delays):
+def test_carry_over_applies_every_contribution_exactly_once(make, delays, record_measurement):
     """Eager-SGD's carry-over (issue 22, point 1): over a run, the sum of the
     versions' results plus what every rank still carries at the end equals
     the sum of every contribution of every rank, exactly (int64), under
@@ -224,6 +224,8 @@ def test_carry_over_applies_every_contribution_exactly_once(make, delays):
     carried = WORLD.allreduce(sum(c not in (t, -1) for t, c in history))
     zeros = WORLD.allreduce(sum(c == -1 for _, c in history))
     if P > 1:
+        record_measurement("versions that took a carried contribution", carried, 1, above=True)
+        record_measurement("versions that took zeros", zeros, 1, above=True)
         assert carried > 0 and zeros > 0, (carried, zeros)
 
 
@@ -243,7 +245,7 @@ def test_majority_allreduce_has_a_fresh_majority():
 @needs_pow2
 @pytest.mark.skipif(P < 2, reason="needs a slow and a fast rank")
 @pytest.mark.parametrize("tau", [None, 10])
-def test_persistent_straggler(tau, capsys):
+def test_persistent_straggler(tau, capsys, record_measurement):
     # Rank P-1 sleeps 5 ms every iteration; the others do not sleep at all.
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=2,
                                     tau=tau, history=ITERATIONS)
@@ -251,6 +253,7 @@ def test_persistent_straggler(tau, capsys):
     used = _check(wa, records, history)
     # The straggler was left several versions behind and served them passively.
     lag = max(t - used[P - 1][t] for t in used[P - 1])
+    record_measurement("the straggler's largest lag, versions", lag, 2, above=True)
     assert lag >= 2
     per_iteration = WORLD.gather(elapsed / ITERATIONS)
     if WORLD.rank == 0:
