@@ -227,6 +227,9 @@ def _modules_and_problems(command):
             elif not token.startswith("-") and token not in targets:
                 problems.append(f"make target {token!r} is not a rule of the Makefile")
         return modules, problems
+    # A -m names a module where Python (or `python -m mpi4py`) reads it;
+    # after the module, -m is that program's own (pytest's marker expression).
+    python_options = False
     for i, token in enumerate(tokens):
         if token.startswith(".venv/bin/"):
             path = ROOT / token
@@ -236,8 +239,12 @@ def _modules_and_problems(command):
                 count = tokens[tokens.index("-n", i) + 1]
                 if not count.isdigit():
                     problems.append(f"mpiexec -n {count}: give a number of ranks")
-        elif token == "-m" and i + 1 < len(tokens):
+            python_options = re.fullmatch(r"python[0-9.]*", Path(token).name) is not None
+        elif token == "-m" and python_options and i + 1 < len(tokens):
             modules.append(tokens[i + 1])
+            python_options = tokens[i + 1] == "mpi4py"
+        elif python_options and not token.startswith("-") and tokens[i - 1] != "-m":
+            python_options = False      # a script: what follows is its own
         elif token == "-c" and i + 1 < len(tokens):
             try:
                 compile(tokens[i + 1], "<-c>", "exec")
