@@ -1,8 +1,12 @@
 """Fault specs (wagma.faults): what --fault accepts, and what it refuses before any message."""
 
+import signal
+import subprocess
+import time
+
 import pytest
 
-from wagma.faults import Fault, FaultInjector, parse_fault, parse_faults
+from wagma.faults import Fault, FaultInjector, _continue_after_stop, parse_fault, parse_faults
 
 
 @pytest.mark.parametrize("spec, fault", [
@@ -46,3 +50,36 @@ def test_fault_tolerance_is_read_from_open_mpis_ulfm_switch():
 
     assert fault_tolerant({"OMPI_MCA_mpi_ft_enable": "1"}) and fault_tolerant({"OMPI_MCA_mpi_ft_enable": "true"})
     assert not fault_tolerant({}) and not fault_tolerant({"OMPI_MCA_mpi_ft_enable": "0"})
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(line.split()[1] for line in status if line.startswith("State:"))
+
+
+def test_the_stop_helper_continues_the_process_once_it_has_stopped_for_the_seconds():
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
+        stopped = time.monotonic()
+        target.send_signal(signal.SIGSTOP)
+        assert helper.wait(timeout=30) == 0                 # it sent SIGCONT
+        assert time.monotonic() - stopped >= 0.2
+        assert _state(target.pid) != "T"
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_the_stop_helper_ends_when_its_process_is_gone_before_it_stopped():
+    """A rank killed between starting the helper and its SIGSTOP (its job
+    ended) must not leave the helper polling for it for ever."""
+    target = subprocess.Popen(["sleep", "60"])
+    helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
+    target.kill()
+    target.wait()                   # reaped: /proc/PID is gone
+    try:
+        assert helper.wait(timeout=30) == 0
+    finally:
+        helper.kill()
+        helper.wait()

@@ -129,11 +129,17 @@ def _stop_for(seconds: float):
     session of its own waits until the process is stopped (its state in
     ``/proc``, so that a short stop cannot race ahead of the ``SIGSTOP``),
     then ``seconds`` more, and sends ``SIGCONT``; it is waited for afterwards
-    so that no zombie is left."""
+    so that no zombie is left.  A process killed before it stopped (its job
+    ended) ends the helper too, instead of leaving it polling."""
     pid = os.getpid()
-    helper = subprocess.Popen(
-        ["sh", "-c", f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do sleep 0.005; done; "
-                     f"sleep {seconds:.3f}; kill -CONT {pid}"],
-        start_new_session=True)
+    helper = subprocess.Popen(_continue_after_stop(pid, seconds), start_new_session=True)
     os.kill(pid, signal.SIGSTOP)
     helper.wait()
+
+
+def _continue_after_stop(pid: int, seconds: float) -> list:
+    """The helper of :func:`_stop_for`: once process ``pid`` is stopped, wait
+    ``seconds`` and continue it; end at once if it is gone before it stopped."""
+    return ["sh", "-c", f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do "
+                        f"[ -e /proc/{pid} ] || exit 0; sleep 0.005; done; "
+                        f"sleep {seconds:.3f}; kill -CONT {pid}"]
