@@ -137,6 +137,8 @@ def test_nothing_the_stage_started_outlives_it(tmp_path, ending, status, with_sl
     try:
         record = _started(out, job)
         assert len(record["pids"]) == 4 + 4 * bool(slurm_dir) and all(map(_alive, record["pids"].values())), record
+        if ending == "exit":
+            (out / "exit").touch()   # the program exits only now: its processes were seen alive first
         if ending in ("SIGTERM", "SIGINT", "SIGKILL", "SIGKILL of its parent"):
             job.send_signal(getattr(signal, ending.split()[0]))
         _, errors = job.communicate(timeout=DEADLINE)

@@ -15,8 +15,10 @@ It starts
 writes OUT_DIR/processes.json (``token``: its WAGMA_STAGE; ``pids``: name ->
 PID, every process it started, the ranks and the Slurm job's shell
 included) once all of them run, and then waits for ever (MODE ``wait``) or
-exits at once (MODE ``exit``).  PIDs are read from files each process
-writes itself: readiness is a file that exists, never a guess.
+exits once OUT_DIR/exit exists (MODE ``exit``: the test makes it after it
+has seen every process alive, so that the stage's sweep cannot come first).
+PIDs are read from files each process writes itself: readiness is a file
+that exists, never a guess.
 """
 
 import json
@@ -59,12 +61,15 @@ def _daemon(waiter, pid_file):
 
 
 def _wait_for(path):
+    """The content of ``path`` once it exists (an integer, or None for an
+    empty file)."""
     start = time.monotonic()
     while not path.exists():
         if time.monotonic() - start > DEADLINE:
             sys.exit(f"leaves_processes: {path} never appeared")
         time.sleep(0.05)
-    return int(path.read_text())
+    text = path.read_text()
+    return int(text) if text else None
 
 
 def main(out_dir, mode, slurm_dir=None):
@@ -94,6 +99,8 @@ def main(out_dir, mode, slurm_dir=None):
     record = {"token": os.environ["WAGMA_STAGE"].split(":")[-1], "pids": pids}
     (out / "processes.json.tmp").write_text(json.dumps(record))
     (out / "processes.json.tmp").rename(out / "processes.json")
+    if mode == "exit":
+        _wait_for(out / "exit")
     while mode == "wait":
         signal.pause()
 
