@@ -34,13 +34,14 @@ STEPS = 300
 # without momentum: with momentum 0.9 (lr 0.1), the local momentum buffers
 # that no exchange averages now and then pulled the replicas apart, and
 # their average far from every class (its loss: median 0.14 and 5 of 400
-# runs at 1.27-3.23 on 4 ranks of 2 cores, one replica 3-5x further from the
-# average than the others), while plain SGD at lr 0.3 ends at 0.13-0.15 (60 runs) on 2
-# ranks, 0.18-0.30 (150) on 4 and 0.34-1.12 (60, median 0.39) on 8, where
-# the ring of 8 mixes slowly and the meeting order still spreads the runs
-# (sum of the replicas conserved to 2e-7 in every run: no exchange lost or
-# corrupted a model).  The test bounds the mean of three runs, the
-# estimate of that expectation.
+# runs at 1.27-3.23 on 4 ranks of 2 cores, one replica 3-5x further from
+# the average than the others), while plain SGD at lr 0.3 ends at
+# 0.13-0.15 (60 runs) on 2 ranks, 0.18-0.30 (150) on 4 and 0.34-1.12 (60,
+# median 0.39) on 8, where the ring of 8 mixes slowly and the meeting order
+# still spreads the runs (sum of the replicas conserved to 2e-7 in every
+# run: no exchange lost or corrupted a model).  The test bounds the mean of
+# three runs, the estimate of that expectation.
+DEFAULT_OPTIMIZER = {"lr": 0.1, "momentum": 0.9}
 OPTIMIZER = {"adpsgd": {"lr": 0.3, "momentum": 0.0}}
 RUNS = {"adpsgd": 3}
 
@@ -82,7 +83,7 @@ def _train(name, options):
     with torch.no_grad():
         start = loss_fn(model(x), y).item()
     g = torch.Generator().manual_seed(WORLD.rank)
-    optimizer = torch.optim.SGD(model.parameters(), **OPTIMIZER.get(name, {"lr": 0.1, "momentum": 0.9}))
+    optimizer = torch.optim.SGD(model.parameters(), **OPTIMIZER.get(name, DEFAULT_OPTIMIZER))
     with Communicator(WORLD) as comm:
         with create(name, model, optimizer, comm, **options) as algo:
             for _ in range(STEPS):
