@@ -104,7 +104,9 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
     # The script's defaults (WAGMA-SGD, ResNet-50 on synthetic ImageNet batches), two steps of batch 2.
     settings = {"EPOCHS": "1", "BATCH_SIZE": "2", "TRAIN_ARGS": "--synthetic-size 4", "RESULTS_DIR": str(results)}
     job_id = _sbatch(env, settings, "slurm/train.sbatch", "--wait", f"--output={folder}/train-%j.out")
-    assert _state(env, job_id)["ExitCode"] == "0:0", (folder / f"train-{job_id}.out").read_text()
+    log = (folder / f"train-{job_id}.out").read_text()
+    assert _state(env, job_id)["ExitCode"] == "0:0", log
+    assert (results / f"wagma_{job_id}.h5").is_file(), f"no run file; {sorted(os.listdir(results))}\n{log}"
     run = load_run(str(results / f"wagma_{job_id}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["parameters"]) \
         == ("complete", 4, "resnet50", 25_557_032)
@@ -188,6 +190,28 @@ def test_ensemble_sync_survives_a_killed_rank_in_a_job_started_with_fault_tolera
     run = load_run(str(results / f"ensemble_sync_{job}.h5"))
     assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [3]
     assert np.all(np.isfinite(run.steps["clock"][:3])) and np.isfinite(run.steps["clock"][3]).sum() == 12
+
+
+@pytest.mark.launcher
+@pytest.mark.skipif(srun_mpi_plugin() != "pmix", reason="makes Slurm's PMIx plugin fail a step's launch")
+def test_a_job_whose_ranks_fail_to_launch_fails(slurm):
+    """srun exits 0 when its step fails to launch; the job must not.
+
+    The launch fails the way a PMIx directory left behind by a killed step
+    makes it fail: the step's directory already exists. That it is looked for
+    under the cluster's own folder (scripts/local-slurm's mpi.conf) is what
+    keeps one cluster's leftovers from failing another's jobs."""
+    folder, env = slurm
+    results = folder / "unlaunched"
+    job = _sbatch(env, {"ALGO": "allreduce_sgd", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "1",
+                        "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 10", "RESULTS_DIR": str(results)},
+                  "slurm/train.sbatch", "--hold", f"--output={folder}/unlaunched-%j.out")
+    (folder / "pmix" / f"spmix_appdir_{os.getuid()}_{job}.0").mkdir()
+    subprocess.run(["scontrol", "release", job], env=env, check=True)
+    state, = _finished(env, job)
+    log = (folder / f"unlaunched-{job}.out").read_text()
+    assert (state["JobState"], state["ExitCode"]) == ("FAILED", "1:0"), log
+    assert "launch failed" in log and f"ranks ended without writing {results}/allreduce_sgd_{job}.h5" in log
 
 
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
