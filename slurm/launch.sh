@@ -11,6 +11,9 @@
 #                       --kill-on-bad-exit ends the whole step instead)
 #                     (both through experiments.mpirun)
 #   default_device    cuda when the job was given GPUs, else cpu (DEVICE overrides)
+#   wrote FILE STATUS the job's exit status from the launcher's STATUS: 1, with a
+#                     message, when STATUS is 0 but the ranks left no FILE (srun
+#                     exits 0 when its step fails to launch: "task 0 launch failed")
 #
 # GPUs: with --gpus-per-task=1 Slurm gives each rank one device in
 # CUDA_VISIBLE_DEVICES; with GPUs shared per node each rank takes
@@ -45,4 +48,12 @@ launch() {
             echo "launch: LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
+}
+
+wrote() {
+    if [[ $2 -eq 0 && ! -f $1 ]]; then
+        echo "launch: the ranks ended without writing $1; they did not start or did not finish (see above)" >&2
+        return 1
+    fi
+    return "$2"
 }

@@ -32,11 +32,7 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
 if [[ $status -eq 75 || $written == stopped ]]; then
     echo "wagma-train: stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
-    status=75
-elif [[ $status -eq 0 && ! -f $run_file ]]; then
-    # srun exits 0 when its step fails to launch ("task 0 launch failed"):
-    # a finished run is its file under the final name.
-    echo "wagma-train: the ranks ended without writing $run_file; they did not start or did not finish (see above)" >&2
-    status=1
+    return 75
 fi
-return $status
+# A finished run is its file under the final name.
+wrote "$run_file" "$status"

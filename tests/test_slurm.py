@@ -211,7 +211,8 @@ def test_a_job_whose_ranks_fail_to_launch_fails(slurm):
     state, = _finished(env, job)
     log = (folder / f"unlaunched-{job}.out").read_text()
     assert (state["JobState"], state["ExitCode"]) == ("FAILED", "1:0"), log
-    assert "launch failed" in log and f"ranks ended without writing {results}/allreduce_sgd_{job}.h5" in log
+    assert "launch failed" in log
+    assert f"launch: the ranks ended without writing {results}/allreduce_sgd_{job}.h5" in log
 
 
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
