@@ -14,12 +14,11 @@ def verify(schedule: Schedule) -> Schedule:
 
     Each rank's copy of each chunk is the set of ranks whose contributions it
     sums, held as an int's bits (None where the ReduceScatter left no usable
-    data).  Rejected: a
-    transfer naming a rank or chunk out of range, a rank that sends twice or
-    receives twice in one round, a reduction of sets that overlap (double
-    counting) or with no data on either side, a copy of a chunk the sender
-    does not hold fully reduced, and a final state in which some rank lacks
-    some chunk fully reduced.
+    data).  Rejected: a transfer naming a rank or chunk out of range, a rank
+    that sends twice or receives twice in one round, a reduction of sets that
+    overlap (double counting) or with no data on either side, a copy of a
+    chunk the sender does not hold fully reduced, and a final state in which
+    some rank lacks some chunk fully reduced.
 
     Returns:
         ``schedule``, so that ``verify(generate(n))`` reads naturally.
@@ -41,28 +40,27 @@ def verify(schedule: Schedule) -> Schedule:
         updates = []
         for t in transfers:
             if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst):
-                raise ScheduleError(f"round {r}, transfer {t}: ranks must be two distinct ranks in range({n})")
+                raise _broken(r, t, f"ranks must be two distinct ranks in range({n})")
             if not 0 <= t.chunk < schedule.num_chunks:
-                raise ScheduleError(f"round {r}, transfer {t}: chunk must be in range({schedule.num_chunks})")
+                raise _broken(r, t, f"chunk must be in range({schedule.num_chunks})")
             if t.src in senders:
-                raise ScheduleError(f"round {r}, transfer {t}: rank {t.src} sends twice in one round")
+                raise _broken(r, t, f"rank {t.src} sends twice in one round")
             if t.dst in receivers:
-                raise ScheduleError(f"round {r}, transfer {t}: rank {t.dst} receives twice in one round")
+                raise _broken(r, t, f"rank {t.dst} receives twice in one round")
             senders.add(t.src)
             receivers.add(t.dst)
             sent, held = state[t.src][t.chunk], state[t.dst][t.chunk]
             if t.reduce:
                 if sent is None or held is None:
-                    raise ScheduleError(f"round {r}, transfer {t}: reduces a chunk that "
-                                        f"rank {t.src if sent is None else t.dst} holds no data of")
+                    raise _broken(r, t, "reduces a chunk that "
+                                  f"rank {t.src if sent is None else t.dst} holds no data of")
                 if sent & held:
-                    raise ScheduleError(f"round {r}, transfer {t}: double counting: contributions of ranks "
-                                        f"{_ranks(sent & held)} would be added twice")
+                    raise _broken(r, t, "double counting: contributions of ranks "
+                                  f"{_ranks(sent & held)} would be added twice")
                 updates.append((t.dst, t.chunk, sent | held))
             else:
                 if sent != everyone:
-                    raise ScheduleError(f"round {r}, transfer {t}: copies a chunk rank {t.src} does not hold "
-                                        f"fully reduced")
+                    raise _broken(r, t, f"copies a chunk rank {t.src} does not hold fully reduced")
                 updates.append((t.dst, t.chunk, everyone))
         for rank, chunk, value in updates:
             state[rank][chunk] = value
@@ -77,3 +75,8 @@ def verify(schedule: Schedule) -> Schedule:
 def _ranks(members: int) -> list[int]:
     """The ranks whose bits are set in ``members``, in increasing order."""
     return [rank for rank in range(members.bit_length()) if members >> rank & 1]
+
+
+def _broken(r: int, t, rule: str) -> ScheduleError:
+    """The error for transfer ``t`` of round ``r`` breaking ``rule`` (described only when raised)."""
+    return ScheduleError(f"round {r}, transfer {t}: {rule}")
