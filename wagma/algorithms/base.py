@@ -50,6 +50,11 @@ class Algorithm:
         samples_per_step: this rank's batch for the next step; the
             training loop's ``--batch-size`` unless the algorithm reallocates
             work (``reallocate``, :mod:`wagma.reallocation`).
+        work_measured: with ``reallocate`` (EnsembleSync: always, for its
+            reports), ``(samples, seconds)`` of this
+            rank's work (see :meth:`step`) since the previous global
+            synchronization, one pair per synchronization: the speeds
+            ``samples / seconds`` from which the next shares are computed.
         total_steps: the run's steps (set by :meth:`plan`).
 
     Args:
@@ -72,6 +77,7 @@ class Algorithm:
         self.lock = contextlib.nullcontext()
         self.total_steps, self.samples_per_step, self._policy = None, None, None
         self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
+        self.work_measured = []
         self.straggler_sync = None
         problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
@@ -129,11 +135,13 @@ class Algorithm:
         Also times the rank's work for the reallocation: the seconds from
         the end of the previous call to the start of this one (data,
         forward, backward, injected delays; not the communication inside
-        :meth:`step`) and the samples of the step."""
+        :meth:`step`) and the samples of the step.  A step whose start was
+        not seen (the first, without :meth:`start_step_timer`) counts
+        neither its seconds nor its samples."""
         entered = time.perf_counter()
         if self._returned is not None:
             self._period_seconds += entered - self._returned
-        self._period_samples += self.samples_per_step or 0
+            self._period_samples += self.samples_per_step or 0
         self._step()
         self.steps += 1
         self._returned = time.perf_counter()
@@ -146,8 +154,10 @@ class Algorithm:
         self._returned = time.perf_counter()
 
     def _period_done(self):
-        """The samples and seconds measured since the last call, and a fresh count."""
+        """The samples and seconds measured since the last call, also
+        appended to :attr:`work_measured`, and a fresh count."""
         measured = (self._period_samples, self._period_seconds)
+        self.work_measured.append(measured)
         self._period_samples, self._period_seconds = 0, 0.0
         return measured
 
