@@ -191,7 +191,7 @@ def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorit
     assert np.all(shares[:, :period] == batch)          # nothing measured yet: the run's batch
     for k in range(periods - 1):
         rule = lemma1_shares(P * batch, samples[:, k] / seconds[:, k])
-        assert np.array_equal(shares[:, (k + 1) * period:(k + 2) * period], np.repeat(rule[:, None], period, 1)), k
+        assert np.all(shares[:, (k + 1) * period:(k + 2) * period] == rule[:, None]), k
     # The algorithm's clock reads enclose the test's: it counts every second
     # of the work (same clock, read before and after the test's reads).
     assert np.all(seconds >= work)

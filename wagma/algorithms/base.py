@@ -51,10 +51,10 @@ class Algorithm:
             training loop's ``--batch-size`` unless the algorithm reallocates
             work (``reallocate``, :mod:`wagma.reallocation`).
         work_measured: with ``reallocate`` (EnsembleSync: always, for its
-            reports), ``(samples, seconds)`` of this
-            rank's work (see :meth:`step`) since the previous global
-            synchronization, one pair per synchronization: the speeds
-            ``samples / seconds`` from which the next shares are computed.
+            reports), one ``(samples, seconds)`` pair per global
+            synchronization: this rank's work (see :meth:`step`) since the
+            previous one, whose ``samples / seconds`` is the speed the next
+            shares are computed from.
         total_steps: the run's steps (set by :meth:`plan`).
 
     Args:
