@@ -71,7 +71,7 @@ __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_di
 #: without its dashes): the WAGMA paper's baselines as it ran them (section 5.1:
 #: local SGD with period 1; SGP with one and two neighbours), and its ablation 1.
 MAIN_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=1", "sgp:peers=2",
-                 "eager_sgd", "local_sgd:tau=10")
+                 "eager_sgd", "local_sgd:period=10")
 #: Figure 4's algorithms (SGP with two neighbours there), and hierarchical SGD (levels
 #: 2:sqrt(P), 10:P), which the simulator is validated on too.
 SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd",
@@ -335,7 +335,7 @@ def _stragglersync(args, mpiexec, out_dir):
                 out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}"
                                             f"{'' if r < 2 else f'_{r // 2}'}.h5")
                 _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync,
-                                                      *(["--tau", tau] if tau else [])])
+                                                      *([{"local_sgd": "--period"}.get(algo, "--tau"), tau] if tau else [])])
                 runs[sync].append(summarize(load_run(out), skip=args.skip_steps))
             rows.append((imbalance, label, *(_mean_summary(runs[sync]) for sync in ("allreduce", "stragglar"))))
     table = _stragglersync_table(args, imbalances, rows)

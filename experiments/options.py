@@ -4,7 +4,8 @@ import argparse
 import os
 import re
 
-from wagma.algorithm_options import ALGORITHM_NAMES, add_algorithm_options, flags_problem
+from wagma.options import ALGORITHM_NAMES
+from wagma.options.cli import add_algorithm_flags, flags_problem
 from wagma.faults import FAULT_FORMS
 from wagma.imbalance import FORMS
 
@@ -88,7 +89,7 @@ def build_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--compute-ms", type=float, default=None,
                    help="the compute time of a step before injected delays: emulated steps sleep this "
                         "long [100]; real steps are padded up to it, to model a slower device [0: no padding]")
-    add_algorithm_options(p)
+    add_algorithm_flags(p)
     g = p.add_argument_group("output and restart")
     g.add_argument("--out", default=None,
                    help="run file [runs/ALGO_pP_MODEL_DATASET_sSEED.h5]")

@@ -28,7 +28,7 @@ import numpy as np
 
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
-from wagma.algorithm_options import auto_group_size
+from wagma.options import auto_group_size
 from wagma.sim import Network, Scenario, simulate
 from wagma.sim.cli import model_parameters
 from wagma.sim.engine import STRAGGLER_COLUMNS

@@ -16,8 +16,9 @@ from collectives.agreement import agree
 from collectives.bench.provenance import run_attributes
 from collectives.collect import LaggedVote
 from collectives.failures import fault_tolerant
-from wagma.algorithm_options import algorithm_options
 from wagma.algorithms import create
+from wagma.options import resolved_options
+from wagma.options.cli import options_from_args
 from wagma.datasets import load_dataset
 from wagma.ensemble_coordinator import fault_events
 from wagma.faults import FaultInjector, parse_faults
@@ -158,7 +159,7 @@ def train(args, world, comm):
     device = _device(args, world)
     model.to(device)
     torch.set_num_threads(args.threads)
-    options = algorithm_options(args, comm.size)
+    options = resolved_options(args.algo, comm.size, options_from_args(args, args.algo)).as_dict()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     try:

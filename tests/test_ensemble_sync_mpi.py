@@ -17,7 +17,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.member_allreduce import member_allreduce
 from experiments.train import EXIT_USAGE, main
-from wagma.algorithm_options import auto_group_size
+from wagma.options import auto_group_size
 from wagma.algorithms import create
 from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS, Decision
 from wagma.reallocation import lemma1_shares
@@ -130,7 +130,8 @@ def test_the_average_is_weighted_by_the_samples_each_member_processed():
     members = list(range(P - 1)) if P > 2 else list(range(P))
     weights = np.array([float(r + 1) if r in members else -1.0 for r in range(P)])
     decision = Decision(np.concatenate([[0, 1, 0], weights, np.ones(P)]), P)
-    with Communicator(WORLD) as comm, create("ensemble_sync", model, optimizer, comm, period=1) as algo:
+    with Communicator(WORLD) as comm, create("ensemble_sync", model, optimizer, comm, period=1,
+                                                   init_sync=False) as algo:
         if WORLD.rank in members:
             algo._average(decision)
             expected = sum((r + 1) * r for r in members) / sum(r + 1 for r in members)

@@ -122,9 +122,26 @@ def test_replaced_parameter_is_named():
         flat.check_views()
 
 
+def test_frozen_parameters_stay_out_of_the_flat_buffers():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    frozen = [p.detach().clone() for p in model[0].parameters()]
+    storage = [p.data_ptr() for p in model[0].parameters()]
+    flat = FlatParameters(model)
+    assert flat.numel == 4 * 2 + 2 and len(flat.parameters) == 2
+    assert [p.data_ptr() for p in model[0].parameters()] == storage      # their own storage
+    model(torch.randn(5, 3)).sum().backward()
+    flat.attach_grads()
+    flat.zero_grad()
+    assert all(p.grad is None for p in model[0].parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model[0].parameters(), frozen))
+
+
 def test_bad_modules_are_refused():
-    with pytest.raises(ValueError, match="module has no parameters"):
+    with pytest.raises(ValueError, match="module has no trainable parameters"):
         FlatParameters(torch.nn.ReLU())
+    with pytest.raises(ValueError, match="module has no trainable parameters"):
+        FlatParameters(torch.nn.Linear(2, 2).requires_grad_(False))
     two = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2)),
                                   torch.nn.Parameter(torch.ones(2, device="meta"))])
     with pytest.raises(ValueError, match="parameters must all be on one device, got cpu, meta"):

@@ -7,12 +7,18 @@ import pytest
 
 from experiments.options import build_parser, usage_problem
 from experiments.schedule import LearningRate
-from wagma.algorithm_options import ALGORITHM_NAMES, algorithm_options, auto_group_size
+from wagma.options import ALGORITHM_NAMES, OPTIONS, auto_group_size, options_problem, resolved_options
+from wagma.options.cli import flags_problem, options_from_args
 from wagma.algorithms import ALGORITHMS
 
 
 def _args(*argv):
     return build_parser().parse_args(["--algo", *argv])
+
+
+def algorithm_options(args, ranks):
+    """The options a training run with ``args`` on ``ranks`` ranks uses and records."""
+    return resolved_options(args.algo, ranks, options_from_args(args, args.algo)).as_dict()
 
 
 def test_warm_up_then_step_decay():
@@ -32,7 +38,6 @@ def test_warm_up_then_step_decay():
     (("ensemble_sync", "--sync", "stragglar"), "not of ensemble_sync"),
 ])
 def test_sync_is_checked_before_anything_runs(argv, words):
-    from wagma.algorithm_options import flags_problem
     assert words in flags_problem(_args(*argv), 8)
 
 
@@ -51,25 +56,28 @@ def test_algorithm_options_follow_the_paper_by_default():
                                                      "reallocate": False, "sync": "allreduce"}
     assert algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"),
                              8)["group_averaging"] is True
-    assert algorithm_options(_args("local_sgd", "--tau", "4"), 8) == {"period": 4, "reallocate": False,
-                                                                      "sync": "allreduce"}
+    assert algorithm_options(_args("local_sgd", "--period", "4"), 8) == {"period": 4, "reallocate": False,
+                                                                         "sync": "allreduce"}
     assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
     assert algorithm_options(_args("hierarchical_sgd"), 16)["period_group_size_dict"] == {2: 4, 10: 16}
-    assert algorithm_options(_args("hierarchical_sgd", "--levels", "1:2,5:4,20:P"), 8)[
+    assert algorithm_options(_args("hierarchical_sgd", "--period-group-size-dict", "1:2,5:4,20:P"), 8)[
         "period_group_size_dict"] == {1: 2, 5: 4, 20: 8}
+    assert algorithm_options(_args("hierarchical_sgd"), 6)["period_group_size_dict"] == {2: 3, 10: 6}
     assert algorithm_options(_args("sgp"), 8) == {"peers": 1}
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["sgp", "--tau", "3"], "--tau is an option of wagma and local_sgd, not of sgp"),
+    (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers)"),
+    (["local_sgd", "--tau", "3"], "--tau is an option of wagma, not of local_sgd (its options: --period, "
+                                  "--reallocate, --sync)"),
     (["dpsgd", "--peers", "2"], "--peers is an option of sgp"),
-    (["wagma", "--group-size", "big"], "--group-size must be a power of two or 'auto'"),
     (["local_sgd", "--batch-size", "0"], "--batch-size must be >= 1"),
     (["local_sgd", "--momentum", "1"], "--momentum must be in [0, 1)"),
     (["local_sgd", "--decay-epochs", "60,30"], "--decay-epochs must be increasing"),
     (["local_sgd", "--resume"], "--resume needs --checkpoint-dir"),
-    (["hierarchical_sgd", "--levels", "2:16,4:P"], "--levels group size 16 exceeds the 8 ranks"),
+    (["hierarchical_sgd", "--period-group-size-dict", "2:16,4:P"],
+     "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [16, 8]"),
     (["adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma, not of adpsgd"),
     (["local_sgd", "--timeout-s", "1"], "--timeout-s is an option of ensemble_sync, not of local_sgd"),
     (["sgp", "--fixed-groups"], "--fixed-groups is an option of wagma, not of sgp"),
@@ -81,34 +89,75 @@ def test_usage_problems_name_the_option(argv, words):
 
 
 @pytest.mark.parametrize("ranks, argv, words", [
-    (6, ["wagma"], "--algo wagma: the number of ranks (mpiexec -n) must be a power of two"),
+    (6, ["wagma"], "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
+                   "hypercube), got 6 ranks (mpiexec -n)"),
     (2, ["wagma", "--group-size", "4"],
-     "--group-size must be a power of two <= the number of ranks (mpiexec -n) 2, got 4"),
+     "--group-size must be a power of two <= 2 ranks (mpiexec -n), or 'auto', got 4"),
     (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
     (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
-    (8, ["local_sgd", "--tau", "0"], "--algo local_sgd: --tau must be an int >= 1"),
+    (8, ["local_sgd", "--period", "0"], "--algo local_sgd: --period must be an int >= 1"),
     (8, ["wagma", "--no-wait-avoiding", "--fixed-groups"],
-     "--algo wagma: --fixed-groups needs the wait-avoiding (alpha) or the blocking (beta) group averaging"),
-    (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (mpiexec -n), got 6"),
+     "--algo wagma: --fixed-groups needs --wait-avoiding or --group-averaging: with both off no groups average"),
+    (8, ["wagma", "--group-averaging"], "--wait-avoiding and --group-averaging cannot both be on"),
+    (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (its partial collectives run on "
+                       "butterfly phases), got 6 ranks (mpiexec -n)"),
     (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', got 'all'"),
-    (5, ["adpsgd"], "adpsgd needs an even number of ranks (mpiexec -n), got 5"),
-    (8, ["sgp", "--peers", "3"], "--peers must be 1 or 2, got 3"),
-    (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number > 0"),
-    (8, ["hierarchical_sgd", "--levels", "2:3,4:P"],
-     "every group size must divide the number of ranks (mpiexec -n) 8, got [3, 8]"),
-    (8, ["hierarchical_sgd", "--levels", "4:2,2:P"], "--levels periods must be increasing"),
-    (8, ["hierarchical_sgd", "--levels", "2:2,4:4"], "the last group size in --levels must be the number of ranks"),
+    (5, ["adpsgd"], "got 5 ranks (mpiexec -n)"),
+    (8, ["sgp", "--peers", "4"], "--peers must be an int from 1 to max(2, ceil(log2 P)) = 3 on 8 ranks (mpiexec -n), got 4"),
+    (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number above 0"),
+    (8, ["hierarchical_sgd", "--period-group-size-dict", "2:3,4:P"],
+     "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [3, 8]"),
+    (8, ["hierarchical_sgd", "--period-group-size-dict", "4:2,2:P"],
+     "--period-group-size-dict's periods must be increasing"),
+    (8, ["hierarchical_sgd", "--period-group-size-dict", "2:2,4:4"],
+     "the last group size in --period-group-size-dict must be all 8 ranks (mpiexec -n) ('P')"),
     (4, ["ensemble_sync", "--period", "0"], "--algo ensemble_sync: --period must be an int >= 1, got 0"),
-    (4, ["ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number of seconds above 0, got 0.0"),
-    (4, ["ensemble_sync", "--timeout-s", "-2"], "--timeout-s must be a number of seconds above 0, got -2.0"),
+    (4, ["ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number above 0, got 0.0"),
+    (4, ["ensemble_sync", "--timeout-s", "-2"], "--timeout-s must be a number above 0, got -2.0"),
 ])
 def test_algorithm_problems_are_found_before_set_up_in_the_command_lines_words(ranks, argv, words):
-    """The algorithms' own checks (``check_options``, the ones their constructors
+    """The algorithms' own checks (the options objects', the ones their constructors
     run) on the options the flags make, for the world size, with no model built;
     the messages name the flags and the launcher's -n, not Python keywords."""
     problem = usage_problem(_args(*argv), ranks)
     assert problem is not None and words in problem, problem
-    assert not any(keyword in problem for keyword in ("group_size", "world_size", "world size", "period_group"))
+    assert not any(keyword in problem for keyword in ("group_size", "world_size", "world size", "period_group",
+                                                      "wait_avoiding", "fixed_groups", "timeout_s"))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["wagma", "--group-size", "big"], "argument --group-size: expected an int or 'auto', got 'big'"),
+    (["hierarchical_sgd", "--period-group-size-dict", "2-4"], "expected PERIOD:SIZE[,PERIOD:SIZE...]"),
+])
+def test_option_values_the_flags_cannot_read_are_parse_errors(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        _args(*argv)
+    assert words in capsys.readouterr().err
+
+
+def test_every_option_has_one_flag_of_its_own_name():
+    """The command line's names are the library's: --NAME-WITH-DASHES, a
+    switch as --NAME/--no-NAME, and its help text from the options object."""
+    parser = build_parser()
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for cls in OPTIONS.values():
+        for name, field in cls.fields().items():
+            flag = "--" + name.replace("_", "-")
+            assert flag in flags, flag
+            if isinstance(field.default, bool):
+                assert "--no-" + name.replace("_", "-") in flags
+    help_text = " ".join(parser.format_help().split())
+    assert "wagma: S, the butterfly group size" in help_text
+    assert "local_sgd: tau: steps between model averages" in help_text
+    assert "ensemble_sync: T, local steps between synchronizations. [10]" in help_text
+
+
+def test_library_and_command_line_problems_come_from_one_check():
+    assert options_problem("local_sgd", 8, {"period": 0}) == "period must be an int >= 1, got 0"
+    assert flags_problem(_args("local_sgd", "--period", "0"), 8) == \
+        "--algo local_sgd: --period must be an int >= 1, got 0"
+    assert options_problem("local_sgd", 8, {"tau": 4}) == \
+        "tau: not an option of local_sgd; its options: period, reallocate, sync"
 
 
 def test_the_algorithm_names_are_the_registrys():
@@ -128,16 +177,12 @@ def test_a_good_command_line_has_no_problem():
 
 
 def test_fixed_groups_reach_wagma_on_both_group_paths():
-    """--fixed-groups (WAGMA's ablation 2) is False unless given, and goes with
+    """--fixed-groups (WAGMA's ablation 2) is off unless given, and goes with
     the wait-avoiding groups (alpha, the default) or the blocking ones (beta)."""
-    from wagma.algorithms import options_problem
-
     assert algorithm_options(_args("wagma", "--fixed-groups"), 8)["fixed_groups"] is True
     beta = algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--fixed-groups"), 8)
     assert (beta["wait_avoiding"], beta["group_averaging"], beta["fixed_groups"]) == (False, True, True)
     assert usage_problem(_args("wagma", "--fixed-groups"), 8) is None
     assert usage_problem(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--fixed-groups"), 8) is None
-    assert options_problem("wagma", 8, group_size=4, fixed_groups=1) == \
-        "fixed_groups must be True or False, got 1"
-    assert "fixed_groups needs" in options_problem("wagma", 8, group_size=4, wait_avoiding=False,
-                                                    fixed_groups=True)
+    assert options_problem("wagma", 8, {"fixed_groups": 1}) == "fixed_groups must be True or False, got 1"
+    assert "fixed_groups needs" in options_problem("wagma", 8, {"wait_avoiding": False, "fixed_groups": True})

@@ -420,20 +420,20 @@ def test_results_reproduce_from_the_seed():
 
 @pytest.mark.parametrize("algorithm, options, message", [
     ("nonesuch", {}, "algorithm must be one of"),
-    ("wagma", {}, "wagma needs group_size"),
     ("wagma", {"group_size": 3}, "power of two"),
-    ("wagma", {"group_size": 4, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
-    ("wagma", {"group_size": 4, "wait_avoiding": False, "fixed_groups": True},
-     "fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group averaging"),
-    ("sgp", {"peers": 9}, "peers must be an int from 1 to ceil(log2 P) = 3"),
-    ("eager_sgd", {"quorum": "half"}, "quorum must be 'solo' or 'majority'"),
-    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; accepted: period, reallocate, sync"),
-    ("wagma", {"group_size": 4, "sync": "ring"}, "sync must be one of allreduce, stragglar, got 'ring'"),
-    ("allreduce_sgd", {"sync": None}, "sync must be one of allreduce, stragglar, got None"),
-    ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; accepted: none"),
+    ("wagma", {"fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
+    ("wagma", {"wait_avoiding": False, "fixed_groups": True},
+     "fixed_groups needs wait_avoiding or group_averaging: with both off no groups average"),
+    ("sgp", {"peers": 9}, "peers must be an int from 1 to max(2, ceil(log2 P)) = 3"),
+    ("eager_sgd", {"quorum": "half"}, "quorum must be one of 'solo', 'majority', got 'half'"),
+    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; its options: period, reallocate, sync"),
+    ("wagma", {"sync": "ring"}, "sync must be one of 'allreduce', 'stragglar', got 'ring'"),
+    ("allreduce_sgd", {"sync": None}, "sync must be one of 'allreduce', 'stragglar', got None"),
+    ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; its options: none"),
     ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
-    ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number of seconds above 0"),
-    ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "group size 16 exceeds the 8 ranks"),
+    ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number above 0"),
+    ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "the last group size in period_group_size_dict "
+                                                              "must be all 8 ranks ('P'), got 16"),
 ])
 def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -441,9 +441,9 @@ def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, me
 
 
 def test_bad_scenarios_are_refused():
-    with pytest.raises(ValueError, match="adpsgd needs an even number of ranks, got 5"):
+    with pytest.raises(ValueError, match="adpsgd needs an even number of ranks .*, got 5 ranks"):
         simulate("adpsgd", scenario(ranks=5))
-    with pytest.raises(ValueError, match="power of two"):
+    with pytest.raises(ValueError, match="power-of-two number of ranks"):
         simulate("eager_sgd", scenario(ranks=6))
     with pytest.raises(ValueError, match="collective must be one of auto, ring"):
         scenario(collective="tree")
@@ -494,7 +494,7 @@ def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, caps
 
 def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, capsys):
     status = sim_main(["--algo", "allreduce_sgd,local_sgd,dpsgd", "--ranks", "16", "--steps", "50",
-                       "--parameters", "1000000", "--tau", "5", "--sync", "stragglar",
+                       "--parameters", "1000000", "--period", "5", "--sync", "stragglar",
                        "--imbalance", "straggler:rank=2,ms=50", "--predictor-confidence", "0.9",
                        "--out-dir", str(tmp_path)])
     assert status == 0
@@ -514,8 +514,9 @@ def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, ca
 
 @pytest.mark.parametrize("argv, message", [
     (["--algo", "sgd"], "--algo must be all or a comma-separated list"),
-    (["--algo", "local_sgd", "--sync", "gossip"], "sync must be one of allreduce, stragglar, got 'gossip'"),
-    (["--ranks", "6", "--algo", "wagma"], "power of two"),
+    (["--algo", "local_sgd", "--sync", "gossip"], "--sync must be one of 'allreduce', 'stragglar', got 'gossip'"),
+    (["--ranks", "6", "--algo", "wagma"], "--algo wagma on 6 ranks: wagma needs a power-of-two number of ranks"),
+    (["--algo", "wagma", "--group-size", "3"], "--group-size must be a power of two <="),
     (["--beta-gbps", "0"], "--beta-gbps > 0"),
     (["--synchronization-ms", "-1"], "--synchronization-ms must be a finite number >= 0, got -1"),
     (["--synchronization-ms", "inf"], "--synchronization-ms must be a finite number >= 0, got inf"),

@@ -29,8 +29,8 @@ EPOCHS = 2
 
 def _algorithms():
     yield "allreduce_sgd", []
-    yield "local_sgd", ["--tau", "4"]
-    yield "hierarchical_sgd", ["--levels", f"2:{min(2, P)},4:P"]
+    yield "local_sgd", ["--period", "4"]
+    yield "hierarchical_sgd", ["--period-group-size-dict", f"2:{min(2, P)},4:P"]
     yield "dpsgd", []
     yield "sgp", ["--peers", "1"]
     yield "ensemble_sync", ["--period", str(ENSEMBLE_PERIOD), "--timeout-s", "30"]

@@ -30,7 +30,7 @@ STEPS = 120
 # before step STEPS, however fast the machine (at 15 ms, up to 130 steps
 # could be done by then).
 LATE_S = 0.05
-COMMAND = ["--algo", "local_sgd", "--tau", "4", "--dataset", "digits", "--epochs", "100",
+COMMAND = ["--algo", "local_sgd", "--period", "4", "--dataset", "digits", "--epochs", "100",
            "--max-steps", str(STEPS), "--imbalance", f"straggler:rank=1,ms={LATE_S * 1e3:g}", "--no-progress"]
 DEADLINE = 120  # seconds for any one job
 

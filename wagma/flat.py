@@ -8,16 +8,22 @@ __all__ = ["FlatParameters"]
 
 
 class FlatParameters:
-    """The parameters of ``module`` as views into one contiguous tensor per dtype.
+    """The trainable parameters of ``module`` as views into one contiguous tensor per dtype.
 
-    After construction every parameter ``p`` of ``module`` (each shared
-    parameter once, in ``module.parameters()`` order) has
+    After construction every trainable parameter ``p`` of ``module``
+    (``requires_grad``; each shared parameter once, in
+    ``module.parameters()`` order) has
     ``p.data = flat[p.dtype][offset:offset + p.numel()].view(p.shape)`` on the
     module's device, so an averaging step is one message per dtype, not one
     per tensor, and whatever the communication writes into ``flat`` is the
     model.  With ``grads=True`` the gradients are views into ``flat_grads``
     the same way; autograd accumulates into an existing ``.grad`` in place, so
     ``backward()`` fills the flat gradient buffer directly.
+
+    Frozen parameters (``requires_grad=False``) stay out: they keep their
+    own storage, their gradient stays None, and nothing that communicates or
+    averages the flat buffers touches them.  The set of trainable parameters
+    is the one at construction, as in DDP.
 
     Buffers (BatchNorm running statistics, ``num_batches_tracked``) are not
     parameters: they stay where they are, are listed in :attr:`buffers`, and
@@ -26,8 +32,9 @@ class FlatParameters:
     .. warning::
         ``optimizer.zero_grad()`` sets gradients to None by default, and the
         next ``backward()`` then allocates fresh tensors that are not views.
-        Call :meth:`zero_grad` instead, or :meth:`attach_grads` after
-        ``backward()``; :meth:`check_views` raises if a view was replaced.
+        Call :meth:`zero_grad` instead (an algorithm's ``algo.zero_grad()``),
+        or :meth:`attach_grads` after ``backward()``; :meth:`check_views`
+        raises if a view was replaced.
 
     Memory: the flat buffers replace the parameters' own storage (the old
     tensors are released), so the cost is a transient second copy during
@@ -38,7 +45,7 @@ class FlatParameters:
         grads: also flatten the gradients.
 
     Raises:
-        ValueError: the module has no parameters, or they are on several devices.
+        ValueError: the module has no trainable parameters, or they are on several devices.
 
     Example::
 
@@ -51,9 +58,9 @@ class FlatParameters:
     """
 
     def __init__(self, module: torch.nn.Module, *, grads: bool = True):
-        parameters = list(module.parameters())  # shared parameters once
+        parameters = [p for p in module.parameters() if p.requires_grad]  # shared parameters once
         if not parameters:
-            raise ValueError("module has no parameters to flatten")
+            raise ValueError("module has no trainable parameters to flatten")
         devices = sorted({str(p.device) for p in parameters})
         if len(devices) > 1:
             raise ValueError(f"parameters must all be on one device, got {', '.join(devices)}")
@@ -162,8 +169,9 @@ class FlatParameters:
             if self.grads is not None and p.grad is not None and not _same_memory(
                     p.grad, self._view(self.grads, p, dtype, offset)):
                 raise RuntimeError(f"gradient of {self.names.get(id(p), '?')} is not a "
-                                   f"view of the flat buffer; call attach_grads() after "
-                                   f"backward() or zero_grad() of FlatParameters")
+                                   f"view of the flat buffer (optimizer.zero_grad() sets it to "
+                                   f"None): zero the gradients with algo.zero_grad(), or call "
+                                   f"attach_grads() after backward()")
 
     def __repr__(self):
         parts = ", ".join(f"{str(d).removeprefix('torch.')}: {t.numel()}"

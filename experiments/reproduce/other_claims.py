@@ -30,8 +30,8 @@ def hierarchical_stragglers(ctx):
               "--batch-size", "32", "--max-steps", str(steps), "--epochs", str(steps), "--eval-every", "0",
               "--imbalance", imbalance]
     variants = {"allreduce_sgd": ("allreduce_sgd", []),
-                "hierarchical_sgd": ("hierarchical_sgd", ["--levels", f"4:{ranks // 2},8:P"]),
-                "local_sgd_tau8": ("local_sgd", ["--tau", "8"])}
+                "hierarchical_sgd": ("hierarchical_sgd", ["--period-group-size-dict", f"4:{ranks // 2},8:P"]),
+                "local_sgd_tau8": ("local_sgd", ["--period", "8"])}
     throughput, sources = {}, []
     for name, (algo, extra) in variants.items():
         run = train(ctx, f"{name}_p{ranks}", ranks, algo, [*common, *extra])

@@ -186,7 +186,7 @@ ACCURACY_VARIANTS = {
     "adpsgd": ("AD-PSGD", "adpsgd", []),
     "sgp2": ("SGP (2n)", "sgp", ["--peers", "2"]),
     "sgp1": ("SGP (1n)", "sgp", ["--peers", "1"]),
-    "local_sgd_tau10": ("1: no group collectives (local SGD, tau 10)", "local_sgd", ["--tau", "10"]),
+    "local_sgd_tau10": ("1: no group collectives (local SGD, tau 10)", "local_sgd", ["--period", "10"]),
     "wagma_fixed": ("2: fixed groups", "wagma", ["--fixed-groups"]),
     "wagma_sp": ("3: S = P", "wagma", ["--group-size", "8"]),
     "wagma_s2": ("4: S = 2", "wagma", ["--group-size", "2"]),

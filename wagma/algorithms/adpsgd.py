@@ -4,6 +4,7 @@ import threading
 
 from collectives.gossip import PairwiseGossip
 
+from ..options.algorithms import ADPSGDOptions
 from .base import Algorithm
 
 __all__ = ["ADPSGD"]
@@ -27,26 +28,22 @@ class ADPSGD(Algorithm):
     averaging arbitrarily far behind.  Needs an even number of ranks, all
     running the same number of steps.  :meth:`close` finishes every requested
     exchange on every rank.  Buffers (BatchNorm statistics) stay local.
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own (model averaging, by design): clipping clips the local gradient.
     """
 
     name = "adpsgd"
+    Options = ADPSGDOptions
 
-    def __init__(self, model, optimizer, comm):
-        super().__init__(model, optimizer, comm)
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
         self.lock = threading.Lock()
         self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()),
                                      lock=self.lock).open()
 
-    @classmethod
-    def check_options(cls, world_size):
-        if world_size > 1 and world_size % 2:
-            return (f"adpsgd needs an even number of ranks, got {world_size} (active even "
-                    f"and passive odd ranks alternate on a ring)")
-        return None
-
     def _step(self):
         with self.lock:
-            self.optimizer.step()
+            self._optimizer_step()
         self.gossip.step_done()
 
     def close(self):
@@ -54,3 +51,4 @@ class ADPSGD(Algorithm):
         if self.gossip is not None:
             self.gossip.close()
             self.gossip = None
+        super().close()

@@ -3,9 +3,12 @@
 import contextlib
 import time
 
+import torch
+
 from collectives import broadcast
 from collectives.background import BackgroundAllreduce
 
+from ..options.algorithms import AllreduceSGDOptions
 from .base import Algorithm
 
 __all__ = ["AllreduceSGD"]
@@ -22,28 +25,43 @@ class AllreduceSGD(Algorithm):
     whose gradients are all there is launched, in bucket order (so that
     every rank reduces the same buckets in the same sequence), as a
     nonblocking allreduce (average) on a worker thread, overlapping the rest
-    of the backward pass.  :meth:`step` launches any bucket whose gradients
-    never came (unused parameters: zeros), waits for all of them, then runs
-    the optimizer.  Inside :meth:`no_sync` backward accumulates gradients
-    without communication; the next backward outside it averages the sum.
+    of the backward pass.
 
-    Parameters and buffers are broadcast from rank 0 at construction, and
-    buffers (BatchNorm statistics) again after every step, as DDP does
-    (``broadcast_buffers=True``).
+    **The gradient contract (DDP's).**  When ``backward()`` returns, every
+    gradient is the global average: the first hook of a backward pass
+    queues a callback that the autograd engine runs at the end of the pass
+    (DDP's ``queue_callback``), and it launches the buckets whose gradients
+    never came (parameters unused in this pass: their gradient counts as
+    zero) and waits for every bucket.  So gradient clipping
+    (``clip_grad_norm_`` clips the global gradient, to the same norm on
+    every rank), ``GradScaler.unscale_``, inspecting gradients and gradient
+    hooks between ``backward()`` and :meth:`step` see the global average,
+    and the replicas take the same step.  Accumulating over several
+    backward passes without :meth:`no_sync` averages at each pass, adding
+    the average of each pass's local gradients to the average already
+    there: the result is the average of the sums, as with :meth:`no_sync`,
+    up to float rounding, and the same from run to run.  Inside
+    :meth:`no_sync` backward accumulates the local gradients without
+    communication (the gradients are local until a backward pass outside
+    it averages the sum); a :meth:`step` that follows only passes inside
+    :meth:`no_sync` averages the gradients itself, before the optimizer
+    step, so the replicas stay equal.
 
-    Args:
-        bucket_cap_mb: bucket size in MB (10**6 bytes), DDP's default 25.
-        sync: ``"allreduce"`` or ``"stragglar"``.  With ``"stragglar"``, a
-            step for which the predictor (:mod:`collectives.straggler_sync`)
-            names a rank that will arrive last launches no bucket during
-            backward: :meth:`step` averages each dtype's whole gradient with
-            StragglAR, that rank as the straggler.  The overlap of buckets
-            with backward and StragglAR's overlap of the others'
-            ReduceScatter with the straggler's lateness hide different
-            things; which is worth more is what the benchmark measures.
-            Steps without a prediction are DDP's, as with ``"allreduce"``.
-            Either way the average is the same up to the order of the float
-            additions.
+    ``optimizer.zero_grad()`` works as well as :meth:`zero_grad`: a
+    gradient it set to None is copied into its bucket by its hook.
+
+    Buffers (BatchNorm statistics) are broadcast from rank 0 after every
+    step, as DDP does (``broadcast_buffers=True``).
+
+    With ``sync="stragglar"``, a synchronization for which the predictor
+    (:mod:`collectives.straggler_sync`) names a rank that will arrive last
+    launches no bucket during backward: the end-of-backward callback
+    averages each dtype's whole gradient with StragglAR, that rank as the
+    straggler.  The overlap of buckets with backward and StragglAR's
+    overlap of the others' ReduceScatter with the straggler's lateness
+    hide different things; which is worth more is what the benchmark
+    measures.  Synchronizations without a prediction are DDP's.  Either
+    way the average is the same up to the order of the float additions.
 
     Example::
 
@@ -54,31 +72,29 @@ class AllreduceSGD(Algorithm):
                 for x, y in micro_batches[:-1]:
                     loss_fn(model(x), y).backward()
             loss_fn(model(micro_batches[-1][0]), micro_batches[-1][1]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # the global gradient
             algo.step()
         algo.close()
     """
 
     name = "allreduce_sgd"
+    Options = AllreduceSGDOptions
 
-    def __init__(self, model, optimizer, comm, *, bucket_cap_mb=25.0, sync="allreduce"):
-        super().__init__(model, optimizer, comm, bucket_cap_mb=bucket_cap_mb, sync=sync)
-        self._broadcast_from_root()
-        self._open_straggler_sync(sync, self.flat.grads.values())
-        self.buckets = self._make_buckets(int(bucket_cap_mb * 1e6))
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self._open_straggler_sync(self.config.sync, self.flat.grads.values())
+        self.buckets = self._make_buckets(int(self.config.bucket_cap_mb * 1e6))
         self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets)
                            for p in params}
+        self._grad_view = {id(p): self.flat._view(self.flat.grads, p, dtype, offset)
+                           for p, dtype, offset in self.flat._slices}
         self._background = BackgroundAllreduce(comm.data, op="avg").open()
         self._sync = True
+        self._callback_queued = False
+        self._local = False     # gradients accumulated in no_sync() and not averaged since
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
                        for p in self.flat.parameters]
-
-    @classmethod
-    def check_options(cls, world_size, *, bucket_cap_mb, sync):
-        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
-                or not bucket_cap_mb > 0:
-            return f"bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}"
-        return cls._sync_problem(sync)
 
     def _make_buckets(self, cap_bytes):
         """``(dtype, lo, hi, parameters)`` slices of the flat gradients."""
@@ -96,15 +112,27 @@ class AllreduceSGD(Algorithm):
         self._waiting = [len(params) for *_, params in self.buckets]
         self._launched = []
 
-    def _stragglar_step(self):
-        """Whether this step's gradients go to StragglAR (a predicted straggler)."""
+    def _stragglar_sync(self):
+        """Whether this synchronization goes to StragglAR (a predicted straggler)."""
         return self.straggler_sync is not None and self.straggler_sync.straggler is not None
 
     def _gradient_ready(self, p):
-        if not self._sync or self._stragglar_step():
+        """Post-accumulate hook: keep ``p.grad`` the bucket's view, count
+        down its bucket, launch the buckets that are complete, in order."""
+        view = self._grad_view[id(p)]
+        if p.grad is not view and (p.grad.data_ptr() != view.data_ptr() or p.grad.shape != view.shape):
+            with torch.no_grad():
+                view.copy_(p.grad)      # a fresh gradient, after optimizer.zero_grad()
+            p.grad = view
+        if not self._sync:
+            self._local = True
             return
-        b = self._bucket_of[id(p)]
-        self._waiting[b] -= 1
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        if self._stragglar_sync():
+            return
+        self._waiting[self._bucket_of[id(p)]] -= 1
         while len(self._launched) < len(self.buckets) and \
                 self._waiting[len(self._launched)] == 0:
             self._launch(len(self._launched))
@@ -115,21 +143,21 @@ class AllreduceSGD(Algorithm):
         dtype, lo, hi, _ = self.buckets[b]
         self._launched.append(self._background.submit(self.flat.grads[dtype][lo:hi]))
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside accumulate gradients without communication."""
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+    def _backward_done(self):
+        """Run by autograd at the end of a backward pass outside
+        :meth:`no_sync`: the gradients become the global average."""
+        self._callback_queued = False
+        self._average()
 
-    def _step(self):
-        self.flat.check_views()
+    def _average(self):
+        """Average the whole flat gradient over all ranks: the buckets not
+        launched yet, then wait for all (or StragglAR with a predicted
+        straggler)."""
+        self.flat.attach_grads()        # unused parameters' None gradients count as zeros
         sync = self.straggler_sync
         if sync is not None:
             sync.begin(reduction_started=self._first_launch if self._launched else None)
-        if self._stragglar_step():
+        if self._stragglar_sync():
             for grads in self.flat.grads.values():
                 sync.reduce(grads)
         else:
@@ -139,10 +167,25 @@ class AllreduceSGD(Algorithm):
                 pending.wait()
         if sync is not None:
             sync.end()
-        self.optimizer.step()
+        self._reset()
+        self._local = False
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate the local gradients without communication."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def _step(self):
+        self.flat.check_views()
+        if self._local:                 # only no_sync() passes since the last average
+            self._average()
+        self._optimizer_step()
         for tensor in self.flat.buffers.values():
             broadcast(tensor, comm=self.comm, root=0, check=False)
-        self._reset()
 
     def close(self):
         """Remove the hooks and stop the worker thread (collective)."""

@@ -1,20 +1,19 @@
-"""The interface every training algorithm implements, and its argument checks."""
+"""The interface every training algorithm implements: construction, the training-loop contract, its checks."""
 
 import contextlib
 import inspect
 import time
-import zlib
 
 import numpy as np
 import torch
 
-from collectives import Communicator, broadcast
 from collectives.agreement import agree
 from collectives.straggler_sync import PredictedStragglerSync
 
-from ..algorithm_options import SYNCS
 from ..flat import FlatParameters
+from ..options.base import keyword_signature
 from ..reallocation import Reallocation
+from ..replicas import broadcast_model, require_communicator, same_parameters_problem
 
 __all__ = ["Algorithm"]
 
@@ -22,24 +21,47 @@ __all__ = ["Algorithm"]
 class Algorithm:
     """A distributed training algorithm over a model's flat parameter buffer.
 
-    Wraps a local ``torch.optim`` optimizer and the model; the training loop
-    calls :meth:`step` after ``loss.backward()`` instead of
-    ``optimizer.step()``.  The algorithm owns its step counter, increments it
-    in :meth:`step` alone, and keeps it in :meth:`state_dict` so that a
-    resumed run continues the same schedule.
+    The training loop is DDP's with two changes: ``algo = create(name,
+    model, optimizer, comm, ...)``, and :meth:`step` after
+    ``loss.backward()`` in place of ``optimizer.step()`` (with
+    :meth:`zero_grad`).  What a gradient holds between ``backward()`` and
+    :meth:`step` is each algorithm's to say (its docstring): the global
+    average for gradient averaging (Allreduce-SGD, as in DDP), this rank's
+    own gradient for the model-averaging family, by design.  The algorithm
+    owns its step counter, increments it in :meth:`step` alone, and keeps it
+    in :meth:`state_dict` so that a resumed run continues the same schedule.
 
-    Construction flattens the model (:class:`~wagma.flat.FlatParameters`)
-    and is collective over ``comm``: every rank checks its own arguments, and
-    one agreement round raises the same error on every rank if any rank's
-    are bad or differ (options, parameter names, shapes and dtypes).
+    Construction is collective over ``comm``, and checks before any data
+    moves: every rank checks its own arguments, and one agreement round
+    raises the same ``ValueError`` on every rank if any rank's are bad or
+    differ (options; the parameters' names, shapes, dtypes and which are
+    frozen, naming the first that differs).  Then:
 
-    Subclasses set :attr:`name`, validate their options against the world
-    size in the class method :meth:`check_options` (a problem sentence or
-    None; it needs no model or communicator, so a command line can be
-    checked before anything is built) and implement
-    :meth:`_step` (the optimizer step and the communication of one step).
+    * the trainable parameters (``requires_grad``) become views into flat
+      buffers (:class:`~wagma.flat.FlatParameters`); frozen parameters stay
+      out of them, out of every hook and average: their gradients stay
+      None and their values never change (an optimizer that owns them skips
+      them: they have no gradient);
+    * with ``init_sync`` (the default, as DDP's), every rank's parameters
+      and buffers become rank 0's (:func:`~wagma.replicas.broadcast_model`),
+      so the replicas start from one model whatever each rank's seed was.
+
+    Misuse is caught where it is made: a ``comm`` that is not a
+    :class:`~collectives.Communicator` (``TypeError``, before any message),
+    unknown options (the message lists the algorithm's), and an
+    ``optimizer.step()`` called outside :meth:`step` (``RuntimeError`` at the
+    next :meth:`step`, before it communicates).
+
+    Subclasses set :attr:`name` and :attr:`Options` (the options object:
+    names, defaults, documentation and checks, :mod:`wagma.options`), read
+    their options from :attr:`config`, and implement :meth:`_step` (the
+    optimizer step, through :meth:`_optimizer_step`, and the communication
+    of one step).
 
     Attributes a training loop may read:
+        config: the options object, "auto" values made concrete for the
+            rank count; :attr:`options` is it as a dict (the run file's
+            ``algorithm_options``).
         steps: steps taken (the counter of :meth:`state_dict`).
         stale_steps: steps whose contribution was stale (a group or quorum
             collective began without this rank); 0 for algorithms without
@@ -59,19 +81,30 @@ class Algorithm:
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
-        optimizer: a ``torch.optim.Optimizer`` over exactly the model's
-            parameters.
-        comm: a :class:`~collectives.comm.Communicator`.
-        **options: the algorithm's own options.
+        optimizer: a ``torch.optim.Optimizer`` that owns every trainable
+            parameter of the model (and may own frozen ones, or not).
+        comm: a :class:`~collectives.comm.Communicator`, e.g.
+            ``Communicator(MPI.COMM_WORLD)``.
+        init_sync: make the replicas rank 0's at construction (parameters
+            and buffers).  False is an explicit opt-out for experiments that
+            start the replicas from different models on purpose.
+        **options: the algorithm's own options (:attr:`Options`).
     """
 
     name = "algorithm"
+    #: The options object of the algorithm (:class:`wagma.options.Options`).
+    Options = None
 
-    def __init__(self, model, optimizer, comm, **options):
-        if not isinstance(comm, Communicator):
-            raise TypeError(f"comm must be a collectives.Communicator, got {type(comm).__name__}")
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        leading = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                   for n in ("model", "optimizer", "comm")]
+        leading.append(inspect.Parameter("init_sync", inspect.Parameter.KEYWORD_ONLY, default=True))
+        cls.__signature__ = keyword_signature(cls.Options, leading)
+
+    def __init__(self, model, optimizer, comm, *, init_sync=True, **options):
+        require_communicator(comm)
         self.model, self.optimizer, self.comm = model, optimizer, comm
-        self.options = options
         self.steps = 0
         self.stale_steps = 0
         self.lock = contextlib.nullcontext()
@@ -79,17 +112,24 @@ class Algorithm:
         self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
         self.work_measured = []
         self.straggler_sync = None
-        problem = self._check_model_and_optimizer() or self.check_options(comm.size, **options)
-        layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
-        agree(comm, self.name, problem, ValueError,
-              options=sorted(options.items()),
-              parameters=zlib.crc32(repr(layout).encode()))
+        self._scaler, self._inside_step, self._outside_steps = None, False, 0
+        config, problem = None, self.Options.keyword_problem(options)
+        if problem is None:
+            config = self.Options(**options)
+            problem = self._check_model_and_optimizer() or config.problem(comm.size)
+        if problem is None:
+            config = config.resolve(comm.size)
+        agree(comm, self.name, problem, ValueError, init_sync=init_sync,
+              options=sorted(config.as_dict().items()) if config else None)
+        problem = same_parameters_problem(comm, model)
+        if problem:
+            raise ValueError(f"{self.name}: {problem}")
+        self.config = config
+        self.options = config.as_dict()
         self.flat = FlatParameters(model)
-
-    def _broadcast_from_root(self):
-        """Start every rank from rank 0's parameters and buffers (collective)."""
-        for tensor in (*self.flat.params.values(), *self.flat.buffers.values()):
-            broadcast(tensor, comm=self.comm, root=0)
+        if init_sync:
+            broadcast_model(comm, model)
+        self._step_hook = optimizer.register_step_pre_hook(self._optimizer_stepping)
 
     def _check_model_and_optimizer(self):
         if not isinstance(self.model, torch.nn.Module):
@@ -99,26 +139,32 @@ class Algorithm:
         devices = sorted({str(p.device) for p in self.model.parameters()})
         if len(devices) != 1:
             return f"model parameters must all be on one device, got {', '.join(devices) or 'none'}"
+        names = {id(p): name for name, p in self.model.named_parameters()}
         owned = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        model = {id(p) for p in self.model.parameters()}
-        if owned != model:
-            return ("optimizer must own exactly the model's parameters "
-                    f"({len(model - owned)} of the model's are missing from it, "
-                    f"{len(owned - model)} of its are not the model's)")
+        foreign = len(owned - set(names))
+        if foreign:
+            return f"optimizer must own only the model's parameters; {foreign} of its are not the model's"
+        missing = [name for name, p in self.model.named_parameters() if p.requires_grad and id(p) not in owned]
+        if missing:
+            return (f"optimizer must own every trainable parameter of the model; it lacks "
+                    f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+        if not any(p.requires_grad for p in self.model.parameters()):
+            return "model has no trainable parameters (every one has requires_grad=False)"
         return None
 
-    @staticmethod
-    def _sync_problem(sync):
-        """The problem with a ``sync`` option, or None."""
-        if sync not in SYNCS:
-            return f"sync must be one of {', '.join(map(repr, SYNCS))}, got {sync!r}"
-        return None
+    def _optimizer_stepping(self, optimizer, args, kwargs):
+        """The optimizer's step pre-hook: counts the steps not made by :meth:`step`."""
+        if not self._inside_step:
+            self._outside_steps += 1
 
-    @classmethod
-    def check_options(cls, world_size, **options):
-        """The first problem with ``options`` on ``world_size`` ranks, as a
-        sentence naming the keyword, or None.  Pure: no model, no MPI."""
-        return None
+    def _optimizer_step(self):
+        """The local optimizer step of :meth:`_step`; with the ``scaler``
+        given to :meth:`step`, ``scaler.step(optimizer)`` (which unscales the
+        gradients unless ``unscale_`` did, and skips the step on inf/NaN)."""
+        if self._scaler is None:
+            self.optimizer.step()
+        else:
+            self._scaler.step(self.optimizer)
 
     def plan(self, total_steps: int, batch_size: int):
         """Told by the training loop before the first step: the run's number
@@ -128,9 +174,18 @@ class Algorithm:
         if self.options.get("reallocate"):
             self._policy = Reallocation(self.comm.size, batch_size)
 
-    def step(self):
+    def step(self, scaler=None):
         """One training step, after ``backward()``: the optimizer step and
         whatever communication the algorithm does at this step.
+
+        Args:
+            scaler: a ``torch.amp.GradScaler`` of a mixed-precision loop:
+                the optimizer step is ``scaler.step(optimizer)`` (call
+                ``scaler.update()`` after this).
+
+        Raises:
+            RuntimeError: ``optimizer.step()`` was called since the last
+                step outside it (before any communication of this step).
 
         Also times the rank's work for the reallocation: the seconds from
         the end of the previous call to the start of this one (data,
@@ -139,10 +194,20 @@ class Algorithm:
         not seen (the first, without :meth:`start_step_timer`) counts
         neither its seconds nor its samples."""
         entered = time.perf_counter()
+        if self._outside_steps:
+            count, self._outside_steps = self._outside_steps, 0
+            raise RuntimeError(
+                f"{self.name}: optimizer.step() was called {count} time(s) since the last algo.step(), "
+                f"outside it: call algo.step() in its place (it runs the optimizer step and {self.name}'s "
+                f"communication); the replicas have not been averaged as {self.name} averages them")
         if self._returned is not None:
             self._period_seconds += entered - self._returned
             self._period_samples += self.samples_per_step or 0
-        self._step()
+        self._scaler, self._inside_step = scaler, True
+        try:
+            self._step()
+        finally:
+            self._scaler, self._inside_step = None, False
         self.steps += 1
         self._returned = time.perf_counter()
 
@@ -190,6 +255,7 @@ class Algorithm:
 
     def close(self):
         """Release threads and communicators the algorithm holds (collective)."""
+        self._step_hook.remove()
         if self.straggler_sync is not None:
             self.straggler_sync.close()
             self.straggler_sync = None
@@ -201,7 +267,10 @@ class Algorithm:
         self.close()
 
     def zero_grad(self):
-        """Zero the gradients, keeping them views of the flat buffer."""
+        """Zero the gradients, keeping them views of the flat buffer (one
+        write per dtype).  ``optimizer.zero_grad()`` works too: the
+        gradients it sets to None are copied back into the flat buffer
+        where the algorithm needs them, at the cost of that copy."""
         self.flat.zero_grad()
 
     def state_dict(self) -> dict:
@@ -212,18 +281,12 @@ class Algorithm:
         if state.get("algorithm") != self.name:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, "
                              f"not {self.name!r}")
+        saved = state.get("options", {})
+        problem = self.Options.keyword_problem(saved)
         # Options added since the state was saved read as their defaults.
-        saved = {**self._option_defaults(), **state.get("options", {})}
-        if saved != self.options:
-            raise ValueError(f"state_dict options {state.get('options')} differ from "
-                             f"this run's {self.options}")
+        if problem is not None or self.Options(**saved).resolve(self.comm.size).as_dict() != self.options:
+            raise ValueError(f"state_dict options {saved} differ from this run's {self.options}")
         self.steps = int(state["steps"])
-
-    @classmethod
-    def _option_defaults(cls) -> dict:
-        """The keyword options of this class that have defaults."""
-        return {p.name: p.default for p in inspect.signature(cls).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
 
     def __repr__(self):
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())

@@ -2,6 +2,7 @@
 
 from collectives.neighbors import neighbor_sum
 
+from ..options.algorithms import DPSGDOptions
 from .base import Algorithm
 
 __all__ = ["DPSGD"]
@@ -18,16 +19,16 @@ class DPSGD(Algorithm):
     The exchange is synchronous: each rank waits for both neighbours.  With
     P = 2 the two neighbours are the same rank (weights 1/3 and 2/3); with
     P = 1 nothing is exchanged.  Buffers (BatchNorm statistics) stay local.
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own (model averaging, by design): clipping clips the local gradient.
     """
 
     name = "dpsgd"
-
-    def __init__(self, model, optimizer, comm):
-        super().__init__(model, optimizer, comm)
+    Options = DPSGDOptions
 
     def _step(self):
         if self.comm.size > 1:
             for tensor in self.flat.params.values():
                 neighbor_sum(tensor, comm=self.comm, offsets=(-1, 1), check=False)
                 tensor.mul_(1.0 / 3.0)
-        self.optimizer.step()
+        self._optimizer_step()

@@ -2,6 +2,7 @@
 
 from collectives import majority_allreduce, solo_allreduce
 
+from ..options.algorithms import EagerSGDOptions
 from .base import Algorithm
 
 __all__ = ["EagerSGD"]
@@ -18,8 +19,16 @@ class EagerSGD(Algorithm):
     with ``quorum="solo"`` the first rank to arrive starts it, with
     ``"majority"`` it starts once ceil(P/2) ranks have arrived.  Every rank
     then applies the same average (the sum over the P contributions divided
-    by P), so the replicas stay identical, as in Allreduce-SGD; parameters
-    and buffers are broadcast from rank 0 at construction.
+    by P), so the replicas stay identical, as in Allreduce-SGD.
+
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own: the partial collective runs in :meth:`step`, and a version may
+    begin before this rank arrives, so no callback at the end of backward
+    could wait for it without giving up what eager-SGD is for.  Clipping
+    there clips this rank's contribution.  With a ``GradScaler``, let
+    ``algo.step(scaler)`` unscale (do not call ``unscale_`` before it): it
+    unscales the average, which holds an inf or NaN on every rank if it
+    does on one, so every rank skips the same steps.
 
     A late rank's gradient is carried over, never lost nor counted twice
     (``carry_over`` of :class:`~collectives.WaitAvoidingGroupAllreduce`): a
@@ -40,29 +49,22 @@ class EagerSGD(Algorithm):
     :attr:`stale_steps` counts the steps at which this rank's gradient of
     that step was not in that step's version.
 
-    Args:
-        quorum: ``"solo"`` or ``"majority"``.
+    Options (:class:`~wagma.options.algorithms.EagerSGDOptions`):
+    ``quorum``, ``"solo"`` or ``"majority"``.
     """
 
     name = "eager_sgd"
+    Options = EagerSGDOptions
 
-    def __init__(self, model, optimizer, comm, *, quorum="majority"):
-        super().__init__(model, optimizer, comm, quorum=quorum)
-        self._broadcast_from_root()
-        self.quorum = quorum
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self.quorum = self.config.quorum
         self._collectives = None
         self.unapplied = {}
 
-    @classmethod
-    def check_options(cls, world_size, *, quorum):
-        if quorum not in _QUORUMS:
-            return f"quorum must be one of {', '.join(map(repr, _QUORUMS))}, got {quorum!r}"
-        if world_size & (world_size - 1):
-            return f"eager_sgd needs a power-of-two number of ranks, got {world_size}"
-        return None
-
     def _step(self):
         t = self.steps
+        self.flat.attach_grads()        # gradients optimizer.zero_grad() set to None
         self.flat.check_views()
         if self._collectives is None:   # opened here so a resumed run starts at t
             self._collectives = {
@@ -76,7 +78,7 @@ class EagerSGD(Algorithm):
             self.flat.rebind(dtype, grads=result.value)
             if not result.fresh:
                 self.stale_steps += 1
-        self.optimizer.step()
+        self._optimizer_step()
 
     def close(self):
         """Close the collectives (collective); :attr:`unapplied` then holds,
@@ -87,3 +89,4 @@ class EagerSGD(Algorithm):
             collective.close()
             self.unapplied[dtype] = collective.unconsumed()
         self._collectives = None
+        super().close()

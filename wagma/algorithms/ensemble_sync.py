@@ -7,6 +7,7 @@ from mpi4py import MPI
 from collectives.member_allreduce import member_allreduce
 
 from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision
+from ..options.algorithms import EnsembleSyncOptions
 from .base import Algorithm
 
 __all__ = ["EnsembleSync"]
@@ -26,7 +27,8 @@ class EnsembleSync(Algorithm):
     (the paper's step 4 averages with equal weights, which is the same when
     every rank processes the same number of samples; the weights matter
     under reallocation, where shares differ).  Buffers (BatchNorm
-    statistics) stay local, as in local SGD.
+    statistics) stay local, as in local SGD, and between ``backward()``
+    and :meth:`step` the gradients are this rank's own.
 
     The parameter server, in MPI: the paper's server holds the model, locks
     the workers and times them out.  Here rank 0 runs the server's
@@ -69,7 +71,7 @@ class EnsembleSync(Algorithm):
         dead_ranks: on rank 0, the ranks the coordinator found dead (ULFM);
             empty elsewhere.
 
-    Args:
+    Options (:class:`~wagma.options.algorithms.EnsembleSyncOptions`):
         period: T >= 1, local steps between synchronizations.
         timeout_s: seconds a round waits after its first report, > 0 (the
             paper: 30 s).
@@ -77,10 +79,12 @@ class EnsembleSync(Algorithm):
     """
 
     name = "ensemble_sync"
+    Options = EnsembleSyncOptions
 
-    def __init__(self, model, optimizer, comm, *, period=10, timeout_s=30.0, reallocate=False):
-        super().__init__(model, optimizer, comm, period=period, timeout_s=timeout_s, reallocate=reallocate)
-        self.period, self.timeout_s, self.reallocate = period, float(timeout_s), reallocate
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        c = self.config
+        self.period, self.timeout_s, self.reallocate = c.period, float(c.timeout_s), c.reallocate
         self._reports, self._decisions = comm.control.Dup(), comm.control.Dup()
         self._averages = comm.data.Dup()
         self.skipped, self.ensemble = None, None
@@ -90,16 +94,6 @@ class EnsembleSync(Algorithm):
         self.coordinator = None
         if comm.rank == 0:
             self.coordinator = Coordinator(self._reports, self._decisions, self.timeout_s, None, 1)
-
-    @classmethod
-    def check_options(cls, world_size, *, period, timeout_s, reallocate):
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            return f"period must be an int >= 1, got {period!r}"
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            return f"timeout_s must be a number of seconds above 0, got {timeout_s!r}"
-        if not isinstance(reallocate, bool):
-            return f"reallocate must be True or False, got {reallocate!r}"
-        return None
 
     def plan(self, total_steps, batch_size):
         """Also hands the batch and the reallocation policy to rank 0's
@@ -111,7 +105,7 @@ class EnsembleSync(Algorithm):
             self.coordinator.plan(self._policy, batch_size)
 
     def _step(self):
-        self.optimizer.step()
+        self._optimizer_step()
         self.skipped = None
         end = self.steps + 1
         if end % self.period == 0 or end == self.total_steps:
@@ -164,3 +158,4 @@ class EnsembleSync(Algorithm):
             self.coordinator.stop()
         for channel in (self._reports, self._decisions, self._averages):
             channel.Free()
+        super().close()

@@ -3,6 +3,7 @@
 
 from collectives import Communicator, allreduce
 
+from ..options.algorithms import HierarchicalSGDOptions
 from .base import Algorithm
 
 __all__ = ["HierarchicalSGD"]
@@ -24,24 +25,27 @@ class HierarchicalSGD(Algorithm):
     not ``step - warmup_steps``) called after every optimizer step, and is
     tested equal to it.  Buffers (BatchNorm statistics) stay local.
 
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own, warm-up steps included (their average is taken inside
+    :meth:`step`, before the optimizer step).
+
     One :class:`~collectives.comm.Communicator` per level below the top,
     made at construction (collective) and freed by :meth:`close`.
 
-    Args:
-        period_group_size_dict: ``{period: group_size}``, see above.
+    Options (:class:`~wagma.options.algorithms.HierarchicalSGDOptions`):
+        period_group_size_dict: ``{period: group_size}``, see above (a
+            size ``"P"`` is all ranks), or ``"auto"``: ``{2: sqrt(P), 10: P}``.
         warmup_steps: steps of gradient averaging before local steps, >= 0.
     """
 
     name = "hierarchical_sgd"
+    Options = HierarchicalSGDOptions
 
-    def __init__(self, model, optimizer, comm, *, period_group_size_dict, warmup_steps=0):
-        levels = dict(period_group_size_dict) if isinstance(period_group_size_dict, dict) \
-            else period_group_size_dict
-        super().__init__(model, optimizer, comm, period_group_size_dict=levels,
-                         warmup_steps=warmup_steps)
-        self.warmup_steps = warmup_steps
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self.warmup_steps = self.config.warmup_steps
         self.levels = []
-        for period, size in levels.items():
+        for period, size in self.config.period_group_size_dict.items():
             if size == comm.size:
                 group = comm
             else:
@@ -49,25 +53,6 @@ class HierarchicalSGD(Algorithm):
                 group = Communicator(split)
                 split.Free()
             self.levels.append((period, group))
-
-    @classmethod
-    def check_options(cls, world_size, *, period_group_size_dict, warmup_steps):
-        levels = period_group_size_dict
-        if not isinstance(levels, dict) or not levels:
-            return f"period_group_size_dict must be a non-empty dict, got {levels!r}"
-        periods, sizes = list(levels), list(levels.values())
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in periods + sizes):
-            return f"period_group_size_dict must map ints >= 1 to ints >= 1, got {levels!r}"
-        if periods != sorted(set(periods)):
-            return f"periods must be increasing, got {periods}"
-        if sizes[-1] != world_size:
-            return (f"the last group size in period_group_size_dict must be the world "
-                    f"size {world_size}, got {sizes[-1]}")
-        if any(world_size % s for s in sizes):
-            return f"every group size must divide the world size {world_size}, got {sizes}"
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            return f"warmup_steps must be an int >= 0, got {warmup_steps!r}"
-        return None
 
     def averaging_level(self, t):
         """The communicator that averages after step t, or None."""
@@ -81,9 +66,10 @@ class HierarchicalSGD(Algorithm):
     def _step(self):
         t = self.steps
         if t < self.warmup_steps:
+            self.flat.attach_grads()        # gradients optimizer.zero_grad() set to None
             for tensor in self.flat.grads.values():
                 allreduce(tensor, comm=self.comm, op="avg")
-        self.optimizer.step()
+        self._optimizer_step()
         group = self.averaging_level(t)
         if group is not None:
             for tensor in self.flat.params.values():
@@ -94,3 +80,4 @@ class HierarchicalSGD(Algorithm):
             if group is not self.comm:
                 group.close()
         self.levels = []
+        super().close()

@@ -2,6 +2,7 @@
 
 from collectives import allreduce
 
+from ..options.algorithms import LocalSGDOptions
 from .base import Algorithm
 
 __all__ = ["LocalSGD"]
@@ -19,16 +20,12 @@ class LocalSGD(Algorithm):
     as PyTorch's ``PeriodicModelAverager(period, warmup_steps=period - 1)``
     called after every optimizer step.  Buffers (BatchNorm statistics) stay
     local.
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own (model averaging, by design): clipping clips the local gradient.
 
-    Args:
-        period: tau >= 1.
-        reallocate: after each average, Lemma 1's shares of the global
-            batch for the next period (:mod:`wagma.reallocation`; one more
-            allgather of two numbers per average).
-        sync: ``"allreduce"`` or ``"stragglar"``: each average as StragglAR
-            with the rank predicted to arrive last as its straggler
-            (:mod:`collectives.straggler_sync`; the same average up to the
-            order of the float additions, whoever arrives last).
+    Options (:class:`~wagma.options.algorithms.LocalSGDOptions`): ``period``
+    (tau), ``reallocate`` (one more allgather of two numbers per average),
+    ``sync``.
 
     Example::
 
@@ -40,22 +37,15 @@ class LocalSGD(Algorithm):
     """
 
     name = "local_sgd"
+    Options = LocalSGDOptions
 
-    def __init__(self, model, optimizer, comm, *, period=1, reallocate=False, sync="allreduce"):
-        super().__init__(model, optimizer, comm, period=period, reallocate=reallocate, sync=sync)
-        self.period = period
-        self._open_straggler_sync(sync, self.flat.params.values())
-
-    @classmethod
-    def check_options(cls, world_size, *, period, reallocate, sync):
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            return f"period must be an int >= 1, got {period!r}"
-        if not isinstance(reallocate, bool):
-            return f"reallocate must be True or False, got {reallocate!r}"
-        return cls._sync_problem(sync)
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self.period = self.config.period
+        self._open_straggler_sync(self.config.sync, self.flat.params.values())
 
     def _step(self):
-        self.optimizer.step()
+        self._optimizer_step()
         if (self.steps + 1) % self.period == 0:
             if self.straggler_sync is not None:
                 self.straggler_sync(list(self.flat.params.values()))

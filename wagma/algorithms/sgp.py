@@ -4,6 +4,7 @@ import torch
 
 from collectives.neighbors import neighbor_sum
 
+from ..options.algorithms import SGPOptions
 from .base import Algorithm
 
 __all__ = ["SGP"]
@@ -27,31 +28,28 @@ class SGP(Algorithm):
     graph is made irregular.  The sum of x over ranks is kept (mass
     conservation), and with one peer on P = 2**d ranks, d consecutive steps
     average exactly.  Buffers (BatchNorm statistics) stay local.
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own (model averaging, by design): clipping clips the local gradient.
 
-    Args:
-        peers: 1 or 2 out-peers per step.
+    Options (:class:`~wagma.options.algorithms.SGPOptions`): ``peers``,
+    out-peers per step, 1 to ceil(log2 P) (the paper runs 1 or 2).
     """
 
     name = "sgp"
+    Options = SGPOptions
 
-    def __init__(self, model, optimizer, comm, *, peers=1):
-        super().__init__(model, optimizer, comm, peers=peers)
-        self.peers = peers
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        self.peers = self.config.peers
         self.weight = torch.ones(1, dtype=torch.float64)
         self._rounds = max(1, (comm.size - 1).bit_length())  # ceil(log2 P)
-
-    @classmethod
-    def check_options(cls, world_size, *, peers):
-        if peers not in (1, 2) or isinstance(peers, bool):
-            return f"peers must be 1 or 2, got {peers!r}"
-        return None
 
     def out_peer_offsets(self, t):
         """The offsets 2**k of step t's out-peers."""
         return tuple(1 << ((t * self.peers + j) % self._rounds) for j in range(self.peers))
 
     def _step(self):
-        self.optimizer.step()
+        self._optimizer_step()
         if self.comm.size == 1:
             return
         # Receiving from r - 2**k is sending to r + 2**k.

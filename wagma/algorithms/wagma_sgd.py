@@ -1,8 +1,8 @@
 """WAGMA-SGD (Li et al., IEEE TPDS 2021, Algorithm 2): wait-avoiding group model averaging."""
 
 from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
-from collectives.groups import ButterflyGrouping
 
+from ..options.algorithms import WagmaOptions
 from .base import Algorithm
 
 __all__ = ["WagmaSGD"]
@@ -23,6 +23,8 @@ class WagmaSGD(Algorithm):
     With ``fixed_groups`` the groups of either switch are iteration 0's at
     every step instead of Algorithm 1's dynamic ones (the paper's ablation 2).
     Buffers (BatchNorm statistics) stay local.
+    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    own (model averaging, by design): clipping clips the local gradient.
 
     One :class:`~collectives.WaitAvoidingGroupAllreduce` per parameter dtype,
     opened at the first step with this step's counter (so a resumed run's
@@ -31,8 +33,9 @@ class WagmaSGD(Algorithm):
     parameters are rebound to the result buffer
     (:meth:`~wagma.flat.FlatParameters.rebind`), so no step copies the model.
 
-    Args:
-        group_size: S, a power of two <= P (the paper: about sqrt(P)).
+    Options (:class:`~wagma.options.algorithms.WagmaOptions`):
+        group_size: S, a power of two <= P, or ``"auto"`` (about sqrt(P),
+            as the paper).
         tau: the global synchronisation period, >= 1 (the paper: 10).
         wait_avoiding: alpha, use the wait-avoiding group allreduce.
         group_averaging: beta, use the blocking group allreduce.
@@ -55,45 +58,20 @@ class WagmaSGD(Algorithm):
     """
 
     name = "wagma"
+    Options = WagmaOptions
 
-    def __init__(self, model, optimizer, comm, *, group_size, tau=10,
-                 wait_avoiding=True, group_averaging=False, fixed_groups=False, reallocate=False,
-                 sync="allreduce"):
-        super().__init__(model, optimizer, comm, group_size=group_size, tau=tau,
-                         wait_avoiding=wait_avoiding, group_averaging=group_averaging,
-                         fixed_groups=fixed_groups, reallocate=reallocate, sync=sync)
-        self.group_size, self.tau = group_size, tau
-        self.wait_avoiding, self.group_averaging = wait_avoiding, group_averaging
-        self.fixed_groups = fixed_groups
+    def __init__(self, model, optimizer, comm, **options):
+        super().__init__(model, optimizer, comm, **options)
+        c = self.config
+        self.group_size, self.tau = c.group_size, c.tau
+        self.wait_avoiding, self.group_averaging = c.wait_avoiding, c.group_averaging
+        self.fixed_groups = c.fixed_groups
         self._collectives = None
-        self._open_straggler_sync(sync, self.flat.params.values())
-
-    @classmethod
-    def check_options(cls, world_size, *, group_size, tau, wait_avoiding, group_averaging, fixed_groups,
-                      reallocate, sync):
-        try:
-            ButterflyGrouping(world_size, group_size)
-        except (TypeError, ValueError) as exc:
-            return str(exc)
-        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-            return f"tau must be an int >= 1, got {tau!r}"
-        if not isinstance(wait_avoiding, bool) or not isinstance(group_averaging, bool):
-            return "wait_avoiding and group_averaging must be True or False"
-        if wait_avoiding and group_averaging:
-            return ("wait_avoiding and group_averaging cannot both be True "
-                    "(Algorithm 2's alpha and beta)")
-        if not isinstance(fixed_groups, bool):
-            return f"fixed_groups must be True or False, got {fixed_groups!r}"
-        if fixed_groups and not (wait_avoiding or group_averaging):
-            return ("fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group "
-                    "averaging: with both off no groups average")
-        if not isinstance(reallocate, bool):
-            return f"reallocate must be True or False, got {reallocate!r}"
-        return cls._sync_problem(sync)
+        self._open_straggler_sync(c.sync, self.flat.params.values())
 
     def _step(self):
         t = self.steps
-        self.optimizer.step()
+        self._optimizer_step()
         if self.wait_avoiding and self._collectives is None:
             self._collectives = {
                 dtype: WaitAvoidingGroupAllreduce(

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 
-from wagma.algorithm_options import add_algorithm_options, algorithm_options
+from wagma.options import COMMAND_LINE, options_problem
+from wagma.options.cli import add_algorithm_flags, options_from_args
 from wagma.analysis.plots import plot_throughput
 from wagma.analysis.table import compare, format_table, render, run_label
 from wagma.results import straggler_summary
@@ -96,7 +97,7 @@ def build_parser():
     p.add_argument("--collective", default="auto", choices=COLLECTIVES,
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
-    add_algorithm_options(p)        # the flags of experiments.train; sgp --peers up to log2 P here
+    add_algorithm_flags(p)          # the flags of experiments.train, from the algorithms' options objects
     g = p.add_argument_group("straggler prediction (--sync stragglar; collectives.straggler_prediction)")
     g.add_argument("--predictor-decay", type=float, default=Scenario.decay,
                    help="weight of the newest synchronization [%(default)s]")
@@ -121,8 +122,6 @@ def main(argv=None) -> int:
         parser.error(f"--algo must be all or a comma-separated list of {', '.join(ALGORITHMS)}, got {args.algo!r}")
     if args.steps < 1 or not 0 <= args.skip_steps < args.steps:
         parser.error(f"--steps must be >= 1 and --skip-steps in [0, steps), got {args.steps} and {args.skip_steps}")
-    if args.group_size not in (None, "auto") and not args.group_size.isdigit():
-        parser.error(f"--group-size must be a power of two or 'auto', got {args.group_size!r}")
     if not (args.alpha_us >= 0 and args.beta_gbps > 0):
         parser.error(f"--alpha-us must be >= 0 and --beta-gbps > 0, got {args.alpha_us} and {args.beta_gbps}")
     if args.activation_us is not None and not args.activation_us >= 0:
@@ -143,8 +142,11 @@ def main(argv=None) -> int:
                                 confidence=args.predictor_confidence,
                                 min_lead_s=None if args.predictor_min_lead_ms is None else args.predictor_min_lead_ms / 1e3)
             for algo in algos:
-                args.algo = algo
-                plans.append((algo, scenario, algorithm_options(args, ranks)))
+                options = options_from_args(args, algo)
+                problem = options_problem(algo, ranks, options, COMMAND_LINE)
+                if problem:
+                    parser.error(f"--algo {algo} on {ranks} ranks: {problem}")
+                plans.append((algo, scenario, options))
         runs = []
         for algo, scenario, options in plans:
             start = time.perf_counter()

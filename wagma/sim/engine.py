@@ -10,14 +10,11 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
-from collectives.groups import ButterflyGrouping
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
 from collectives.straggler_prediction import StragglerPredictor, predictor_problem
 from collectives.straggler_sync import PredictedStragglerSync
-from wagma.algorithm_options import SYNCS
-from wagma.algorithms import ALGORITHMS as ALGORITHM_CLASSES
-from wagma.algorithms import REQUIRED, option_defaults
+from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
 from wagma.imbalance import parse_imbalance
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
@@ -29,22 +26,13 @@ __all__ = ["ALGORITHMS", "STRAGGLER_COLUMNS", "SYNCED", "Scenario", "SimulatedRu
 
 
 #: The algorithms whose global synchronizations may run StragglAR with a
-#: predicted straggler (option ``sync``, one of :data:`~wagma.algorithm_options.SYNCS`).
-SYNCED = ("allreduce_sgd", "local_sgd", "wagma")
+#: predicted straggler (their option ``sync``).
+SYNCED = tuple(name for name in ALGORITHM_NAMES if "sync" in OPTIONS[name].fields())
 
-
-def _sim_options(name):
-    options = option_defaults(name)
-    if name in SYNCED:
-        options.setdefault("sync", SYNCS[0])
-    return options
-
-
-#: Simulated algorithms and the options each takes, with their defaults:
-#: those of :func:`wagma.algorithms.create` (``wagma.algorithm_options.algorithm_options``
-#: fills in the paper's settings), and ``sync`` ("allreduce" or "stragglar":
-#: how the global synchronizations reduce) for the :data:`SYNCED` ones.
-ALGORITHMS = {name: _sim_options(name) for name in sorted(ALGORITHM_CLASSES)}
+#: Simulated algorithms and their options with the defaults: those of
+#: :func:`wagma.algorithms.create`, from the same options objects
+#: (:mod:`wagma.options`).
+ALGORITHMS = {name: OPTIONS[name]().as_dict() for name in ALGORITHM_NAMES}
 
 _PREDICTOR = {name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items()
               if p.kind is p.KEYWORD_ONLY}
@@ -131,60 +119,13 @@ def compute_times(scenario: Scenario) -> np.ndarray:
 
 
 def _options(algorithm, ranks, options):
-    """The algorithm's options with defaults filled in, checked; raises ValueError naming the bad one."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
-    accepted = ALGORITHMS[algorithm]
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not an option of {algorithm}; accepted: "
-                         f"{', '.join(accepted) or 'none'}")
-    out = {**accepted, **options}
-    missing = [name for name, value in out.items() if value is REQUIRED]
-    if missing:
-        raise ValueError(f"{algorithm} needs {', '.join(missing)}")
-    if algorithm == "wagma":
-        ButterflyGrouping(ranks, out["group_size"])            # raises on non-powers of two, S > P
-        if out["wait_avoiding"] and out["group_averaging"]:
-            raise ValueError("wait_avoiding and group_averaging cannot both be True (Algorithm 2's alpha and beta)")
-        if not isinstance(out["fixed_groups"], bool):
-            raise ValueError(f"fixed_groups must be True or False, got {out['fixed_groups']!r}")
-        if out["fixed_groups"] and not (out["wait_avoiding"] or out["group_averaging"]):
-            raise ValueError("fixed_groups needs the wait-avoiding (alpha) or the blocking (beta) group "
-                             "averaging: with both off no groups average")
-    if "sync" in out and out["sync"] not in SYNCS:
-        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {out['sync']!r}")
-    for name in ("period", "tau"):
-        if name in out and (isinstance(out[name], bool) or not isinstance(out[name], int) or out[name] < 1):
-            raise ValueError(f"{name} must be an int >= 1, got {out[name]!r}")
-    if algorithm == "adpsgd" and ranks > 1 and ranks % 2:
-        raise ValueError(f"adpsgd needs an even number of ranks, got {ranks}")
-    if algorithm == "sgp":
-        most = max(1, (ranks - 1).bit_length())
-        if isinstance(out["peers"], bool) or not isinstance(out["peers"], int) or not 1 <= out["peers"] <= most:
-            raise ValueError(f"peers must be an int from 1 to ceil(log2 P) = {most}, got {out['peers']!r}")
-    if algorithm == "eager_sgd":
-        if out["quorum"] not in ("solo", "majority"):
-            raise ValueError(f"quorum must be 'solo' or 'majority', got {out['quorum']!r}")
-        ButterflyGrouping(ranks, ranks)     # the partial collectives run on the wait-avoiding machinery
+    """The algorithm's options for ``ranks`` ranks: its options object's
+    checks and "auto" values (:func:`wagma.options.resolved_options`), as a
+    dict; raises ValueError naming the bad one."""
+    out = resolved_options(algorithm, ranks, options).as_dict()
     if out.get("reallocate"):
         raise ValueError("reallocate: the simulator does not model the reallocation of samples "
                          "(its compute times are drawn per step, not per sample)")
-    if algorithm == "ensemble_sync":
-        timeout = out["timeout_s"]
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"timeout_s must be a number of seconds above 0, got {timeout!r}")
-    if algorithm == "hierarchical_sgd":
-        levels = out["period_group_size_dict"]
-        if not isinstance(levels, dict) or not levels or any(
-                isinstance(v, bool) or not isinstance(v, int) or v < 1 for kv in levels.items() for v in kv):
-            raise ValueError(f"period_group_size_dict must map ints >= 1 to ints >= 1, got {levels!r}")
-        if max(levels.values()) > ranks:
-            raise ValueError(f"period_group_size_dict's group size {max(levels.values())} exceeds the {ranks} ranks")
-        if list(levels) != sorted(levels):
-            raise ValueError(f"period_group_size_dict's periods must increase, got {levels!r}")
-        if not isinstance(out["warmup_steps"], int) or out["warmup_steps"] < 0:
-            raise ValueError(f"warmup_steps must be an int >= 0, got {out['warmup_steps']!r}")
     return out
 
 

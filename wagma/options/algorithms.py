@@ -1,0 +1,237 @@
+"""One options object per training algorithm: each option's name, default, documentation and check."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from .base import Options, option, options_of
+from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
+
+__all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EagerSGDOptions", "EnsembleSyncOptions",
+           "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS", "WagmaOptions",
+           "auto_group_size", "parse_levels"]
+
+#: The values of the ``sync`` option: how the global synchronizations
+#: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
+#: (StragglAR with the rank predicted to arrive last as its straggler,
+#: :mod:`collectives.straggler_sync`; the allreduce while no rank is predicted).
+SYNCS = ("allreduce", "stragglar")
+
+
+def auto_group_size(ranks: int) -> int:
+    """WAGMA-SGD's group size S = sqrt(P) (section 5.2), as a power of two.
+
+    For odd log2 P, sqrt(P) lies between two powers of two; we round up
+    (P = 8 -> 4, P = 32 -> 8): the paper's ablations lose accuracy with
+    smaller groups (S = 4 at P = 64) and only throughput with larger ones.
+    """
+    return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
+
+
+def _sync(what: str):
+    return option("allreduce", check=one_of(*SYNCS), metavar="{allreduce,stragglar}",
+                  help=f"how {what} reduces: 'allreduce' (the tuned allreduce) or 'stragglar' (StragglAR with "
+                       f"the rank predicted to arrive last as its straggler; the same average up to the order of "
+                       f"the float additions, whoever arrives last).")
+
+
+def _reallocate():
+    return option(False, check=boolean,
+                  help="after each global average, Lemma 1's shares of the global batch for the next period "
+                       "from the ranks' measured speeds (wagma.reallocation).")
+
+
+def _needs_power_of_two(algorithm, ranks, say, why):
+    if not is_power_of_two(ranks):
+        return f"{algorithm} needs a power-of-two number of ranks ({why}), got {say.ranks(ranks)}"
+    return None
+
+
+@options_of("allreduce_sgd")
+class AllreduceSGDOptions(Options):
+    """Allreduce-SGD's options (DDP's bucketed gradient averaging)."""
+
+    bucket_cap_mb: float = option(25.0, check=positive_number, parse=float,
+                                  help="bucket size in MB (10**6 bytes), DDP's default 25.")
+    sync: str = _sync("each step's gradient average")
+
+
+@options_of("local_sgd")
+class LocalSGDOptions(Options):
+    """Local SGD's options."""
+
+    period: int = option(1, check=int_at_least(1), parse=int,
+                         help="tau: steps between model averages; 1 is synchronous model averaging (the WAGMA "
+                              "paper's baseline, section 5.1), 10 its ablation 1.")
+    reallocate: bool = _reallocate()
+    sync: str = _sync("each model average")
+
+
+def _group_size(value, name, ranks, say):
+    if value == "auto":
+        return None
+    if not is_power_of_two(value) or value > ranks:
+        return f"{name} must be a power of two <= {say.ranks(ranks)}, or 'auto', got {value!r}"
+    return None
+
+
+def _int_or_auto(text):
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}")
+    return int(text)
+
+
+@options_of("wagma")
+class WagmaOptions(Options):
+    """WAGMA-SGD's options (Algorithm 2's S, tau, alpha and beta)."""
+
+    group_size: int | str = option("auto", check=_group_size, parse=_int_or_auto, metavar="S",
+                                   help="S, the butterfly group size: a power of two <= P, or 'auto' = sqrt(P) "
+                                        "rounded up to a power of two (section 5.2).")
+    tau: int = option(10, check=int_at_least(1), parse=int,
+                      help="the global averaging period (Algorithm 2, line 8; the paper: 10).")
+    wait_avoiding: bool = option(True, check=boolean,
+                                 help="alpha: the wait-avoiding group allreduce between global averages.")
+    group_averaging: bool = option(False, check=boolean,
+                                   help="beta: a blocking group allreduce between global averages "
+                                        "(D-PSGD/SGP-like; needs wait_avoiding off).")
+    fixed_groups: bool = option(False, check=boolean,
+                                help="average in iteration 0's groups at every step, not Algorithm 1's dynamic "
+                                     "butterfly groups (the paper's ablation 2, section 5.2).")
+    reallocate: bool = _reallocate()
+    sync: str = _sync("the global average every tau steps")
+
+    def ranks_problem(self, ranks, say):
+        return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
+
+    def _relations(self, ranks, say):
+        if self.wait_avoiding and self.group_averaging:
+            return (f"{say('wait_avoiding')} and {say('group_averaging')} cannot both be on (Algorithm 2's "
+                    f"alpha and beta): turn {say('wait_avoiding')} off for the blocking group averaging")
+        if self.fixed_groups and not (self.wait_avoiding or self.group_averaging):
+            return (f"{say('fixed_groups')} needs {say('wait_avoiding')} or {say('group_averaging')}: with "
+                    f"both off no groups average")
+        return None
+
+    def resolve(self, ranks):
+        if self.group_size != "auto":
+            return self
+        return type(self)(**{**self.as_dict(), "group_size": auto_group_size(ranks)})
+
+
+@options_of("dpsgd")
+class DPSGDOptions(Options):
+    """D-PSGD's options."""
+
+
+@options_of("adpsgd")
+class ADPSGDOptions(Options):
+    """AD-PSGD's options."""
+
+    def ranks_problem(self, ranks, say):
+        if ranks > 1 and ranks % 2:
+            return (f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
+                    f"ring), got {say.ranks(ranks)}")
+        return None
+
+
+def _peers(value, name, ranks, say):
+    # The paper's 1 or 2 on any P (on 2 ranks both pushes go to the one
+    # other rank), and up to the ceil(log2 P) distinct offsets 2**k of the graph.
+    most = max(2, (ranks - 1).bit_length())
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        return f"{name} must be an int from 1 to max(2, ceil(log2 P)) = {most} on {say.ranks(ranks)}, got {value!r}"
+    return None
+
+
+@options_of("sgp")
+class SGPOptions(Options):
+    """SGP's options."""
+
+    peers: int = option(1, check=_peers, parse=int,
+                        help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).")
+
+
+@options_of("eager_sgd")
+class EagerSGDOptions(Options):
+    """Eager-SGD's options."""
+
+    quorum: str = option("majority", check=one_of("solo", "majority"), metavar="{solo,majority}",
+                         help="which partial collective: 'solo' (the first rank to arrive starts it) or "
+                              "'majority' (once ceil(P/2) ranks have arrived).")
+
+    def ranks_problem(self, ranks, say):
+        return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
+
+
+def parse_levels(text):
+    """``"2:4,10:P"`` -> ``{2: 4, 10: "P"}``: period -> group size (P: all ranks)."""
+    levels = {}
+    for item in text.split(","):
+        period, sep, size = (s.strip() for s in item.partition(":"))
+        if not sep or not period.isdigit() or not (size.isdigit() or size == "P"):
+            raise argparse.ArgumentTypeError(
+                f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}")
+        levels[int(period)] = size if size == "P" else int(size)
+    return levels
+
+
+def _levels(value, name, ranks, say):
+    if value == "auto":
+        return None
+    if not isinstance(value, dict) or not value:
+        return f"{name} must be 'auto' or a non-empty dict {{period: group size}}, got {value!r}"
+    periods = list(value)
+    sizes = [ranks if s == "P" else s for s in value.values()]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in periods + sizes):
+        return f"{name} must map ints >= 1 to ints >= 1 or 'P', got {value!r}"
+    if periods != sorted(set(periods)):
+        return f"{name}'s periods must be increasing, got {periods}"
+    if sizes[-1] != ranks:
+        return f"the last group size in {name} must be all {say.ranks(ranks)} ('P'), got {sizes[-1]}"
+    if any(ranks % s for s in sizes):
+        return f"every group size in {name} must divide {say.ranks(ranks)}, got {sizes}"
+    return None
+
+
+@options_of("hierarchical_sgd")
+class HierarchicalSGDOptions(Options):
+    """Hierarchical SGD's options (the names of PyTorch's ``HierarchicalModelAverager``)."""
+
+    period_group_size_dict: dict | str = option(
+        "auto", check=_levels, parse=parse_levels, metavar="PERIOD:SIZE,...",
+        help="{period: group size}, periods increasing, the last size all ranks ('P'): groups of consecutive "
+             "ranks average every period steps, only the largest firing period; 'auto' = {2: sqrt(P), 10: P} "
+             "(sqrt(P) rounded up to a power of two, or the largest divisor of P below that).")
+    warmup_steps: int = option(0, check=int_at_least(0), parse=int,
+                               help="steps of gradient averaging before the local steps begin.")
+
+    def resolve(self, ranks):
+        levels = self.period_group_size_dict
+        if levels == "auto":
+            # sqrt(P) as a power of two, or the largest divisor of P below it.
+            size = max(d for d in range(1, auto_group_size(ranks) + 1) if ranks % d == 0)
+            levels = {2: size, 10: "P"}
+        levels = {period: ranks if size == "P" else size for period, size in levels.items()}
+        return type(self)(**{**self.as_dict(), "period_group_size_dict": levels})
+
+
+@options_of("ensemble_sync")
+class EnsembleSyncOptions(Options):
+    """EnsembleSync's options."""
+
+    period: int = option(10, check=int_at_least(1), parse=int,
+                         help="T, local steps between synchronizations.")
+    timeout_s: float = option(30.0, check=positive_number, parse=float,
+                              help="seconds a synchronization waits for late ranks after the first one "
+                                   "reports (the paper: 30).")
+    reallocate: bool = _reallocate()
+
+
+#: The options object of each algorithm, by the name ``create`` and ``--algo`` take.
+OPTIONS: dict[str, type[Options]] = {cls.algorithm: cls for cls in (
+    ADPSGDOptions, AllreduceSGDOptions, DPSGDOptions, EagerSGDOptions, EnsembleSyncOptions,
+    HierarchicalSGDOptions, LocalSGDOptions, SGPOptions, WagmaOptions)}
