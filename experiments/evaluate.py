@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from collectives import allreduce
+from wagma.evaluation import averaged_model
 
 from .tasks import loss_and_correct
 
@@ -15,11 +16,10 @@ __all__ = ["Evaluator"]
 class Evaluator:
     """Scores the average of the replicas on the test set, in parallel over the ranks.
 
-    The average: every rank copies its parameters and floating-point buffers
-    (BatchNorm statistics) into one vector, the ranks average the vectors
-    (allreduce on the evaluator's own communicator, so it cannot meet the
-    training algorithm's messages), and load the mean into a second model
-    used only for evaluation; the training model is never touched.  Each
+    The average is :func:`wagma.evaluation.averaged_model` (parameters and
+    BatchNorm statistics averaged over the ranks into a second model used
+    only for evaluation, on the evaluator's own communicator; the training
+    model is never touched).  Each
     rank then scores its contiguous share of the test set and the ranks sum
     (loss x count, correct, count): accuracy and mean loss of the averaged
     model over the whole test set.  Collective.
@@ -39,19 +39,9 @@ class Evaluator:
         self.lock = lock
         self.average = copy.deepcopy(model)
 
-    def _state(self, model):
-        return [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
-
     def averaged(self):
         """Loss and accuracy of the replicas' average on the whole test set."""
-        with torch.no_grad(), self.lock:
-            vector = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in self._state(self.model)])
-        allreduce(vector, comm=self.comm, op="avg")
-        with torch.no_grad():
-            offset = 0
-            for t in self._state(self.average):
-                t.copy_(vector[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        averaged_model(self.model, self.comm, into=self.average, lock=self.lock)
         sums = self._score(self.average, rank=self.comm.rank, ranks=self.comm.size)
         allreduce(sums, comm=self.comm, op="sum")
         loss_sum, correct, count = sums.tolist()

@@ -27,7 +27,7 @@ from wagma.models import build_model
 from wagma.results import RunRecorder
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
-from .clock import TrainingClock
+from wagma.clock import TrainingClock
 from .compute import StepCompute
 from .evaluate import Evaluator
 from .options import UsageError, compute_ms, default_out, usage_problem
@@ -359,7 +359,7 @@ class _TrainingData:
 def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
     """Scores the averaged model after ``step`` steps and records it, stamped
     with the slowest rank's clock at the end of that step (``step_clock`` is
-    this rank's; see :class:`~experiments.clock.TrainingClock`)."""
+    this rank's; see :class:`~wagma.clock.TrainingClock`)."""
     loss, accuracy = evaluator.averaged()
     replicas = None
     if args.eval_replicas:

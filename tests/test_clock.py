@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from experiments.clock import TrainingClock
+from wagma.clock import TrainingClock
 
 
 def _busy(seconds):

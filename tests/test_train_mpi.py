@@ -84,7 +84,7 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
         np.testing.assert_array_equal(e["step"], per_epoch * np.arange(1, EPOCHS + 1))
     assert np.all((0 <= e["accuracy"]) & (e["accuracy"] <= 1)) and np.all(np.isfinite(e["loss"]))
     # An evaluation is stamped with the slowest rank's training clock at the end of the step it
-    # evaluates (experiments.clock.TrainingClock): evaluations themselves are not on the clock, so
+    # evaluates (wagma.clock.TrainingClock): evaluations themselves are not on the clock, so
     # the stamps grow with the steps, however long an evaluation or its wait for a peer takes.
     if algo == "ensemble_sync":     # rank 0 alone scores the ensemble, on its own clock: nobody waits for it
         np.testing.assert_array_equal(e["clock"], s["clock"][0, e["step"].astype(int) - 1])

@@ -44,10 +44,11 @@ Two kinds (``Imbalance.kind``):
 
 import math
 import os
+import time
 
 import numpy as np
 
-__all__ = ["FORMS", "Imbalance", "parse_imbalance"]
+__all__ = ["FORMS", "Imbalance", "Injector", "parse_imbalance"]
 
 # Separates the switching model's per-block draws from the per-step ones.
 _SWITCHING = 0x5717
@@ -86,6 +87,50 @@ class Imbalance:
 
     def __repr__(self):
         return f"Imbalance({self.spec!r}, kind={self.kind!r}, ranks={self.ranks}, seed={self.seed})"
+
+
+class Injector:
+    """An imbalance model's slowness, injected into a training loop of one's own.
+
+    ``injector(step)`` sleeps what the model draws for this rank at ``step``
+    and returns the seconds it slept: a ``"delay"`` model's delay, or what a
+    ``"compute"`` model's drawn compute time exceeds ``compute_s`` (the
+    step's own measured compute, e.g. the previous step's; 0 emulates the
+    whole step by sleeping).  Call it where the step's work begins, before
+    the forward pass: a late rank then also starts its gradient
+    communication late, as a slow device would.  Every rank draws the same
+    table from ``(seed, step)`` without communicating, so the ranks agree
+    on who is slow at each step, and the simulator replays the same draws.
+
+    Args:
+        spec: an imbalance spec (:data:`FORMS`), e.g. ``"random:k=2,ms=320"``.
+        rank, ranks: this rank and the number of ranks.
+        seed: the draws' seed.
+
+    Raises:
+        ValueError: a bad spec (the message lists the accepted forms); pure,
+            so every rank raises it before any communication.
+
+    Example::
+
+        inject = Injector("random:k=1,ms=50", comm.rank, comm.size, seed=0)
+        for step, (x, y) in enumerate(loader):
+            delay = inject(step)
+            ...
+    """
+
+    def __init__(self, spec: str, rank: int, ranks: int, seed: int = 0):
+        self.model = parse_imbalance(spec, ranks, seed)
+        if not isinstance(rank, int) or not 0 <= rank < ranks:
+            raise ValueError(f"rank must be in range({ranks}), got {rank!r}")
+        self.rank = rank
+
+    def __call__(self, step: int, compute_s: float = 0.0) -> float:
+        drawn = float(self.model.seconds(step)[self.rank])
+        pause = drawn if self.model.kind == "delay" else max(0.0, drawn - compute_s)
+        if pause > 0:
+            time.sleep(pause)
+        return pause
 
 
 def _bad(spec, why):

@@ -47,7 +47,7 @@ Root attributes
 ``eval/<field>``: one row per evaluation of the averaged model
     ``step``, ``epoch``, ``clock`` (the latest rank's training clock at the end
     of step ``step - 1``: the maximum over ranks of ``steps/clock[:, step - 1]``,
-    see :class:`experiments.clock.TrainingClock`),
+    see :class:`wagma.clock.TrainingClock`),
     ``accuracy``, ``loss``; ``replica_accuracy`` ``[eval, rank]`` when each
     replica is evaluated too (else NaN).
 

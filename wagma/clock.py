@@ -8,7 +8,8 @@ __all__ = ["TrainingClock"]
 class TrainingClock:
     """Seconds of training on this rank since the ranks' common start.
 
-    Definition (one for the whole framework, used by ``experiments.train``):
+    Definition (one for the whole framework, used by ``experiments.train`` and
+    :class:`wagma.step_recorder.StepRecorder`):
 
     * **Start.** Every rank creates its clock right after the same barrier, so
       all ranks count from the same moment (to the barrier's skew, microseconds).

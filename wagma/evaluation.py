@@ -1,0 +1,64 @@
+"""The averaged model: what decentralized SGD is judged on, built in a copy without touching training."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+
+from collectives import allreduce
+
+__all__ = ["averaged_model"]
+
+
+def _averaged_state(model):
+    """The tensors an average covers: parameters and floating-point buffers
+    (BatchNorm's running statistics; not ``num_batches_tracked``)."""
+    return [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+
+
+def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None = None, lock=None):
+    """The average of every rank's replica of ``model``, in a separate model.
+
+    Every rank copies its parameters and floating-point buffers (BatchNorm
+    statistics) into one float64 vector, the ranks average the vectors (one
+    allreduce on ``comm``), and the mean is loaded into ``into`` (a deep
+    copy of ``model`` made on the first call; pass it back in to reuse it).
+    The training model is never touched.  Collective over ``comm``: give
+    it a :class:`~collectives.Communicator` of its own (not the
+    algorithm's), so that evaluation cannot meet training's messages.
+
+    For Allreduce-SGD and eager-SGD, whose replicas are equal, the average
+    is the model; for the model-averaging family it is the consensus model
+    the papers evaluate.
+
+    Args:
+        model: this rank's training model.
+        comm: a :class:`~collectives.Communicator` for evaluation.
+        into: the model to load the average into; None: a new deep copy.
+        lock: the algorithm's :attr:`~wagma.algorithms.Algorithm.lock`,
+            held while reading the parameters (AD-PSGD's thread averages
+            them concurrently).
+
+    Returns:
+        ``into``, holding the average (in training mode if ``model`` is).
+
+    Example::
+
+        with Communicator(MPI.COMM_WORLD) as eval_comm:
+            average = averaged_model(model, eval_comm, lock=algo.lock)
+            average.eval()
+            accuracy = my_evaluate(average, test_loader)
+    """
+    into = copy.deepcopy(model) if into is None else into
+    with torch.no_grad(), (lock if lock is not None else contextlib.nullcontext()):
+        vector = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(model)])
+    allreduce(vector, comm=comm, op="avg")
+    with torch.no_grad():
+        offset = 0
+        for t in _averaged_state(into):
+            t.copy_(vector[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+    return into
+
