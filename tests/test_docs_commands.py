@@ -78,6 +78,11 @@ CHEAP = {
     # simulator.md: 3 algorithms at 16 and 64 ranks, 200 steps (seconds; ~12 s more
     # the very first time, when numba compiles the kernels)
     ".venv/bin/python -m wagma.sim --algo wagma,allreduce_sgd,local_sgd --ranks 16,64 --steps 200",
+    # own-loop.md: the example of a loop of one's own, 2 ranks, one epoch each (about 10 s)
+    ".venv/bin/mpiexec -n 2 .venv/bin/python examples/own_loop.py --algo allreduce_sgd --epochs 1 "
+    "--out runs/own_loop/allreduce_sgd.h5",
+    ".venv/bin/mpiexec -n 2 .venv/bin/python examples/own_loop.py --algo wagma --option tau=4 --epochs 1 "
+    "--out runs/own_loop/wagma.h5",
 }
 
 # Commands that are checked for existence only, and why they are not run.
@@ -243,8 +248,10 @@ def _modules_and_problems(command):
         elif token == "-m" and python_options and i + 1 < len(tokens):
             modules.append(tokens[i + 1])
             python_options = tokens[i + 1] == "mpi4py"
-        elif python_options and not token.startswith("-") and tokens[i - 1] != "-m":
+        elif python_options and not token.startswith("-") and tokens[i - 1] not in ("-m", "-c"):
             python_options = False      # a script: what follows is its own
+            if not (ROOT / token).is_file():
+                problems.append(f"script {token} does not exist")
         elif token == "-c" and i + 1 < len(tokens):
             try:
                 compile(tokens[i + 1], "<-c>", "exec")
