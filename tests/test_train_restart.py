@@ -140,7 +140,8 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
                           "--dataset", "cifar10", "--data-dir", str(tmp_path / "no-such-folder"),
                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
     assert job.returncode == 2
-    assert job.stderr.count("--algo wagma: the number of ranks (mpiexec -n) must be a power of two") == 1, \
+    assert job.stderr.count("--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
+                            "hypercube), got 3 ranks (mpiexec -n)") == 1, \
         job.stderr
     assert "no-such-folder" not in job.stderr and "world_size" not in job.stderr
     assert not out.exists() and not Path(partial_path(str(out))).exists()

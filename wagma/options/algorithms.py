@@ -29,11 +29,12 @@ def auto_group_size(ranks: int) -> int:
     return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
 
 
-def _sync(what: str):
+def _sync():
     return option("allreduce", check=one_of(*SYNCS), metavar="{allreduce,stragglar}",
-                  help=f"how {what} reduces: 'allreduce' (the tuned allreduce) or 'stragglar' (StragglAR with "
-                       f"the rank predicted to arrive last as its straggler; the same average up to the order of "
-                       f"the float additions, whoever arrives last).")
+                  help="how the global averages (Allreduce-SGD's of the gradients, local SGD's and WAGMA-SGD's "
+                       "every tau steps of the models) reduce: 'allreduce' (the tuned allreduce) or 'stragglar' "
+                       "(StragglAR with the rank predicted to arrive last as its straggler; the same average up "
+                       "to the order of the float additions, whoever arrives last).")
 
 
 def _reallocate():
@@ -54,7 +55,7 @@ class AllreduceSGDOptions(Options):
 
     bucket_cap_mb: float = option(25.0, check=positive_number, parse=float,
                                   help="bucket size in MB (10**6 bytes), DDP's default 25.")
-    sync: str = _sync("each step's gradient average")
+    sync: str = _sync()
 
 
 @options_of("local_sgd")
@@ -65,7 +66,7 @@ class LocalSGDOptions(Options):
                          help="tau: steps between model averages; 1 is synchronous model averaging (the WAGMA "
                               "paper's baseline, section 5.1), 10 its ablation 1.")
     reallocate: bool = _reallocate()
-    sync: str = _sync("each model average")
+    sync: str = _sync()
 
 
 def _group_size(value, name, ranks, say):
@@ -102,7 +103,7 @@ class WagmaOptions(Options):
                                 help="average in iteration 0's groups at every step, not Algorithm 1's dynamic "
                                      "butterfly groups (the paper's ablation 2, section 5.2).")
     reallocate: bool = _reallocate()
-    sync: str = _sync("the global average every tau steps")
+    sync: str = _sync()
 
     def ranks_problem(self, ranks, say):
         return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
