@@ -241,8 +241,12 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 algo.step()
                 c2 = time.perf_counter()
                 now = clock()
-                recorder.record(step, step_time=now - last, compute_time=c1 - c0, delay=injected + slowed,
-                                comm_time=c2 - c1, wait_time=max(0.0, c2 - c1 - update.seconds),
+                # Allreduce-SGD waits for its buckets at the end of backward: communication, not compute.
+                in_backward = algo.comm_in_backward_s
+                comm_time = c2 - c1 + in_backward
+                recorder.record(step, step_time=now - last, compute_time=c1 - c0 - in_backward,
+                                delay=injected + slowed, comm_time=comm_time,
+                                wait_time=max(0.0, comm_time - update.seconds),
                                 loss=loss, stale=float(algo.stale_steps > stale_before),
                                 clock=now, samples=samples, skipped=0.0)
                 last = now

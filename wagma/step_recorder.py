@@ -31,7 +31,10 @@ class StepRecorder:
     begins (data, forward), :meth:`compute_done` after ``backward()``, and
     :meth:`end_step` after ``algo.step()``.  The times follow the
     framework's definitions: compute is start to compute_done; comm_time
-    is compute_done to the end of ``algo.step()``; wait_time is comm_time
+    is compute_done to the end of ``algo.step()`` (with the communication
+    the algorithm did inside ``backward()``,
+    :attr:`~wagma.algorithms.Algorithm.comm_in_backward_s`, moved from
+    compute to it); wait_time is comm_time
     less the optimizer's own step (timed by its step hooks); the clock is
     a :class:`~wagma.clock.TrainingClock`, paused by :meth:`pause` around
     evaluations.  Collective: construction (after one barrier, so every
@@ -108,8 +111,10 @@ class StepRecorder:
     def end_step(self, step: int, loss: float, samples: int | None = None):
         """``algo.step()`` returned: record step ``step`` with its ``loss``."""
         now = self.clock()
-        comm_time = now - self._computed
-        self._recorder.record(step, step_time=now - self._last, compute_time=self._computed - self._started,
+        in_backward = self.algo.comm_in_backward_s        # Allreduce-SGD's wait at the end of backward
+        comm_time = now - self._computed + in_backward
+        self._recorder.record(step, step_time=now - self._last,
+                              compute_time=self._computed - self._started - in_backward,
                               delay=self._delay, comm_time=comm_time,
                               wait_time=max(0.0, comm_time - self._update_s), loss=float(loss),
                               stale=float(self.algo.stale_steps > self._stale_before), clock=now,

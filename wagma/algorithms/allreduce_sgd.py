@@ -145,9 +145,12 @@ class AllreduceSGD(Algorithm):
 
     def _backward_done(self):
         """Run by autograd at the end of a backward pass outside
-        :meth:`no_sync`: the gradients become the global average."""
+        :meth:`no_sync`: the gradients become the global average (its
+        seconds count in :attr:`comm_in_backward_s`)."""
         self._callback_queued = False
+        entered = time.perf_counter()
         self._average()
+        self._comm_in_backward += time.perf_counter() - entered
 
     def _average(self):
         """Average the whole flat gradient over all ranks: the buckets not

@@ -78,6 +78,12 @@ class Algorithm:
             previous one, whose ``samples / seconds`` is the speed the next
             shares are computed from.
         total_steps: the run's steps (set by :meth:`plan`).
+        comm_in_backward_s: after :meth:`step`, the seconds the step's
+            backward passes spent in the algorithm's communication
+            (Allreduce-SGD's end-of-backward wait for its buckets); a
+            training loop that times ``backward()`` as compute moves them
+            to the step's communication, where the waiting belongs.  0 for
+            algorithms that communicate inside :meth:`step` only.
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
@@ -113,6 +119,7 @@ class Algorithm:
         self.work_measured = []
         self.straggler_sync = None
         self._scaler, self._inside_step, self._outside_steps = None, False, 0
+        self.comm_in_backward_s, self._comm_in_backward = 0.0, 0.0
         config, problem = None, self.Options.keyword_problem(options)
         if problem is None:
             config = self.Options(**options)
@@ -209,6 +216,7 @@ class Algorithm:
         finally:
             self._scaler, self._inside_step = None, False
         self.steps += 1
+        self.comm_in_backward_s, self._comm_in_backward = self._comm_in_backward, 0.0
         self._returned = time.perf_counter()
 
     def start_step_timer(self):
