@@ -28,7 +28,11 @@ class EagerSGD(Algorithm):
     there clips this rank's contribution.  With a ``GradScaler``, let
     ``algo.step(scaler)`` unscale (do not call ``unscale_`` before it): it
     unscales the average, which holds an inf or NaN on every rank if it
-    does on one, so every rank skips the same steps.
+    does on one, so every rank skips the same steps.  A carried-over
+    gradient was scaled with the scale of the step that computed it: after
+    a skipped step halved the scale, it is unscaled with the new one (twice
+    its size, once; the scale changes only at a skip or after
+    ``growth_interval`` steps).
 
     A late rank's gradient is carried over, never lost nor counted twice
     (``carry_over`` of :class:`~collectives.WaitAvoidingGroupAllreduce`): a
