@@ -11,6 +11,7 @@ from collectives.agreement import agree
 from collectives.straggler_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
+from ..options import options_problem
 from ..options.base import keyword_signature
 from ..reallocation import Reallocation
 from ..replicas import broadcast_model, require_communicator, same_parameters_problem
@@ -120,12 +121,8 @@ class Algorithm:
         self.straggler_sync = None
         self._scaler, self._inside_step, self._outside_steps = None, False, 0
         self.comm_in_backward_s, self._comm_in_backward = 0.0, 0.0
-        config, problem = None, self.Options.keyword_problem(options)
-        if problem is None:
-            config = self.Options(**options)
-            problem = self._check_model_and_optimizer() or config.problem(comm.size)
-        if problem is None:
-            config = config.resolve(comm.size)
+        problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
+        config = None if problem else self.Options(**options).resolve(comm.size)
         agree(comm, self.name, problem, ValueError, init_sync=init_sync,
               options=sorted(config.as_dict().items()) if config else None)
         problem = same_parameters_problem(comm, model)
@@ -146,9 +143,8 @@ class Algorithm:
         devices = sorted({str(p.device) for p in self.model.parameters()})
         if len(devices) != 1:
             return f"model parameters must all be on one device, got {', '.join(devices) or 'none'}"
-        names = {id(p): name for name, p in self.model.named_parameters()}
         owned = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        foreign = len(owned - set(names))
+        foreign = len(owned - {id(p) for p in self.model.parameters()})
         if foreign:
             return f"optimizer must own only the model's parameters; {foreign} of its are not the model's"
         missing = [name for name, p in self.model.named_parameters() if p.requires_grad and id(p) not in owned]
