@@ -4,7 +4,9 @@ Pure logic, no MPI: the progress thread feeds it the messages it receives and
 sends the messages it returns.
 """
 
-__all__ = ["ActivationState", "version_from_tag", "version_tag"]
+import numpy as np
+
+__all__ = ["ActivationState", "RandomActivators", "version_from_tag", "version_tag"]
 
 
 def version_tag(version: int, tag_space: int) -> int:
@@ -80,3 +82,36 @@ class ActivationState:
     def __repr__(self):
         return (f"ActivationState(rank={self.rank}, target={self.target}, "
                 f"low={self.low})")
+
+
+class RandomActivators:
+    """The rank that activates each version: pseudo-random, the same on every rank.
+
+    eager-SGD's majority allreduce as its authors implemented it
+    (``Shigangli/eager-SGD``, ``fflib2/src/colls/ffrand_allreduce.c``): every
+    rank draws ``rand_r(&seed) % P`` at every call, from the same seed, so all
+    agree on the activator of each version; only the activator's arrival
+    starts it, and the others' calls only count it (they catch up on
+    activations they did not make before activating their own).  A version
+    thus waits for one random rank, which has in expectation half of the
+    others arrived before it: the "majority" is statistical, not a quorum.
+
+    Reading chosen for the stream: version v's activator is element
+    ``v mod 1024`` of ``numpy.random.default_rng([seed, v // 1024])``'s
+    ``integers(P, size=1024)``, not the v-th draw of one stream, so a run
+    resumed at any version draws what the uninterrupted run drew.  Called
+    by the main thread only (it decides at arrival whether it activates).
+    """
+
+    _BLOCK = 1024
+
+    def __init__(self, seed: int, size: int):
+        self.seed, self.size = seed, size
+        self._block, self._ranks = None, None
+
+    def __call__(self, version: int) -> int:
+        block, index = divmod(version, self._BLOCK)
+        if block != self._block:
+            rng = np.random.default_rng([self.seed, block])
+            self._block, self._ranks = block, rng.integers(self.size, size=self._BLOCK)
+        return int(self._ranks[index])

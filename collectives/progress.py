@@ -29,18 +29,24 @@ class ProgressEngine:
     free ones.  So the main thread's model and the published contribution
     ping-pong between two buffers, and a stale result takes one more.
 
-    With ``carry_over`` (eager-SGD's gradients) a contribution is consumed:
-    the first version that begins after its publication reads it, versions
-    that begin before the next publication read zeros, and a contribution
-    still unconsumed when the main thread publishes the next one is added
-    into that one.  So each contribution enters exactly one version, and the
-    initial one (nothing computed yet) none.
+    With a ``late`` reading (eager-SGD's gradients) a contribution is
+    consumed: the first version that begins after its publication reads it,
+    and versions that begin before the next publication read zeros.  A late
+    contribution, one published after its own version began, is discarded
+    at once (``"drop"``), or waits for the next version, where a newer
+    contribution replaces it (``"newest"``) or takes it in as a sum
+    (``"accumulate"``).  The initial contribution (nothing computed yet)
+    enters no version.
 
-    Who executes version v: the main thread itself when it arrives first
-    (nothing has begun v here, activation by first arrival, every earlier
-    version done); otherwise this thread, once v is activated: passively
-    while the main thread computes (waits that yield the core), or for a
-    main thread that waits for v (majority activation).  Executions the main
+    Who activates version v (``activation``): every rank whose main thread
+    arrives before v has begun here (``"first"``); only v's activator, a
+    rank the ``activator`` sequence names, the same on every rank
+    (``"random"``); or rank v mod P once ceil(P/2) main threads have
+    arrived (``"half"``: the others send it an arrival message).  Who
+    executes it: the main thread itself when it activates v and nothing has
+    begun v here (every earlier version done); otherwise this thread, once v
+    is activated: passively while the main thread computes (waits that
+    yield the core), or for a main thread that waits for v.  Executions the main
     thread waits for spin in ``MPI_Waitall`` like the blocking group
     allreduce, or yield with ``yield_awaited`` (oversubscribed nodes).  One
     version at a time, in order.  While the main thread executes, this
@@ -78,27 +84,29 @@ class ProgressEngine:
             ``schedule(buf, comm, masks, scale, tag, src)``.
         scale: None for the group sum, or the factor of the mean (1 / S).
         is_group_version: whether iteration v is a group version (not a sync step).
-        quorum: None to let every arriving rank activate (first arrival), or
-            the number of arrivals the leader of version v (rank v mod P)
-            waits for before activating (majority).
+        activation: ``"first"``, ``"random"`` or ``"half"`` (above).
+        activator: with ``"random"``, ``activator(v)``, the rank that
+            activates version v (:class:`~collectives.activation.RandomActivators`).
         history: how many ``(version, contribution_iteration)`` records to
             keep, 0 for none.
         first_iteration: versions before it count as executed.
         yield_awaited: executions the main thread waits for yield the core
             instead of spinning.
-        carry_over: consume contributions (above) instead of letting every
-            version read the last one published.
+        late: None (every version reads the last contribution published,
+            however often: WAGMA's models), or ``"drop"``, ``"newest"`` or
+            ``"accumulate"``: consume contributions (above).
     """
 
     def __init__(self, comm, like, *, masks, schedule, is_group_version,
-                 scale=None, quorum=None, history=0, first_iteration=0,
-                 yield_awaited=False, carry_over=False):
+                 scale=None, activation="first", activator=None, history=0,
+                 first_iteration=0, yield_awaited=False, late=None):
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
         self._masks, self._schedule, self._scale = masks, schedule, scale
         self._is_group_version = is_group_version
-        self._quorum = quorum
+        self._quorum = -(-self._size // 2) if activation == "half" else None
+        self._activator = activator if activation == "random" else None
         # TAG_UB is the environment's, an attribute of MPI_COMM_WORLD (the
         # standard's environmental inquiries); Open MPI does not copy it to
         # communicators made by Split, MPICH answers on any communicator.
@@ -112,11 +120,12 @@ class ProgressEngine:
         # Shared with the main thread (under _lock).
         self._published = copy_of(like)
         self._published_iteration = first_iteration - 1
-        self._carry_over = carry_over
-        # carry_over: whether a version has read the published contribution
-        # (the initial one counts as read), and what later ones read instead.
-        self._consumed = carry_over
-        self._zeros = zeros_like(like) if carry_over else None
+        self._late = late
+        # With a late reading: whether a version has read the published
+        # contribution (the initial one counts as read), and what later ones
+        # read instead.
+        self._consumed = late is not None
+        self._zeros = zeros_like(like) if late is not None else None
         self._reading = None      # the published buffer the executing version reads
         self._free = []
         self.started = first_iteration - 1
@@ -145,15 +154,16 @@ class ProgressEngine:
     def arrive(self, contribution, t: int):
         """Lend ``contribution`` as iteration t; the result of version t.
 
-        Fresh (version t has not begun here): t is activated (or, majority,
-        this arrival counted) and executed with ``contribution``; by this
-        thread at once when it may (see the class), else by the progress
-        thread while this one waits.  Stale (t has begun): ``contribution``
-        serves later versions, and this thread waits for t's result.
-        Deciding and publishing happen under the lock the executor takes to
-        begin a version, so no version begins between the two.  With
-        ``carry_over`` an unconsumed previous contribution is first added
-        into ``contribution``.
+        Fresh (version t has not begun here): t is activated (by this rank
+        if it is an activator of t, else by another, once its rule is met)
+        and executed with ``contribution``; by this thread at once when it
+        may (see the class), else by the progress thread while this one
+        waits.  Stale (t has begun): ``contribution`` serves later versions
+        (with ``late="drop"`` none: it is discarded), and this thread waits
+        for t's result.  Deciding and publishing happen under the lock the
+        executor takes to begin a version, so no version begins between the
+        two.  With ``late="accumulate"`` an unconsumed previous contribution
+        is first added into ``contribution``.
 
         Returns ``(result buffer, contribution_iteration)``; the caller owns
         the buffer, and must not write ``contribution`` until it publishes
@@ -163,13 +173,14 @@ class ProgressEngine:
             self._raise_if_failed()
             self._check_not_lent(contribution)
             fresh = self.started < t
-            if self._carry_over and not self._consumed:
-                contribution += self._published
+            self._settle(contribution)
             self._publish(contribution, t)
-            if fresh:
-                self._requests.append(t)
-            execute_here = (fresh and self._quorum is None and self._next == t
-                            and not self._executing)
+            if not fresh and self._late == "drop":
+                self._consumed = True   # its version began without it: no version reads it
+            activates = fresh and self._activates(t)
+            if activates or (fresh and self._quorum is not None):
+                self._requests.append(t)   # activations to send, or an arrival to announce
+            execute_here = activates and self._next == t and not self._executing
             if execute_here:
                 work = self._begin(t)
             else:
@@ -193,11 +204,22 @@ class ProgressEngine:
             copy_into(copy, contribution)
             self._publish(copy, t)
 
-    def unconsumed(self):
-        """With ``carry_over``: a copy of the contribution no version has read
-        yet, or None."""
+    def consume_into(self, contribution):
+        """A sync step under a late reading: settle ``contribution`` as a
+        publication would (add an unconsumed earlier contribution into it,
+        or drop that one), then leave nothing to read: versions that begin
+        before the next publication read zeros.  Before the sync step's
+        reduction, so that no version can read what it reduces."""
         with self._lock:
-            if not self._carry_over or self._consumed:
+            self._raise_if_failed()
+            self._settle(contribution)
+            self._consumed = True
+
+    def unconsumed(self):
+        """With a late reading: a copy of the contribution no version has
+        read yet, or None."""
+        with self._lock:
+            if self._late is None or self._consumed:
                 return None
             return copy_of(self._published)
 
@@ -319,7 +341,7 @@ class ProgressEngine:
         return bool(requests)
 
     def _count_arrival(self, version):
-        """Majority: the leader activates once ``quorum`` ranks have arrived."""
+        """``"half"``: the leader activates once ``quorum`` ranks have arrived."""
         if version <= self._activation.target:
             return
         count = self._arrivals.get(version, 0) + 1
@@ -348,6 +370,19 @@ class ProgressEngine:
 
     # -- either thread -------------------------------------------------------
 
+    def _activates(self, t):
+        """Whether this rank's arrival activates version t."""
+        if self._quorum is not None:
+            return False
+        return self._activator is None or self._activator(t) == self._rank
+
+    def _settle(self, contribution):
+        """What a new contribution does to an earlier one no version has
+        read (under the lock): ``"accumulate"`` adds it into the new one,
+        ``"newest"`` lets the new one replace it, ``"drop"`` never leaves one."""
+        if self._late == "accumulate" and not self._consumed:
+            contribution += self._published
+
     def _publish(self, contribution, t):
         """Make ``contribution`` the published one (under the lock)."""
         replaced = self._published
@@ -360,10 +395,10 @@ class ProgressEngine:
         return self._free.pop() if self._free else empty_like(self._published)
 
     def _begin(self, version):
-        """Claim ``version`` for the calling thread (under the lock); with
-        ``carry_over`` a consumed contribution reads as zeros, iteration -1."""
+        """Claim ``version`` for the calling thread (under the lock); under a
+        late reading a consumed contribution reads as zeros, iteration -1."""
         self.started, self._executing = version, True
-        if self._carry_over and self._consumed:
+        if self._late is not None and self._consumed:
             return version, self._zeros, -1, self._take_free()
         self._consumed = True
         self._reading = self._published

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
+from .activation import RandomActivators
 from .agreement import agree
 from .backoff import Backoff
 from .blocking import allreduce, reduction_problem
@@ -18,6 +19,7 @@ from .progress import ProgressEngine
 __all__ = [
     "ACTIVATIONS",
     "GroupResult",
+    "LATE",
     "WAITS",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
@@ -25,11 +27,22 @@ __all__ = [
     "solo_allreduce",
 ]
 
-#: ``"first"``: the first rank to arrive activates a version (WAGMA; with
-#: group_size = P, eager-SGD's solo collective).  ``"majority"``: the leader
-#: of version v (rank v mod P) activates it once ceil(P/2) ranks have arrived
-#: (eager-SGD's majority collective).
-ACTIVATIONS = ("first", "majority")
+#: Who activates a version.  ``"first"``: the first rank to arrive (WAGMA;
+#: with group_size = P, eager-SGD's solo collective).  ``"random"``: one rank
+#: drawn per version from a seeded sequence, the same on every rank
+#: (:class:`~collectives.activation.RandomActivators`; eager-SGD's majority
+#: collective as its reference code implements it).  ``"half"``: the leader of
+#: version v (rank v mod P) once ceil(P/2) ranks have arrived (the WAGMA
+#: paper's description of eager-SGD, section 2.2: "allowing at most half
+#: processors to contribute stale gradients").
+ACTIVATIONS = ("first", "random", "half")
+
+#: What becomes of a late contribution, one published after its version
+#: began, when contributions are consumed (gradients): ``"drop"`` (it is
+#: discarded), ``"newest"`` (it enters the next version unless a newer one
+#: replaces it first), ``"accumulate"`` (it enters the next version, summed
+#: with every later one that version has not read yet).
+LATE = ("drop", "newest", "accumulate")
 
 #: How the executions the main thread waits for wait for their transfers:
 #: ``"spin"`` in ``MPI_Waitall`` (a core per rank), ``"yield"`` testing with a
@@ -62,8 +75,8 @@ class GroupResult:
             contribution (it arrived before version t began here).
         contribution_iteration: the iteration of the contribution this rank
             gave (t when fresh, older when stale, -1 for the initial one;
-            with ``carry_over``, the newest iteration it carried, and -1 for
-            zeros: nothing left to give).
+            under a ``late`` reading, the newest iteration it gave, and -1
+            for zeros: nothing left to give).
     """
 
     value: object
@@ -92,21 +105,24 @@ class WaitAvoidingGroupAllreduce:
     Sync steps are blocking allreduces over all P ranks on a communicator of
     their own, so they cannot match group messages still in flight.
 
-    With ``activation="majority"`` a version is activated only once ceil(P/2)
-    main threads have reached it; with ``group_size=P`` that is eager-SGD's
-    majority allreduce (:func:`majority_allreduce`), and first-arrival
-    activation its solo allreduce (:func:`solo_allreduce`).
+    Other activations (:data:`ACTIVATIONS`): ``"random"`` lets only one
+    rank per version, drawn from a seeded sequence the same on every rank,
+    activate it; ``"half"`` activates a version once ceil(P/2) main threads
+    have reached it.  With ``group_size=P`` these are eager-SGD's
+    collectives (:func:`solo_allreduce`, :func:`majority_allreduce`).
 
-    ``carry_over=True`` (eager-SGD's gradients; the default of
-    :func:`solo_allreduce` and :func:`majority_allreduce`): each contribution
-    enters exactly one version.  The first version executed here after a
-    publication consumes it; a version that begins before the next
-    publication (this rank is late) contributes zeros; and a contribution
-    that no version consumed (this rank published it late, after its version
-    had begun) is added into the next one, so a late rank's gradient arrives
-    one or more versions late but is never lost nor counted twice.  Without
-    it (WAGMA's models), every version reads the last contribution
-    published, however often.
+    ``late`` (eager-SGD's gradients; one of :data:`LATE`, None for WAGMA's
+    models): contributions are consumed.  The first version executed here
+    after a publication reads it; a version that begins before the next
+    publication (this rank is late) reads zeros; and a contribution
+    published after its own version began is dropped (``"drop"``), or read
+    by the next version unless a newer one replaces it first
+    (``"newest"``), or added into the next one (``"accumulate"``: a late
+    rank's gradient arrives one or more versions late but is never lost nor
+    counted twice).  Sync steps then reduce the fresh contributions of all
+    P ranks (after the same settling) and publish nothing.  Without it,
+    every version reads the last contribution published, however often,
+    and a sync step publishes its result.
 
     Lifecycle: configure (no MPI) -> :meth:`open` (collective: duplicates the
     communicator, agrees on the arguments, starts the progress thread) ->
@@ -144,6 +160,8 @@ class WaitAvoidingGroupAllreduce:
         op: ``"sum"`` (the group sum) or ``"avg"`` (the group mean, scaled
             inside the schedule where it costs 1/S of a pass).
         activation: one of :data:`ACTIVATIONS`.
+        activator_seed: with ``activation="random"``, the seed of the
+            activator sequence, an int >= 0 (the same on every rank).
         algorithm: the butterfly schedule, ``"recursive_doubling"``,
             ``"halving_doubling"`` or ``"auto"`` (by buffer size).
         history: keep the last ``history`` ``(version,
@@ -154,10 +172,11 @@ class WaitAvoidingGroupAllreduce:
             ``first_iteration - 1``.
         waits: one of :data:`WAITS`; :attr:`waits_used` says what ``"auto"``
             chose (set by :meth:`open`).
-        carry_over: consume contributions (above); needs ``tau=None``.  The
-            caller's buffer then receives the unconsumed contribution it
-            carries (``buf += carried`` in :meth:`allreduce`), and
-            :meth:`unconsumed` gives what is left at the end.
+        late: None, or one of :data:`LATE`: consume contributions (above).
+            With ``"accumulate"`` the caller's buffer receives the unconsumed
+            contribution it carries (``buf += carried`` in :meth:`allreduce`
+            and :meth:`sync_allreduce`), and :meth:`unconsumed` gives what is
+            left at the end.
         dynamic_groups: Algorithm 1's groups, which change with the version
             (default); False: every version averages in iteration 0's groups
             (the same log2 S hypercube dimensions; activations still travel
@@ -184,16 +203,18 @@ class WaitAvoidingGroupAllreduce:
     """
 
     def __init__(self, comm, like, *, group_size, tau=None, op="sum",
-                 activation="first", algorithm="auto", history=0, first_iteration=0,
-                 waits="auto", dynamic_groups=True, carry_over=False):
+                 activation="first", activator_seed=0, algorithm="auto", history=0,
+                 first_iteration=0, waits="auto", dynamic_groups=True, late=None):
         self._raw = comm
         self._like = like
         self.first_iteration = first_iteration
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
+        self.activator_seed = activator_seed
+        self._activators = RandomActivators(activator_seed, comm.Get_size())
         self.waits = waits
         self.dynamic_groups = dynamic_groups
-        self.carry_over = carry_over
+        self.late = late
         self.waits_used = None
         self._history = history
         self._like_info = describe(like)
@@ -215,11 +236,9 @@ class WaitAvoidingGroupAllreduce:
         if self.tau is not None and (isinstance(self.tau, bool) or
                                      not isinstance(self.tau, int) or self.tau < 1):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
-        if not isinstance(self.carry_over, bool):
-            return f"carry_over must be True or False, got {self.carry_over!r}", TypeError
-        if self.carry_over and self.tau is not None:
-            return (f"carry_over needs tau=None (sync steps average models; carried "
-                    f"contributions are gradients), got tau={self.tau!r}"), ValueError
+        if self.late is not None and self.late not in LATE:
+            return (f"late must be None or one of {', '.join(map(repr, LATE))}, "
+                    f"got {self.late!r}"), ValueError
         problem = reduction_problem(info, self.algorithm,
                                     (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
         if problem:
@@ -227,6 +246,9 @@ class WaitAvoidingGroupAllreduce:
         if self.activation not in ACTIVATIONS:
             return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
                     f"got {self.activation!r}"), ValueError
+        if isinstance(self.activator_seed, bool) or not isinstance(
+                self.activator_seed, int) or self.activator_seed < 0:
+            return f"activator_seed must be an int >= 0, got {self.activator_seed!r}", ValueError
         if self.waits not in WAITS:
             return (f"waits must be one of {', '.join(map(repr, WAITS))}, "
                     f"got {self.waits!r}"), ValueError
@@ -259,9 +281,9 @@ class WaitAvoidingGroupAllreduce:
             agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
                   numel=info.numel, dtype=info.dtype, group_size=self.group_size,
                   tau=self.tau, op=self.op, activation=self.activation,
+                  activator_seed=self.activator_seed,
                   algorithm=self.algorithm, first_iteration=self.first_iteration,
-                  waits=self.waits, dynamic_groups=self.dynamic_groups,
-                  carry_over=self.carry_over)
+                  waits=self.waits, dynamic_groups=self.dynamic_groups, late=self.late)
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"
@@ -269,7 +291,6 @@ class WaitAvoidingGroupAllreduce:
         algorithm = self.algorithm
         if algorithm == "auto":
             algorithm = choose_group_allreduce(self._like.nbytes)
-        quorum = None if self.activation == "first" else -(-self._main.size // 2)
         self.waits_used = resolve_waits(self.waits, self._main.data)
         self._t = self.first_iteration
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
@@ -281,10 +302,10 @@ class WaitAvoidingGroupAllreduce:
                 schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
                 is_group_version=self.is_group_version,
                 scale=1.0 / self.group_size if self.op == "avg" else None,
-                quorum=quorum, history=self._history,
-                first_iteration=self.first_iteration,
-                yield_awaited=self.waits_used == "yield",
-                carry_over=self.carry_over)
+                activation=self.activation,
+                activator=self._activators,
+                history=self._history, first_iteration=self.first_iteration,
+                yield_awaited=self.waits_used == "yield", late=self.late)
             self._engine.start()
             atexit.register(self._engine.halt)
         self._state = "open"
@@ -358,11 +379,13 @@ class WaitAvoidingGroupAllreduce:
         this call on: read it (line 13 of Algorithm 2 does), never write it.
         The result comes in another buffer, ``value``, which the caller owns
         from now on: the natural place for W_{t+1}, and the buffer to pass
-        next time.  If version t has not begun here (fresh), this call activates
-        it and executes it itself, waiting only for the communication of the
-        group.  If it has (stale), the reduction was made with an older
-        contribution.  With ``carry_over`` the contribution still unconsumed
-        from an earlier call is first added into ``buf``.
+        next time.  If version t has not begun here (fresh), this call
+        activates it (if this rank is an activator of t) and executes it
+        itself, waiting only for the communication of the group (and, if
+        another rank activates t, for that).  If it has (stale), the
+        reduction was made with an older contribution (or zeros).  With
+        ``late="accumulate"`` the contribution still unconsumed from an
+        earlier call is first added into ``buf``.
 
         Raises:
             ValueError: ``buf`` is a buffer this collective holds (the one
@@ -378,10 +401,18 @@ class WaitAvoidingGroupAllreduce:
 
         Then publishes a copy of the result as this rank's contribution of
         iteration t (with ``op="avg"`` that is WAGMA's W_{t+1}); the caller
-        keeps ``buf``.  One copy per tau iterations.
+        keeps ``buf``.  One copy per tau iterations.  Under a ``late``
+        reading nothing is published: ``buf`` first takes in (or drops) the
+        unconsumed contribution as :meth:`allreduce` would, and later
+        versions read zeros until the next call.
         """
         self._expect(t, group=False, buffer=buf)
+        if self.late is not None and self._engine:
+            self._engine.consume_into(buf)
         allreduce(buf, comm=self._main, op=op)
+        if self.late is not None:
+            self._t = t + 1
+            return buf
         return self._publish_sync(buf, t)
 
     def sync_reduced(self, buf, t: int):
@@ -416,8 +447,13 @@ class WaitAvoidingGroupAllreduce:
 
     # -- introspection ------------------------------------------------------------
 
+    def activator(self, t: int):
+        """With ``activation="random"``: the rank that activates version t,
+        the same on every rank (no communication); else None."""
+        return self._activators(t) if self.activation == "random" else None
+
     def unconsumed(self):
-        """With ``carry_over``: a copy of this rank's contribution that no
+        """Under a ``late`` reading: a copy of this rank's contribution that no
         version has consumed yet (what it would add to the next version), or
         None; also after :meth:`close`."""
         return self._engine.unconsumed() if self._engine else None
@@ -433,17 +469,43 @@ class WaitAvoidingGroupAllreduce:
         return list(self._engine.history or ()) if self._engine else []
 
 
-def solo_allreduce(comm, like, *, carry_over=True, **options) -> WaitAvoidingGroupAllreduce:
-    """Eager-SGD's solo allreduce: the first rank to arrive triggers a
-    reduction over all P ranks; a late rank's contribution is carried over
-    to the next version (``carry_over``, see the class)."""
-    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
-                                      activation="first", carry_over=carry_over, **options)
+def _limited(limiter):
+    """The ``tau`` of eager-SGD's limiter: N partial versions, then a synchronous one."""
+    if isinstance(limiter, bool) or not isinstance(limiter, int) or limiter < 0:
+        raise ValueError(f"limiter must be an int >= 0 (0: none), got {limiter!r}")
+    return limiter + 1 if limiter else None
 
 
-def majority_allreduce(comm, like, *, carry_over=True, **options) -> WaitAvoidingGroupAllreduce:
-    """Eager-SGD's majority allreduce: a reduction over all P ranks, triggered
-    once at least half of them (ceil(P/2)) have arrived; a late rank's
-    contribution is carried over to the next version."""
-    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(),
-                                      activation="majority", carry_over=carry_over, **options)
+def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvoidingGroupAllreduce:
+    """Eager-SGD's solo allreduce (Li et al., PPoPP 2020): the first rank to
+    arrive at a version activates it, a reduction over all P ranks; a late
+    rank's contribution meets ``late`` (:data:`LATE`; ``"drop"`` is what the
+    reference code, ``Shigangli/eager-SGD``, does: its training scripts zero
+    the send buffer after every call, so a version that began without a
+    rank read zeros from it, and the gradient it then copies in is zeroed).
+
+    ``limiter`` N > 0: after every N partial versions one synchronous
+    version, which waits for every rank: iteration t is synchronous when
+    (t + 1) mod (N + 1) == 0 (call :meth:`~WaitAvoidingGroupAllreduce.sync_allreduce`
+    there; :meth:`~WaitAvoidingGroupAllreduce.is_group_version` says which).
+    The reference's ``fflib2/src/colls/ffsolo_limiter.c`` rotates its start
+    over N asynchronous activators and one synchronous allreduce, with N =
+    ``LIMITER`` = 32 in its training scripts; 0: no limiter.
+    """
+    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(), tau=_limited(limiter),
+                                      activation="first", late=late, **options)
+
+
+def majority_allreduce(comm, like, *, late="drop", activation="random", limiter=0,
+                       **options) -> WaitAvoidingGroupAllreduce:
+    """Eager-SGD's majority allreduce: a reduction over all P ranks that one
+    rank per version activates, drawn from a seeded sequence the same on
+    every rank (``activation="random"``, ``activator_seed``; the reference's
+    ``fflib2/src/colls/ffrand_allreduce.c``), or that starts once ceil(P/2)
+    ranks have arrived (``activation="half"``).  ``late`` and ``limiter`` as
+    in :func:`solo_allreduce`; the reference's majority has no limiter (its
+    use in ``ffrand_allreduce.c`` is commented out), hence 0 here."""
+    if activation not in ("random", "half"):
+        raise ValueError(f"a majority allreduce's activation must be 'random' or 'half', got {activation!r}")
+    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(), tau=_limited(limiter),
+                                      activation=activation, late=late, **options)

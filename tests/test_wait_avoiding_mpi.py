@@ -34,28 +34,30 @@ def value(rank, t):
     return rank * 10**6 + t + 1 + np.arange(NUMEL, dtype=np.int64)
 
 
-def _delays(kind, seed=7):
+def _delays(kind, seed=7, iterations=ITERATIONS):
     """Per-iteration sleep of this rank, in seconds."""
     rng = np.random.default_rng([seed, WORLD.rank])
     if kind == "random":
-        return rng.random(ITERATIONS) * 2e-3 + (rng.random(ITERATIONS) < 0.05) * 1e-2
+        return rng.random(iterations) * 2e-3 + (rng.random(iterations) < 0.05) * 1e-2
     slow = WORLD.rank == P - 1
-    return np.full(ITERATIONS, 5e-3 if slow else 0.0)
+    return np.full(iterations, 5e-3 if slow else 0.0)
 
 
 def _run(wa, delays):
-    """Drive ``wa`` for ITERATIONS steps; returns the per-step records.
+    """Drive ``wa`` for ``len(delays)`` steps; returns the per-step records.
 
     Every contribution is a new buffer, lent to the collective; the results
     are kept as they came (the caller owns them).  A lent buffer must still
-    hold what it held after the call (its contribution, plus with
-    ``carry_over`` the one it carried) when the next one replaces it: while
-    published it is only read.
+    hold what it held after the call (its contribution, plus under
+    ``late="accumulate"`` the one it carried) when the next one replaces it:
+    while published it is only read.  A sync step's result is checked here
+    against MPI's allreduce of the contributions when every version reads
+    the last published one, and by :func:`_check` under a late reading.
     """
     records, lent, reference = [], None, WORLD.Dup()
     with wa:
         start = time.perf_counter()
-        for t in range(ITERATIONS):
+        for t in range(len(delays)):
             time.sleep(delays[t])
             if lent is not None:
                 np.testing.assert_array_equal(lent[1], lent[2],
@@ -71,9 +73,10 @@ def _run(wa, delays):
             else:
                 expected = np.empty_like(contribution)
                 reference.Allreduce(contribution, expected)
-                wa.sync_allreduce(contribution, t)   # publishes a copy
+                wa.sync_allreduce(contribution, t)   # publishes a copy, or settles
                 lent = None
-                np.testing.assert_array_equal(contribution, expected)
+                if wa.late is None:
+                    np.testing.assert_array_equal(contribution, expected)
                 records.append((t, None, None, contribution.copy()))
         elapsed = time.perf_counter() - start
         history = wa.history
@@ -83,8 +86,10 @@ def _run(wa, delays):
 
 
 def _check(wa, records, history):
-    """Every property the issue names, checked on every rank for its own group."""
-    group_versions = [t for t in range(ITERATIONS) if wa.is_group_version(t)]
+    """Every version's result, exactly, on every rank for its own group:
+    the sum of what each member gave, from the members' histories."""
+    iterations = len(records)
+    group_versions = [t for t in range(iterations) if wa.is_group_version(t)]
     # Every version executed exactly once, in order.
     assert [v for v, _ in history] == group_versions
     used = WORLD.allgather(dict(history))
@@ -94,19 +99,23 @@ def _check(wa, records, history):
             return sum(value(q, c) for q in range(P))
         return value(rank, c)
 
-    if wa.carry_over:   # what each version consumed: every iteration since the last one consumed
-        consumed = [_consumed(q, used[q]) for q in range(P)]
-        contribution = (lambda rank, c, t: consumed[rank][t])
+    if wa.late is not None:     # a sync step takes every rank's fresh contribution
+        syncs = {t: t for t in range(iterations) if not wa.is_group_version(t)}
+        given = [_given(q, {**used[q], **syncs}, wa.late) for q in range(P)]
+        contribution = (lambda rank, c, t: given[rank][t])
     else:
         contribution = published
 
     previous = -1
     for t, fresh, contribution_iteration, total in records:
         if fresh is None:
+            if wa.late is not None:
+                np.testing.assert_array_equal(total, sum(given[q][t] for q in range(P)),
+                                              err_msg=f"sync step {t}")
             continue
         assert contribution_iteration == used[WORLD.rank][t]
         assert fresh == (contribution_iteration == t)
-        if not (wa.carry_over and contribution_iteration == -1):   # -1: zeros
+        if not (wa.late and contribution_iteration == -1):   # -1: zeros
             assert previous <= contribution_iteration <= t     # never from the future
             previous = contribution_iteration
         group = next(g for g in butterfly_groups(P, wa.group_size, t) if WORLD.rank in g)
@@ -115,13 +124,15 @@ def _check(wa, records, history):
     return used
 
 
-def _consumed(rank, used):
-    """With carry_over: version -> the sum ``rank`` gave, from its
-    ``{version: contribution_iteration}`` (iteration -1: zeros): every
-    iteration after the last one consumed, up to this one."""
+def _given(rank, used, late):
+    """Under a late reading: version -> what ``rank`` gave to it, from its
+    ``{version: contribution_iteration}`` (iteration -1: zeros).
+    ``"accumulate"``: every iteration after the last one given, up to this
+    one; ``"newest"`` and ``"drop"``: that iteration's contribution alone."""
     given, last = {}, -1
     for t, c in sorted(used.items()):
-        given[t] = sum((value(rank, k) for k in range(last + 1, c + 1)),
+        first = last + 1 if late == "accumulate" else max(c, 0)
+        given[t] = sum((value(rank, k) for k in range(first, c + 1)),
                        np.zeros(NUMEL, dtype=np.int64))
         last = max(last, c)
     return given
@@ -196,43 +207,117 @@ def test_fixed_groups_average_in_iteration_0s_groups(tau):
         assert any(mine not in butterfly_groups(P, S, t) for t, _ in records)
 
 
-@pytest.mark.timing
-@needs_pow2
-def test_solo_allreduce_reduces_over_all_ranks():
-    wa = solo_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
-    records, history, _ = _run(wa, _delays("random"))
-    _check(wa, records, history)
+EAGER_ITERATIONS = 240
+
+#: Eager-SGD's collectives: solo with a limiter of 4 (every fifth version
+#: waits for every rank), and the majority whose activator is drawn per version.
+EAGER = {"solo": lambda like, **kw: solo_allreduce(WORLD, like, limiter=4, **kw),
+         "majority": lambda like, **kw: majority_allreduce(WORLD, like, activator_seed=5, **kw)}
 
 
 @pytest.mark.timing
 @needs_pow2
-@pytest.mark.parametrize("make", [solo_allreduce, majority_allreduce], ids=["solo", "majority"])
-@pytest.mark.parametrize("delays", ["random", "straggler"])
-def test_carry_over_applies_every_contribution_exactly_once(make, delays, record_measurement):
-    """Eager-SGD's carry-over (issue 22, point 1): over a run, the sum of the
-    versions' results plus what every rank still carries at the end equals
-    the sum of every contribution of every rank, exactly (int64), under
-    random delays and a persistent straggler; and late ranks did carry
-    (some contribution entered a later version than its own)."""
-    wa = make(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
-    records, history, _ = _run(wa, _delays(delays))
-    applied = sum(total for *_, total in records)
-    unconsumed = wa.unconsumed()
-    left = WORLD.allreduce(np.zeros(NUMEL, dtype=np.int64) if unconsumed is None else unconsumed)
-    computed = sum(value(q, t) for q in range(P) for t in range(ITERATIONS))
-    np.testing.assert_array_equal(applied + left, computed)
+@pytest.mark.parametrize("late", ["drop", "newest", "accumulate"])
+@pytest.mark.parametrize("collective, delays", [("solo", "random"), ("majority", "random"),
+                                                ("solo", "straggler")])
+def test_a_late_contribution_meets_its_reading(collective, delays, late, record_measurement):
+    """Eager-SGD's gradients are consumed: each version sums exactly what
+    its members gave (checked against every rank's history, integers), a
+    sync step of the limiter every rank's fresh contribution plus what it
+    settles, and a late contribution, one published after its version
+    began, is
+
+    - ``"drop"``: never applied (every rank gives its iteration-t
+      contribution to version t, or zeros);
+    - ``"newest"``: applied once, in the next version, unless a newer one
+      replaced it (a rank's contributions enter in increasing order, each
+      at most once);
+    - ``"accumulate"``: applied exactly once: the results plus what every
+      rank still holds at the end sum to every contribution of every rank.
+
+    Under random delays and a persistent straggler (rank P - 1, 5 ms per
+    iteration), which is late at most versions."""
+    wa = EAGER[collective](value(WORLD.rank, -1), late=late, history=EAGER_ITERATIONS)
+    records, history, _ = _run(wa, _delays(delays, iterations=EAGER_ITERATIONS))
+    used = _check(wa, records, history)
+    mine = [c for _, c in history]
+    if late == "drop":
+        assert all(c in (t, -1) for t, c in history), "a late contribution was applied"
+    if late == "newest":
+        given = [c for c in mine if c >= 0]
+        assert given == sorted(set(given)), "a contribution entered twice or out of order"
+    if late == "accumulate":
+        applied = sum(total for *_, total in records)
+        unconsumed = wa.unconsumed()
+        left = WORLD.allreduce(np.zeros(NUMEL, dtype=np.int64) if unconsumed is None else unconsumed)
+        computed = sum(value(q, t) for q in range(P) for t in range(EAGER_ITERATIONS))
+        np.testing.assert_array_equal(applied + left, computed)
     carried = WORLD.allreduce(sum(c not in (t, -1) for t, c in history))
-    zeros = WORLD.allreduce(sum(c == -1 for _, c in history))
+    zeros = WORLD.allreduce(mine.count(-1))
     if P > 1:
-        record_measurement("versions that took a carried contribution", carried, 1, above=True)
         record_measurement("versions that took zeros", zeros, 1, above=True)
-        assert carried > 0 and zeros > 0, (carried, zeros)
+        assert zeros > 0, "no rank was ever late: the reading was not exercised"
+        if late != "drop":
+            record_measurement("versions that took a late contribution", carried, 1, above=True)
+            assert carried > 0, "no late contribution entered a later version"
+    assert len(used) == P
+
+
+@needs_pow2
+def test_the_activator_sequence_is_the_same_on_every_rank_and_always_fresh():
+    """``activation="random"``: every rank draws the same activator for
+    every version from the seed (and a resumed collective the same
+    continuation), a different seed draws another sequence, every rank
+    is drawn, and no version begins before its activator arrives: the
+    activator's own contribution is fresh in every version it activated,
+    whatever the delays."""
+    wa = majority_allreduce(WORLD, value(WORLD.rank, -1), activator_seed=11, history=EAGER_ITERATIONS)
+    records, history, _ = _run(wa, _delays("random", iterations=EAGER_ITERATIONS))
+    _check(wa, records, history)
+    sequence = [wa.activator(t) for t in range(EAGER_ITERATIONS)]
+    assert WORLD.allgather(sequence) == [sequence] * P
+    assert set(sequence) == set(range(P))
+    resumed = majority_allreduce(WORLD, value(WORLD.rank, -1), activator_seed=11, first_iteration=100)
+    assert [resumed.activator(t) for t in range(100, EAGER_ITERATIONS)] == sequence[100:]
+    other = majority_allreduce(WORLD, value(WORLD.rank, -1), activator_seed=12)
+    if P > 1:
+        assert [other.activator(t) for t in range(EAGER_ITERATIONS)] != sequence
+    for t, c in history:
+        if sequence[t] == WORLD.rank:
+            assert c == t, f"version {t} began before its activator, this rank, arrived"
 
 
 @pytest.mark.timing
 @needs_pow2
-def test_majority_allreduce_has_a_fresh_majority():
-    wa = majority_allreduce(WORLD, value(WORLD.rank, -1), history=ITERATIONS)
+@pytest.mark.skipif(P < 2, reason="needs a straggler and others")
+def test_a_random_activator_starts_its_version_on_arrival(record_measurement):
+    """The majority's versions start when their activator arrives, neither
+    earlier nor later: rank P - 1 arrives 20 ms after the others at every
+    iteration, so at a version it activates every rank's contribution is
+    fresh (the others arrived long before it, and waited), and at the
+    others' versions the straggler's is stale (its version began without
+    it)."""
+    iterations = 40
+    wa = majority_allreduce(WORLD, value(WORLD.rank, -1), activator_seed=3, history=iterations)
+    delays = np.full(iterations, 0.02 if WORLD.rank == P - 1 else 0.0)
+    records, history, _ = _run(wa, delays)
+    used = _check(wa, records, history)
+    activators = [wa.activator(t) for t in range(iterations)]
+    by_straggler = [t for t in range(iterations) if activators[t] == P - 1]
+    by_others = [t for t in range(iterations) if activators[t] != P - 1]
+    assert by_straggler and by_others
+    for t in by_straggler:
+        assert all(used[q][t] == t for q in range(P)), f"version {t}: {[used[q][t] for q in range(P)]}"
+    stale = sum(used[P - 1][t] != t for t in by_others)
+    record_measurement("the straggler's stale versions among those others activated", stale,
+                       len(by_others), above=True)
+    assert stale == len(by_others)
+
+
+@pytest.mark.timing
+@needs_pow2
+def test_half_activation_has_a_fresh_majority():
+    wa = majority_allreduce(WORLD, value(WORLD.rank, -1), activation="half", history=ITERATIONS)
     records, history, _ = _run(wa, _delays("random"))
     used = _check(wa, records, history)
     quorum = -(-P // 2)
@@ -294,14 +379,14 @@ def test_misuse_is_refused():
     (dict(group_size=3), ValueError, "group_size must be a power of two"),
     (dict(group_size=2 * P), ValueError, f"group_size must be a power of two <= world size {P}"),
     (dict(group_size=1, tau=0), ValueError, "tau must be an int >= 1 or None, got 0"),
-    (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'majority'"),
+    (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'random', 'half'"),
+    (dict(group_size=1, activation="random", activator_seed=-1), ValueError,
+     "activator_seed must be an int >= 0, got -1"),
     (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
     (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
     (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
-    (dict(group_size=1, carry_over=1), TypeError, "carry_over must be True or False, got 1"),
-    (dict(group_size=1, tau=10, carry_over=True), ValueError,
-     r"carry_over needs tau=None \(sync steps average models; carried contributions are "
-     r"gradients\), got tau=10"),
+    (dict(group_size=1, late="keep"), ValueError,
+     "late must be None or one of 'drop', 'newest', 'accumulate', got 'keep'"),
 ])
 def test_bad_arguments_raise_on_every_rank(options, error, text):
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), **options)
