@@ -75,8 +75,9 @@ def build_parser(parser_class=argparse.ArgumentParser):
                    help="comma-separated epochs of step decay, e.g. 30,60,80 [none]")
     g.add_argument("--decay-factor", type=float, default=0.1,
                    help="the learning rate is multiplied by this at each of --decay-epochs")
-    g.add_argument("--eval-every", type=int, default=1,
-                   help="evaluate the averaged model every E epochs (and at the end); 0: only at the end")
+    g.add_argument("--eval-every", type=float, default=1.0,
+                   help="evaluate the averaged model every E epochs, a fraction for several evaluations an "
+                        "epoch (0.25: four), and at the end; 0: only at the end")
     g.add_argument("--eval-replicas", action="store_true", help="also evaluate every rank's own model")
     g.add_argument("--seed", type=int, default=0, help="model init, data shards, imbalance draws")
     g = p.add_argument_group("imbalance and compute")

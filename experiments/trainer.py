@@ -211,6 +211,8 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                       args.decay_epochs, args.decay_factor)
     compute = StepCompute(model, dataset.spec, imbalance, args.compute, compute_ms(args), rank)
     evaluate = args.compute == "real"
+    # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
+    eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
     with Communicator(world) as eval_comm:
         evaluator = Evaluator(model, eval_comm, dataset, max(args.batch_size, 256),
                               lock=algo.lock) if evaluate else None
@@ -265,10 +267,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 if rank == 0 and bar.n % 10 == 0:
                     rate = ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
                     bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{rate:.0f}")
-                end_of_epoch = step % steps_per_epoch == 0
-                epoch = step // steps_per_epoch - (1 if end_of_epoch else 0)
-                if evaluate and (step == total or (end_of_epoch and args.eval_every
-                                                   and (epoch + 1) % args.eval_every == 0)):
+                if evaluate and (step == total or (eval_interval and step % eval_interval == 0)):
                     clock.pause()
                     if hasattr(algo, "ensemble"):
                         _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated)

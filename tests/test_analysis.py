@@ -22,9 +22,11 @@ BATCH, STEPS = 32, 20
 
 
 def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, imbalance="none",
-           evals=None, status="complete", steps_planned=STEPS, wait=None, stale=None, options=None):
+           evals=None, status="complete", steps_planned=STEPS, wait=None, stale=None, options=None,
+           epochs=None):
     """A run file whose latest rank (rank 0) ends step t at sum(durations[:t + 1]);
-    ``options``: the algorithm options its config records, as experiments.train's."""
+    ``options``: the algorithm options its config records, as experiments.train's;
+    ``evals``: (clocks, accuracies) at epochs ``epochs`` (default 0, 1, 2, ...)."""
     durations = np.broadcast_to(np.asarray(durations, dtype=float), (STEPS,))
     clock = np.cumsum(durations)[None, :] - 0.001 * np.arange(ranks)[:, None]
     shape = (ranks, STEPS)
@@ -41,7 +43,8 @@ def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, im
              "steps_planned": steps_planned, "steps_per_epoch": 10}
     if evals is not None:
         clocks, accuracy = (np.asarray(v, dtype=float) for v in evals)
-        evals = {"step": np.arange(len(clocks)), "epoch": np.arange(len(clocks)), "clock": clocks,
+        epoch = np.arange(len(clocks), dtype=float) if epochs is None else np.asarray(epochs, dtype=float)
+        evals = {"step": np.arange(len(clocks)), "epoch": epoch, "clock": clocks,
                  "accuracy": accuracy, "loss": 1 - accuracy}
     path = os.path.join(folder, name)
     write_run(path, attrs, steps, evals, status=status)
@@ -116,6 +119,9 @@ def test_rows_throughput_speedup_accuracy(results):
     allreduce = rows["allreduce_p4.h5"]
     assert (allreduce["final_accuracy"], allreduce["best_accuracy"]) == (0.93, 0.93)
     assert rows["wagma_p8.h5"]["final_accuracy"] is None
+    # One evaluation an epoch: the last epoch's mean is the final accuracy.
+    assert rows["wagma_p4.h5"]["last_epoch_accuracy"] == 0.90
+    assert rows["wagma_p8.h5"]["last_epoch_accuracy"] is None
     assert rows["wagma_p4.h5"]["mean_wait_time"] == pytest.approx(0.015)
     assert rows["wagma_p4.h5"]["stale_fraction"] == pytest.approx(5 / 80)
     assert rows["allreduce_p4.h5"]["stale_fraction"] == 0
@@ -170,7 +176,7 @@ def test_text_table(results):
     assert len(lines) == 2 + 8
     # aligned: every column of the rule starts where the header's does
     starts = [m.start() for m in re.finditer(r"-+", lines[1])]
-    assert len(starts) == 14
+    assert len(starts) == 15
     cells = _by_algorithm_ranks(_parse_text_table(text))
     wagma = cells["wagma", "4", "none"]
     assert wagma["samples/s"] == "292.6" and wagma["speedup vs allreduce_sgd"] == "1.14"
@@ -197,7 +203,7 @@ def test_markdown_table(results):
     assert len(lines) == 2 + 8
     assert all(line.startswith("| ") and line.endswith(" |") for line in lines)
     assert lines[1].startswith("| --- | ---: |")
-    assert {line.count(" | ") for line in lines} == {13}
+    assert {line.count(" | ") for line in lines} == {14}
     assert lines[0].startswith("| algorithm | P | S | tau | imbalance | compute | status | samples/s |")
 
 
@@ -384,8 +390,17 @@ def test_label_of_a_simulated_run_and_of_a_file_without_options():
         "wagma (fixed groups)"
     assert run_label(run("wagma", {"options": {"wait_avoiding": False, "group_averaging": True,
                                                "fixed_groups": True}})) == "wagma (group averaging, fixed groups)"
-    assert run_label(run("eager_sgd", {"options": {"quorum": "solo"}})) == "eager_sgd (solo)"
-    assert run_label(run("eager_sgd", {"options": {"quorum": "majority"}})) == "eager_sgd"
+    eager = {"quorum": "majority", "late": "drop", "limiter": 0, "activator_seed": 0}
+    assert run_label(run("eager_sgd", {"options": eager})) == "eager_sgd"
+    assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "solo", "limiter": 32}})) == "eager_sgd (solo)"
+    assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "solo", "limiter": 0}})) == \
+        "eager_sgd (solo, limiter 0)"
+    assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "half", "late": "accumulate"}})) == \
+        "eager_sgd (half, accumulate)"
+    # Files from before the late reading was an option carried late gradients over, with no limiter, and
+    # their majority started a version at the first ceil(P/2) arrivals.
+    assert run_label(run("eager_sgd", {"options": {"quorum": "solo"}})) == "eager_sgd (solo, accumulate, limiter 0)"
+    assert run_label(run("eager_sgd", {"options": {"quorum": "majority"}})) == "eager_sgd (half, accumulate)"
     assert run_label(run("local_sgd", {"algorithm_options": {"period": 10, "reallocate": False}})) == "local_sgd"
     assert run_label(run("local_sgd", {"algorithm_options": {"period": 1, "reallocate": True}})) == \
         "local_sgd (reallocate)"
@@ -429,3 +444,16 @@ def test_the_accuracy_plot_tells_runs_of_one_label_and_different_tau_apart(tmp_p
     assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))
     assert [label for label, _ in lines] == ["local_sgd, tau 1, P=4", "local_sgd, tau 10, P=4"]
     assert len({color for _, color in lines}) == 2
+
+
+def test_the_last_epochs_mean_accuracy_averages_its_evaluations(tmp_path):
+    """Four evaluations an epoch (``--eval-every 0.25``) over two epochs: the
+    last epoch's mean takes the four of epoch (1, 2], not the final one alone."""
+    accuracy = [0.2, 0.4, 0.5, 0.6, 0.7, 0.9, 0.6, 0.8]
+    path = _write(str(tmp_path), "eager.h5", "eager_sgd", 4, 0.5, evals=(np.arange(1, 9), accuracy),
+                  epochs=np.arange(1, 9) / 4)
+    (row,) = compare([path])
+    assert row["final_accuracy"] == 0.8
+    assert row["last_epoch_accuracy"] == pytest.approx((0.7 + 0.9 + 0.6 + 0.8) / 4)
+    assert row["best_accuracy"] == 0.9
+    assert "last-epoch acc %" in format_table([row])

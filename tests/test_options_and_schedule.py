@@ -65,6 +65,12 @@ def test_algorithm_options_follow_the_paper_by_default():
         "period_group_size_dict"] == {1: 2, 5: 4, 20: 8}
     assert algorithm_options(_args("hierarchical_sgd"), 6)["period_group_size_dict"] == {2: 3, 10: 6}
     assert algorithm_options(_args("sgp"), 8) == {"peers": 1}
+    # eager-SGD as its authors' code runs it: the majority's random activator,
+    # late gradients dropped, the limiter of 32 for solo only.
+    assert algorithm_options(_args("eager_sgd"), 8) == {"quorum": "majority", "late": "drop", "limiter": 0,
+                                                        "activator_seed": 0}
+    assert algorithm_options(_args("eager_sgd", "--quorum", "solo"), 8)["limiter"] == 32
+    assert algorithm_options(_args("eager_sgd", "--quorum", "solo", "--limiter", "0"), 8)["limiter"] == 0
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -101,7 +107,9 @@ def test_usage_problems_name_the_option(argv, words):
     (8, ["wagma", "--group-averaging"], "--wait-avoiding and --group-averaging cannot both be on"),
     (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (its partial collectives run on "
                        "butterfly phases), got 6 ranks (mpiexec -n)"),
-    (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', got 'all'"),
+    (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', 'half', got 'all'"),
+    (8, ["eager_sgd", "--late", "keep"], "--late must be one of 'drop', 'newest', 'accumulate', got 'keep'"),
+    (8, ["eager_sgd", "--activator-seed", "-3"], "--activator-seed must be an int >= 0, got -3"),
     (5, ["adpsgd"], "got 5 ranks (mpiexec -n)"),
     (8, ["sgp", "--peers", "4"], "--peers must be an int from 1 to max(2, ceil(log2 P)) = 3 on 8 ranks (mpiexec -n), got 4"),
     (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number above 0"),
@@ -127,6 +135,7 @@ def test_algorithm_problems_are_found_before_set_up_in_the_command_lines_words(r
 
 @pytest.mark.parametrize("argv, words", [
     (["wagma", "--group-size", "big"], "argument --group-size: expected an int or 'auto', got 'big'"),
+    (["eager_sgd", "--limiter", "-1"], "argument --limiter: expected an int or 'auto', got '-1'"),
     (["hierarchical_sgd", "--period-group-size-dict", "2-4"], "expected PERIOD:SIZE[,PERIOD:SIZE...]"),
 ])
 def test_option_values_the_flags_cannot_read_are_parse_errors(argv, words, capsys):

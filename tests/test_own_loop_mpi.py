@@ -224,13 +224,13 @@ def test_a_step_after_no_sync_passes_only_averages_them(comm):
 def test_grad_scaler_with_bf16_autocast(comm, name):
     """bf16 autocast on the CPU with ``algo.step(scaler)``.  At step 2 the
     last rank's loss is infinite.  Allreduce-SGD: every rank's average holds
-    the inf, so every rank skips step 2 and halves its scale.  Eager-SGD:
-    the inf reaches every rank in the same version's average, step 2's or,
-    when the last rank was late, a later one's; so after every step the
-    replicas and the scales are equal, and either every rank halved its
-    scale or the inf was never taken (it is in the last rank's
-    ``unapplied`` at ``close()``: which depends on who was late, so the
-    test is marked timing).  Local SGD: only the last rank skips step 2."""
+    the inf, so every rank skips step 2 and halves its scale.  Eager-SGD
+    (``late="drop"``): the inf is in step 2's version, on every rank, when
+    the last rank was fresh at step 2, and dropped when it was late; so
+    after every step the replicas and the scales are equal, and every rank
+    halved its scale exactly when the last rank was fresh at step 2 (which
+    depends on who was late, so the test is marked timing).  Local SGD:
+    only the last rank skips step 2."""
     if name == "eager_sgd" and not POW2:
         pytest.skip("eager_sgd needs a power-of-two number of ranks")
     model = _net(seed=0)
@@ -248,8 +248,10 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
             if name != "eager_sgd":         # eager-SGD unscales the average inside step()
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            before = _vector(model.parameters())
+            before, stale_before = _vector(model.parameters()), algo.stale_steps
             algo.step(scaler)
+            if step == 2:
+                fresh_at_2 = algo.stale_steps == stale_before
             scaler.update()
             parameters = _vector(model.parameters())
             assert bool(torch.isfinite(parameters).all())
@@ -262,10 +264,7 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
                 assert len(set(WORLD.allgather(scaler.get_scale()))) == 1
     halved = scaler.get_scale() < 2.0 ** 10
     if name == "eager_sgd":
-        carried = [t for t in algo.unapplied.values() if t is not None]
-        never_taken = WORLD.bcast(WORLD.rank == P - 1 and any(not bool(torch.isfinite(t).all()) for t in carried),
-                                  root=P - 1)
-        assert halved != never_taken
+        assert halved == WORLD.bcast(fresh_at_2, root=P - 1)
     else:
         assert halved == (name == "allreduce_sgd" or WORLD.rank == P - 1)
 

@@ -8,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
+from collectives.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead, rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.straggler_prediction import StragglerPredictor
@@ -172,13 +173,37 @@ def test_wagma_with_fixed_groups_waits_only_in_the_stragglers_group():
     assert json_options["fixed_groups"] is True
 
 
-def test_eager_sgd_majority_does_not_wait_for_a_minority_of_late_ranks():
+def test_eager_sgd_majority_waits_for_its_random_activator_alone():
+    """The majority's version t starts when the runtime's activator of t
+    arrives (the same seeded sequence): a late rank 2 holds up exactly the
+    versions it activates, and is stale in all the others."""
     quiet = simulate("eager_sgd", scenario(), quorum="majority")
     activation = 3 * NET.alpha
     assert np.allclose(step_times(quiet), 0.1 + activation + rhd_time(8, 4 * BIG, NET.alpha, NET.beta))
-    late = simulate("eager_sgd", scenario(imbalance="straggler:rank=2,ms=300"), quorum="majority")
+    late = simulate("eager_sgd", scenario(imbalance="straggler:rank=2,ms=300"), quorum="majority",
+                    activator_seed=4)
+    draw = RandomActivators(4, 8)
+    by_rank_2 = np.array([draw(t) == 2 for t in range(40)])
+    assert 0 < by_rank_2.sum() < 40
+    others = np.delete(step_times(late), 2, axis=0)
+    assert np.all(others[:, by_rank_2] > 0.3) and np.all(others[:, ~by_rank_2] < 0.15)
+    assert np.array_equal(late.steps["stale"][2].astype(bool), ~by_rank_2)
+    assert not np.delete(late.steps["stale"], 2, axis=0).any()
+
+
+def test_eager_sgd_half_does_not_wait_for_a_minority_of_late_ranks():
+    late = simulate("eager_sgd", scenario(imbalance="straggler:rank=2,ms=300"), quorum="half")
     assert late.steps["stale"][2].all() and not np.delete(late.steps["stale"], 2, axis=0).any()
     assert np.all(np.delete(step_times(late), 2, axis=0) < 0.15)
+
+
+def test_eager_sgd_solos_limiter_waits_for_every_rank_every_33rd_version():
+    late = simulate("eager_sgd", scenario(steps=70, imbalance="straggler:rank=2,ms=300"), quorum="solo")
+    synchronous = (np.arange(70) + 1) % 33 == 0
+    assert late.config["options"]["limiter"] == 32
+    assert np.array_equal(late.steps["stale"][2].astype(bool), ~synchronous)
+    others = np.delete(step_times(late), 2, axis=0)
+    assert np.all(others[:, synchronous] > 0.3) and np.all(others[:, ~synchronous] < 0.15)
 
 
 def test_a_synchronization_cost_is_added_to_every_collective_over_all_ranks_and_to_nothing_else():
@@ -425,7 +450,8 @@ def test_results_reproduce_from_the_seed():
     ("wagma", {"wait_avoiding": False, "fixed_groups": True},
      "fixed_groups needs wait_avoiding or group_averaging: with both off no groups average"),
     ("sgp", {"peers": 9}, "peers must be an int from 1 to max(2, ceil(log2 P)) = 3"),
-    ("eager_sgd", {"quorum": "half"}, "quorum must be one of 'solo', 'majority', got 'half'"),
+    ("eager_sgd", {"quorum": "all"}, "quorum must be one of 'solo', 'majority', 'half', got 'all'"),
+    ("eager_sgd", {"limiter": -1}, "limiter must be an int >= 0 (0: none) or 'auto', got -1"),
     ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; its options: period, reallocate, sync"),
     ("wagma", {"sync": "ring"}, "sync must be one of 'allreduce', 'stragglar', got 'ring'"),
     ("allreduce_sgd", {"sync": None}, "sync must be one of 'allreduce', 'stragglar', got None"),

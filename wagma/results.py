@@ -72,7 +72,8 @@ Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     rank rejoined).
 ``summary`` attributes (complete runs): ``throughput`` (samples/s over all
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
-    ``final_accuracy``, ``best_accuracy``, ``mean_wait_time``,
+    ``final_accuracy``, ``best_accuracy``, ``last_epoch_accuracy`` (the
+    mean of the last epoch's evaluations), ``mean_wait_time``,
     ``stale_fraction`` (and the straggler predictor's two, above); :func:`summarize` recomputes them from the datasets
     for any file, a partial one included.
 
@@ -95,8 +96,8 @@ import numpy as np
 
 from collectives.collect import RootCollector
 
-__all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "load_run", "partial_path",
-           "straggler_summary", "summarize", "write_run"]
+__all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "last_epoch_accuracy", "load_run",
+           "partial_path", "straggler_summary", "summarize", "write_run"]
 
 SCHEMA = "wagma-run/1"
 STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
@@ -461,4 +462,18 @@ def summarize(run: Run, skip: int = 0) -> dict:
     if accuracy.size and np.any(np.isfinite(accuracy)):
         out["final_accuracy"] = float(accuracy[-1])
         out["best_accuracy"] = float(np.nanmax(accuracy))
+        out["last_epoch_accuracy"] = last_epoch_accuracy(run)
     return out
+
+
+def last_epoch_accuracy(run: Run) -> float:
+    """The mean accuracy of the evaluations of the last epoch trained: those
+    whose epoch lies within one epoch of the last evaluation's, that one
+    included (NaN ones left out).  A final evaluation alone decides a
+    comparison by one noisy snapshot; with several evaluations an epoch
+    (``experiments.train --eval-every 0.25``) this is their mean.  Evaluated
+    once an epoch, it is the final accuracy."""
+    accuracy = np.asarray(run.eval["accuracy"], dtype=np.float64)
+    epoch = np.asarray(run.eval["epoch"], dtype=np.float64)
+    last = epoch > epoch[-1] - 1 + 1e-9
+    return float(np.nanmean(accuracy[last]))

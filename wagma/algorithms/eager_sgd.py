@@ -7,19 +7,66 @@ from .base import Algorithm
 
 __all__ = ["EagerSGD"]
 
-_QUORUMS = {"solo": solo_allreduce, "majority": majority_allreduce}
+#: ``quorum`` -> the activation of :func:`~collectives.majority_allreduce`.
+_MAJORITY_ACTIVATION = {"majority": "random", "half": "half"}
 
 
 class EagerSGD(Algorithm):
     """Synchronous-looking SGD whose gradient allreduce does not wait for late ranks.
 
     Step t: the gradients of step t are this rank's contribution to version t
-    of a partial allreduce over all P ranks (WAGMA paper, section 2.2: "at
-    most half of the processes contribute stale gradients if not ready"):
-    with ``quorum="solo"`` the first rank to arrive starts it, with
-    ``"majority"`` it starts once ceil(P/2) ranks have arrived.  Every rank
-    then applies the same average (the sum over the P contributions divided
-    by P), so the replicas stay identical, as in Allreduce-SGD.
+    of a partial allreduce over all P ranks, and every rank applies the same
+    result, the sum of the contributions it read divided by P, so the
+    replicas stay identical, as in Allreduce-SGD.  What starts a version
+    (``quorum``):
+
+    - ``"solo"``: the first rank to arrive (``fflib2/src/colls/ffsolo_allreduce.c``
+      of the authors' code, github ``Shigangli/eager-SGD``).
+    - ``"majority"``: one rank per version, drawn from a seeded sequence the
+      same on every rank (``activator_seed``); only its arrival starts the
+      version.  That is the authors' majority allreduce
+      (``colls/ffrand_allreduce.c``: ``rand_r(&seed) % P`` at every call,
+      the seed shared, ``opt_esgd_majority_imagenet_imbalance.py``), in
+      which half of the ranks arrive before a random one in expectation.
+    - ``"half"``: once ceil(P/2) ranks have arrived, the reading of the
+      WAGMA paper's words (section 2.2: eager-SGD "uses partial collective
+      allreduces over the gradients, allowing at most half processors to
+      contribute stale gradients if not ready"): a bound at every version,
+      where the authors' code gives it on average.
+
+    What becomes of a gradient whose version began without it (``late``):
+
+    - ``"drop"`` (default): it is discarded, and the version read zeros
+      from this rank; the divisor stays P.  That is what the authors' code
+      does: its training scripts (``test-models/.../utils/opt_esgd_solo_imagenet_imbalance.py``
+      and ``..._majority_...``) copy gradient / P into the send buffer, post
+      the collective, wait, copy the result out, then zero the send buffer;
+      the collective (``colls/ffallreduce.c``) reads the send buffer when a
+      version starts, which for a late rank is in its progress thread, when
+      a peer's activation arrives, while the buffer holds zeros; when the
+      late rank arrives its activation is absorbed as already done
+      (``ffop.c``'s version check), its wait returns the finished version,
+      and the zeroing discards the gradient it had just copied in.  (The C
+      code lets one through when another version starts between the copy
+      and the zeroing, a race not reproduced here.)
+    - ``"newest"``: it enters the next version, unless this rank arrives at
+      that version in time, whose own gradient then replaces it: a late
+      rank contributes its newest gradient, once (the papers' "stale
+      gradients" read literally).
+    - ``"accumulate"``: it enters the next version, added to every later
+      gradient not yet applied, so that over a run the sum of the averages
+      applied is exactly the sum of the gradients computed divided by P,
+      less what the last version did not take (:attr:`unapplied`).  Measured
+      on 2 ranks (digits, one random rank 20 ms late per step, 3 epochs) it
+      lost accuracy against the others: versions that take 3 to 5
+      accumulated gradients apply up to 3x the step Allreduce-SGD takes at
+      the same model (docs/algorithms.md).
+
+    ``limiter`` N > 0: after every N partial versions one synchronous
+    version that waits for every rank's fresh gradient (step t with (t + 1)
+    mod (N + 1) == 0), as the authors' solo allreduce does with N = 32
+    (``colls/ffsolo_limiter.c``); ``"auto"`` is 32 for solo and 0 for the
+    others, whose reference has none.
 
     Between ``backward()`` and :meth:`step` the gradients are this rank's
     own: the partial collective runs in :meth:`step`, and a version may
@@ -28,33 +75,16 @@ class EagerSGD(Algorithm):
     there clips this rank's contribution.  With a ``GradScaler``, let
     ``algo.step(scaler)`` unscale (do not call ``unscale_`` before it): it
     unscales the average, which holds an inf or NaN on every rank if it
-    does on one, so every rank skips the same steps.  A carried-over
-    gradient was scaled with the scale of the step that computed it: after
-    a skipped step halved the scale, it is unscaled with the new one (twice
-    its size, once; the scale changes only at a skip or after
-    ``growth_interval`` steps).
-
-    A late rank's gradient is carried over, never lost nor counted twice
-    (``carry_over`` of :class:`~collectives.WaitAvoidingGroupAllreduce`): a
-    version that begins before the rank arrives takes zeros from it, and
-    the gradient it then computes enters the next version, added to that
-    step's gradient if the rank arrives in time for it.  Reading chosen:
-    eager-SGD's reference implementation (Li et al., PPoPP 2020) copies each
-    gradient into the send buffer and zeroes it after the collective, so a
-    version activated without the rank reads zeros and the late gradient
-    goes to the next one; here a rank that misses several versions in a row
-    accumulates its gradients instead of overwriting them, so that over a
-    run the sum of the averages applied is exactly the sum of the gradients
-    computed divided by P, less what the last version did not take
-    (:attr:`unapplied`).  An earlier reading, re-sending a late rank's
-    previous gradient to every version it missed, counted that gradient
-    once per missed version: on 2 ranks with non-IID shards the constant
-    pull kept the loss at 1.78 (from 2.33) in about half of the runs.
+    does on one, so every rank skips the same steps.  With ``"newest"`` or
+    ``"accumulate"`` a gradient taken by a later version was scaled with
+    the scale of the step that computed it: after a skipped step halved the
+    scale, it is unscaled with the new one (twice its size, once; the scale
+    changes only at a skip or after ``growth_interval`` steps).
     :attr:`stale_steps` counts the steps at which this rank's gradient of
     that step was not in that step's version.
 
     Options (:class:`~wagma.options.algorithms.EagerSGDOptions`):
-    ``quorum``, ``"solo"`` or ``"majority"``.
+    ``quorum``, ``late``, ``limiter``, ``activator_seed``.
     """
 
     name = "eager_sgd"
@@ -66,29 +96,40 @@ class EagerSGD(Algorithm):
         self._collectives = None
         self.unapplied = {}
 
+    def _open(self, grad, t):
+        """This dtype's partial collective, its versions numbered from step t."""
+        config = self.config
+        common = dict(op="avg", late=config.late, limiter=config.limiter, first_iteration=t)
+        if config.quorum == "solo":
+            return solo_allreduce(self.comm.data, grad, **common).open()
+        return majority_allreduce(self.comm.data, grad, activation=_MAJORITY_ACTIVATION[config.quorum],
+                                  activator_seed=config.activator_seed, **common).open()
+
     def _step(self):
         t = self.steps
         self.flat.attach_grads()        # gradients optimizer.zero_grad() set to None
         self.flat.check_views()
         if self._collectives is None:   # opened here so a resumed run starts at t
-            self._collectives = {
-                dtype: _QUORUMS[self.quorum](self.comm.data, grad, op="avg",
-                                             first_iteration=t).open()
-                for dtype, grad in self.flat.grads.items()}
+            self._collectives = {dtype: self._open(grad, t) for dtype, grad in self.flat.grads.items()}
+        fresh = True
         for dtype, grad in self.flat.grads.items():
-            # The gradient buffer is lent (a late rank's previous gradient);
-            # the gradients move to the result buffer.
-            result = self._collectives[dtype].allreduce(grad, t)
+            collective = self._collectives[dtype]
+            if not collective.is_group_version(t):      # the limiter's synchronous version
+                collective.sync_allreduce(grad, t, op="avg")
+                continue
+            # The gradient buffer is lent (under "accumulate" or "newest" it
+            # may be read by a later version); the gradients move to the result.
+            result = collective.allreduce(grad, t)
             self.flat.rebind(dtype, grads=result.value)
-            if not result.fresh:
-                self.stale_steps += 1
+            fresh &= result.fresh
+        self.stale_steps += not fresh
         self._optimizer_step()
 
     def close(self):
         """Close the collectives (collective); :attr:`unapplied` then holds,
-        per dtype, this rank's carried gradient that no version took (the
-        sum of its gradients computed after its last contribution was
-        consumed), or None."""
+        per dtype, this rank's gradient that no version took (under
+        ``"accumulate"`` the sum of its gradients computed after its last
+        contribution was read, under ``"newest"`` the last one), or None."""
         for dtype, collective in (self._collectives or {}).items():
             collective.close()
             self.unapplied[dtype] = collective.unconsumed()

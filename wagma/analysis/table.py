@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from wagma.options.algorithms import EAGER_LIMITER
 from wagma.results import Run, load_run, summarize
 
 from .files import is_partial
@@ -17,7 +18,7 @@ __all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "
 #: file's units (seconds, accuracy as a fraction); None where there is none.
 ROW_FIELDS = ("file", "algorithm", "label", "ranks", "group_size", "tau", "imbalance", "compute", "model",
               "dataset", "batch_size", "status", "file_status", "steps", "steps_planned", "skip",
-              "throughput", "baseline", "speedup", "final_accuracy", "best_accuracy",
+              "throughput", "baseline", "speedup", "final_accuracy", "last_epoch_accuracy", "best_accuracy",
               "target_accuracy", "time_to_target", "mean_wait_time", "stale_fraction")
 
 
@@ -38,7 +39,9 @@ def run_label(run: Run) -> str:
     paper writes "SGP (1n)"), ``wagma (fixed groups)`` (ablation 2),
     ``wagma (group averaging)`` (beta instead of alpha) or ``wagma (no group
     collectives)`` (both off: ablation 1's local SGD with tau), ``eager_sgd
-    (solo)``, and ``stragglar sync`` / ``reallocate`` for any algorithm run
+    (solo)`` or ``(half)`` and eager-SGD's late reading and limiter where
+    they are not the defaults (``eager_sgd (half, accumulate)``,
+    ``eager_sgd (solo, limiter 0)``), and ``stragglar sync`` / ``reallocate`` for any algorithm run
     with them; several join with commas inside one parenthesis.  Options
     at their defaults add nothing (SGP's peers excepted), nor does a tau or
     S, which have columns of their own; a file that records no options is
@@ -53,13 +56,32 @@ def run_label(run: Run) -> str:
             parts.append("group averaging" if options.get("group_averaging") else "no group collectives")
         if options.get("fixed_groups"):
             parts.append("fixed groups")
-    if algorithm == "eager_sgd" and options.get("quorum") == "solo":
-        parts.append("solo")
+    if algorithm == "eager_sgd":
+        parts += _eager_variant(options)
     if options.get("sync") == "stragglar":
         parts.append("stragglar sync")
     if options.get("reallocate"):
         parts.append("reallocate")
     return f"{algorithm} ({', '.join(parts)})" if parts else algorithm
+
+
+def _eager_variant(options: dict) -> list[str]:
+    """Eager-SGD's options that are not its defaults, in a label's words.
+    Files written before the late reading and the limiter were options
+    record neither; they carried late gradients over (``accumulate``) and
+    had no limiter, and their majority was the first ceil(P/2) arrivals."""
+    quorum = options.get("quorum", "majority")
+    recorded = "late" in options
+    if not recorded and quorum == "majority":
+        quorum = "half"
+    parts = [] if quorum == "majority" else [quorum]
+    late = options.get("late", "accumulate")
+    if late != "drop":
+        parts.append(late)
+    limiter = options.get("limiter", 0)
+    if limiter != EAGER_LIMITER.get(quorum, 0):
+        parts.append(f"limiter {limiter}")
+    return parts
 
 
 def time_to_accuracy(run: Run, target: float) -> float | None:
@@ -119,6 +141,7 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
         "baseline": baseline,
         "speedup": None,
         "final_accuracy": _number(summary.get("final_accuracy")),
+        "last_epoch_accuracy": _number(summary.get("last_epoch_accuracy")),
         "best_accuracy": _number(summary.get("best_accuracy")),
         "target_accuracy": target,
         "time_to_target": time_to_accuracy(run, target),
@@ -203,6 +226,7 @@ def _columns(rows: list[dict]) -> list:
         ("samples/s", ">", lambda r: _fmt(r["throughput"], ".1f")),
         (f"speedup vs {baseline}" if baseline else "speedup", ">", lambda r: _fmt(r["speedup"], ".2f")),
         ("final acc %", ">", lambda r: _fmt(r["final_accuracy"], ".2f", 100)),
+        ("last-epoch acc %", ">", lambda r: _fmt(r["last_epoch_accuracy"], ".2f", 100)),
         ("best acc %", ">", lambda r: _fmt(r["best_accuracy"], ".2f", 100)),
         (f"time to {target * 100:g}% (s)", ">", lambda r: _fmt(r["time_to_target"], ".1f")),
         ("wait ms/step", ">", lambda r: _fmt(r["mean_wait_time"], ".2f", 1000)),

@@ -8,8 +8,8 @@ import math
 from .base import Options, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
-__all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EagerSGDOptions", "EnsembleSyncOptions",
-           "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS", "WagmaOptions",
+__all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EAGER_LIMITER", "EagerSGDOptions",
+           "EnsembleSyncOptions", "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS", "WagmaOptions",
            "auto_group_size", "parse_levels"]
 
 #: The values of the ``sync`` option: how the global synchronizations
@@ -156,16 +156,45 @@ class SGPOptions(Options):
                         help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).")
 
 
+def _limiter(value, name, ranks, say):
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{name} must be an int >= 0 (0: none) or 'auto', got {value!r}"
+    return None
+
+
+#: The limiter of ``limiter="auto"``: the reference's for solo (``LIMITER``
+#: 32 in its training scripts), none for the majority, whose reference
+#: leaves it commented out (``ffrand_allreduce.c``).
+EAGER_LIMITER = {"solo": 32, "majority": 0, "half": 0}
+
+
 @options_of("eager_sgd")
 class EagerSGDOptions(Options):
-    """Eager-SGD's options."""
+    """Eager-SGD's options (the partial collective, the late gradient's fate, the limiter)."""
 
-    quorum: str = option("majority", check=one_of("solo", "majority"), metavar="{solo,majority}",
-                         help="which partial collective: 'solo' (the first rank to arrive starts it) or "
-                              "'majority' (once ceil(P/2) ranks have arrived).")
+    quorum: str = option("majority", check=one_of("solo", "majority", "half"), metavar="{solo,majority,half}",
+                         help="which partial collective starts a version: 'solo' (the first rank to arrive), "
+                              "'majority' (one rank drawn per version, the same on every rank, as the authors' "
+                              "code does) or 'half' (once ceil(P/2) ranks have arrived).")
+    late: str = option("drop", check=one_of("drop", "newest", "accumulate"), metavar="{drop,newest,accumulate}",
+                       help="what becomes of a gradient its version began without: 'drop' (the authors' code), "
+                            "'newest' (the next version takes the rank's newest gradient) or 'accumulate' (the "
+                            "next version takes the sum of every gradient not yet applied).")
+    limiter: int | str = option("auto", check=_limiter, parse=_int_or_auto, metavar="N",
+                                help="after N partial versions one that waits for every rank; 0: none; 'auto': "
+                                     "32 for solo, 0 otherwise (the authors' code).")
+    activator_seed: int = option(0, check=int_at_least(0), parse=int,
+                                 help="the seed of the majority's activator sequence (the same on every rank).")
 
     def ranks_problem(self, ranks, say):
         return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
+
+    def resolve(self, ranks):
+        if self.limiter != "auto":
+            return self
+        return type(self)(**{**self.as_dict(), "limiter": EAGER_LIMITER[self.quorum]})
 
 
 def parse_levels(text):

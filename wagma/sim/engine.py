@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
+from collectives.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
 from collectives.straggler_prediction import StragglerPredictor, predictor_problem
@@ -223,10 +224,17 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
         return clock, None, age
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
+        steps = np.arange(scenario.steps)
+        activators = np.full(scenario.steps, -1, dtype=np.int64)
+        if options["quorum"] == "majority":     # the runtime's sequence, version by version
+            draw = RandomActivators(options["activator_seed"], p)
+            activators[:] = [draw(t) for t in steps]
+        limiter = options["limiter"]
+        synchronous = (steps + 1) % (limiter + 1) == 0 if limiter else np.zeros(scenario.steps, dtype=bool)
         activation = (p - 1).bit_length() * net.hop
         group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))   # the group allreduce, S = P
         cost = net.synchronized(group, p).after_last
-        return kernels.eager_sgd(compute, quorum, activation, cost)
+        return kernels.eager_sgd(compute, quorum, activators, synchronous, activation, cost)
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
     sizes = np.array(list(levels.values()), dtype=np.int64)

@@ -256,14 +256,19 @@ def adpsgd(compute, exchange):
 
 
 @njit(cache=True)
-def eager_sgd(compute, quorum, activation, cost):
-    """Eager-SGD's partial allreduce over all ranks: version t starts when
-    ``quorum`` ranks have arrived (1: solo, ceil(P/2): majority) plus the
-    activation's ``activation`` seconds, and not before version t - 1 ended;
-    it takes ``cost``.  A rank that arrives after the start contributes the
-    newest gradient it had published by then (``age`` steps old) and does not
-    wait for the others; every rank leaves when it has arrived and the
-    version has ended."""
+def eager_sgd(compute, quorum, activators, synchronous, activation, cost):
+    """Eager-SGD's partial allreduce over all ranks.  Version t starts when
+    its activator ``activators[t]`` has arrived (the majority's random
+    activator), or, where that is -1, when ``quorum`` ranks have arrived
+    (1: solo, ceil(P/2): half), plus the activation's ``activation``
+    seconds; a ``synchronous[t]`` version (the limiter's) when every rank
+    has arrived, with no activation; and not before version t - 1 ended.
+    It takes ``cost``.  A rank that arrives after the start is stale (its
+    gradient of step t is not in version t; what becomes of it, the
+    ``late`` reading, changes values, not times), with the newest gradient
+    it had published by then ``age`` steps old, and does not wait for the
+    others; every rank leaves when it has arrived and the version has
+    ended."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     stale = np.zeros((ranks, steps))
@@ -274,8 +279,13 @@ def eager_sgd(compute, quorum, activation, cost):
     for t in range(steps):
         f = done + compute[:, t]
         finish[:, t] = f
-        trigger = np.partition(f, quorum - 1)[quorum - 1]
-        begin = max(trigger + activation, ended)
+        if synchronous[t]:
+            trigger = f.max()
+        elif activators[t] >= 0:
+            trigger = f[activators[t]] + activation
+        else:
+            trigger = np.partition(f, quorum - 1)[quorum - 1] + activation
+        begin = max(trigger, ended)
         ended = begin + cost
         for r in range(ranks):
             if f[r] > begin:
