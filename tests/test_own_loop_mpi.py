@@ -218,6 +218,25 @@ def test_a_step_after_no_sync_passes_only_averages_them(comm):
     assert all(torch.equal(parameters, other) for other in WORLD.allgather(parameters))
 
 
+def test_a_step_without_backward_averages_the_gradients_set_by_hand(comm):
+    """No backward pass since the last step (gradients set by hand, or the
+    zeros of ``experiments.train --compute emulate``): ``step()`` averages
+    the gradients itself, so every replica takes the step of the global
+    average (with lr 1 and gradients rank + 1 everywhere: the mean, (P + 1) / 2)."""
+    model = _net(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    start = _vector(model.parameters()).clone()
+    with create("allreduce_sgd", model, optimizer, comm) as algo:
+        for step in range(2):
+            algo.zero_grad()
+            for p in model.parameters():
+                p.grad.fill_(WORLD.rank + 1)      # in place: the gradients are views of the flat buffer
+            algo.step()
+        parameters = _vector(model.parameters())
+    torch.testing.assert_close(parameters, start - 2 * (P + 1) / 2, rtol=0, atol=1e-5)
+    assert all(torch.equal(parameters, other) for other in WORLD.allgather(parameters))
+
+
 # ---------------------------------------------------------------- mixed precision
 
 @pytest.mark.parametrize("name", ["allreduce_sgd", pytest.param("eager_sgd", marks=pytest.mark.timing), "local_sgd"])

@@ -44,7 +44,8 @@ class AllreduceSGD(Algorithm):
     :meth:`no_sync` backward accumulates the local gradients without
     communication (the gradients are local until a backward pass outside
     it averages the sum); a :meth:`step` that follows only passes inside
-    :meth:`no_sync` averages the gradients itself, before the optimizer
+    :meth:`no_sync`, or no backward pass at all (gradients set by hand,
+    emulated compute), averages the gradients itself, before the optimizer
     step, so the replicas stay equal.
 
     ``optimizer.zero_grad()`` works as well as :meth:`zero_grad`: a
@@ -92,6 +93,7 @@ class AllreduceSGD(Algorithm):
         self._sync = True
         self._callback_queued = False
         self._local = False     # gradients accumulated in no_sync() and not averaged since
+        self._averaged = False  # whether a backward pass averaged the gradients since the last step
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
                        for p in self.flat.parameters]
@@ -172,6 +174,7 @@ class AllreduceSGD(Algorithm):
             sync.end()
         self._reset()
         self._local = False
+        self._averaged = True
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -184,9 +187,12 @@ class AllreduceSGD(Algorithm):
 
     def _step(self):
         self.flat.check_views()
-        if self._local:                 # only no_sync() passes since the last average
+        # no_sync() passes since the last average, or no backward pass at all (gradients set by
+        # hand, or the zeros of emulated compute): the gradients are averaged here.
+        if self._local or not self._averaged:
             self._average()
         self._optimizer_step()
+        self._averaged = False
         for tensor in self.flat.buffers.values():
             broadcast(tensor, comm=self.comm, root=0, check=False)
 
