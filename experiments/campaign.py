@@ -37,6 +37,14 @@
     ``table.md``: throughput with each sync, the gain, and how often the
     predictor planned StragglAR and was right.
 
+``.venv/bin/python -m experiments.campaign seeds``
+    Each variant over several seeds and repeats (default: 2 ranks, digits,
+    3 epochs, one random rank 20 ms late per step, seeds 11, 23, 37 twice
+    each, four evaluations an epoch): ``table.md`` gives the range and mean
+    of the final and of the last epoch's mean accuracy, and the stale
+    fraction.  The default variants are eager-SGD's readings beside
+    Allreduce-SGD (:data:`experiments.seeds.EAGER_READINGS`).
+
 Each writes its run files, ``table.md`` (the ``wagma.analysis`` table) and
 the figures (``wagma.analysis --plot``) into ``--out-dir`` and prints the
 table.  ``--out-dir`` defaults to a fresh ``runs/CAMPAIGN-YYYYmmdd-HHMMSS``
@@ -64,6 +72,7 @@ from .jobs import run_training as _run
 from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
+from .seeds import EAGER_READINGS, run_seeds
 
 __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
@@ -126,6 +135,14 @@ def parse_variants(text, ranks):
     return variants
 
 
+def _seeds(text):
+    """``"11,23,37"`` -> ``[11, 23, 37]``."""
+    items = text.split(",")
+    if not all(item.strip().isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative integers, got {text!r}")
+    return [int(item) for item in items]
+
+
 def default_out_dir(campaign, now=None):
     """``runs/CAMPAIGN-YYYYmmdd-HHMMSS``: a fresh, git-ignored folder per invocation."""
     return os.path.join("runs", f"{campaign}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}")
@@ -186,6 +203,20 @@ def main(argv=None):
                    help="run files, table.md and figures [a fresh runs/ensemblesync-YYYYmmdd-HHMMSS]; "
                         "results/ensemblesync refreshes the committed reference results")
     e.add_argument("--algos", default="allreduce_sgd,adpsgd,ensemble_sync", help="comma-separated algorithms")
+    d = sub.add_parser("seeds", help="each variant over seeds and repeats: the spread of its accuracy "
+                       "(default: eager-SGD's readings beside Allreduce-SGD)", formatter_class=HelpFormatter)
+    d.add_argument("--ranks", type=int, default=2, help="ranks of every run")
+    d.add_argument("--epochs", type=int, default=3, help="epochs of every run")
+    d.add_argument("--dataset", default="digits", help="experiments.train's --dataset")
+    d.add_argument("--model", default="mlp", help="experiments.train's --model")
+    d.add_argument("--imbalance", default="random:k=1,ms=20", help="experiments.train's --imbalance")
+    d.add_argument("--seeds", type=_seeds, default="11,23,37", help="comma-separated seeds")
+    d.add_argument("--repeats", type=int, default=2, help="runs of each variant per seed")
+    d.add_argument("--eval-every", type=float, default=0.25,
+                   help="epochs between evaluations: the last epoch's mean averages several")
+    d.add_argument("--algos", default=",".join(EAGER_READINGS),
+                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
+    d.add_argument("--out-dir", default=None, help="run files and table.md [a fresh runs/seeds-YYYYmmdd-HHMMSS]")
     g = sub.add_parser("stragglersync", help="--sync stragglar against the allreduce under a persistent "
                        "straggler and under random-k", formatter_class=HelpFormatter)
     g.add_argument("--ranks", type=int, default=8, help="ranks of every run")
@@ -213,9 +244,11 @@ def main(argv=None):
             ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a))
     from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
     algos = [a for a in args.algos.split(",") if a]
-    if args.campaign in ("main", "sweep"):
+    if args.campaign in ("seeds",) and args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.campaign in ("main", "sweep", "seeds"):
         try:
-            variants = parse_variants(args.algos, args.ranks if args.campaign == "main"
+            variants = parse_variants(args.algos, args.ranks if args.campaign in ("main", "seeds")
                                       else [int(r) for r in args.ranks.split(",")])
         except ValueError as exc:
             parser.error(str(exc))
@@ -243,6 +276,8 @@ def main(argv=None):
         _ensemblesync(args, mpiexec, out_dir, algos)
     elif args.campaign == "stragglersync":
         _stragglersync(args, mpiexec, out_dir)
+    elif args.campaign == "seeds":
+        run_seeds(args, mpiexec, out_dir, variants)
     else:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for name, algo, flags in variants:
@@ -254,7 +289,7 @@ def main(argv=None):
                                                  "--no-progress"])
                 files.append(out)
         _table(out_dir, files, ["--skip-steps", "5"])
-    figures = "" if args.campaign == "stragglersync" else " and the figures"
+    figures = "" if args.campaign in ("stragglersync", "seeds") else " and the figures"
     print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
 

@@ -457,3 +457,21 @@ def test_the_last_epochs_mean_accuracy_averages_its_evaluations(tmp_path):
     assert row["last_epoch_accuracy"] == pytest.approx((0.7 + 0.9 + 0.6 + 0.8) / 4)
     assert row["best_accuracy"] == 0.9
     assert "last-epoch acc %" in format_table([row])
+
+
+def test_spread_groups_repeated_runs_by_variant_and_ranks(tmp_path):
+    """Three runs of one variant and one of another: each variant's range and
+    mean over its runs, in the order the variants first appear."""
+    from wagma.analysis.spread import format_spread, spread_rows
+
+    folder = str(tmp_path)
+    paths = [_write(folder, f"wagma_{k}.h5", "wagma", 4, 0.5, group_size=2, tau=10,
+                    evals=([1, 2], [0.5, final])) for k, final in enumerate((0.8, 0.9, 0.7))]
+    paths.append(_write(folder, "local.h5", "local_sgd", 4, 0.5, tau=10, evals=([1, 2], [0.4, 0.6])))
+    order = {p: i for i, p in enumerate(paths)}
+    rows = spread_rows(sorted(compare(paths), key=lambda r: order[r["file"]]))
+    assert [(r["label"], r["ranks"], r["runs"]) for r in rows] == [("wagma", 4, 3), ("local_sgd", 4, 1)]
+    assert rows[0]["final_accuracy"] == pytest.approx((0.7, 0.9, 0.8))
+    assert rows[1]["final_accuracy"] == pytest.approx((0.6, 0.6, 0.6))
+    table = format_spread(rows, markdown=True)
+    assert "| wagma | 4 | 3 | 70.0-90.0 | 80.0 | 70.0-90.0 | 80.0 | 0.00 |" in table

@@ -148,3 +148,37 @@ def test_variants_name_their_runs_and_flags_and_bad_ones_stop_before_any_job():
             parse_variants(bad, 8)
     with pytest.raises(ValueError, match="on 6 ranks"):         # wagma needs a power of two
         parse_variants("wagma", [4, 6])
+
+
+@pytest.mark.launcher
+@pytest.mark.timeout(240)      # two 1-epoch jobs of 2 ranks: 17 s alone on 2 cores
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_seeds_campaign_runs_every_seed_and_tabulates_the_spread(tmp_path):
+    """Each variant once per seed (and repeat), each run with its own seed;
+    the table's range and mean are those of the run files' accuracies."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
+    job = subprocess.run([sys.executable, "-m", "experiments.campaign", "seeds", "--epochs", "1", "--seeds", "3,4",
+                          "--repeats", "1", "--eval-every", "0.5", "--algos", "local_sgd", "--out-dir", "out"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+    assert job.returncode == 0, job.stderr
+    files = [tmp_path / "out" / f"local_sgd_p2_seed{seed}_run1.h5" for seed in (3, 4)]
+    runs = [load_run(str(f)) for f in files]
+    assert [r.attrs["seed"] for r in runs] == [3, 4]
+    final = [100 * r.summary["final_accuracy"] for r in runs]
+    last = [100 * r.summary["last_epoch_accuracy"] for r in runs]
+    assert all(len(r.eval["accuracy"]) == 2 for r in runs)     # two evaluations in the one epoch
+    table = (tmp_path / "out" / "table.md").read_text()
+    row = f"| local_sgd | 2 | 2 | {min(final):.1f}-{max(final):.1f} | {np.mean(final):.1f} | " \
+          f"{min(last):.1f}-{max(last):.1f} | {np.mean(last):.1f} | 0.00 |"
+    assert row in table, table
+
+
+def test_seeds_campaign_refuses_bad_seeds_and_repeats(capsys):
+    from experiments.campaign import main
+
+    for argv, words in ((["--seeds", "1,x"], "expected comma-separated non-negative integers, got '1,x'"),
+                        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+                        (["--algos", "eager_sgd:late=keep"], "--late must be one of 'drop', 'newest', 'accumulate'")):
+        with pytest.raises(SystemExit):
+            main(["seeds", *argv])
+        assert words in capsys.readouterr().err
