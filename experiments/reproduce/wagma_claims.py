@@ -115,7 +115,8 @@ def figure4_measured(ctx):
         f"memory); each step sleeps 600 ms (the paper's ResNet-50 step on a P100, batch 128) plus the paper's "
         f"imbalance ({PAPER_IMBALANCE}); ResNet-20's buffers are communicated; {steps} steps, the first 5 "
         f"left out; WAGMA tau 10, S = sqrt(P) rounded up to a power of two; local SGD period 1; SGP two "
-        f"neighbours; eager-SGD majority.", rows, ["figure4_measured.png"], sources)
+        f"neighbours; eager-SGD as its authors' code runs it (the majority: one random activator per version; "
+        f"late gradients dropped).", rows, ["figure4_measured.png"], sources)
 
 
 def _simulated(setting, ranks):
