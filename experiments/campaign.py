@@ -244,7 +244,7 @@ def main(argv=None):
             ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a))
     from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
     algos = [a for a in args.algos.split(",") if a]
-    if args.campaign in ("seeds",) and args.repeats < 1:
+    if args.campaign == "seeds" and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.campaign in ("main", "sweep", "seeds"):
         try:
