@@ -116,7 +116,11 @@ def test_wagma_does_not_wait_for_a_straggler_between_sync_steps():
     group_steps = [t for t in range(40) if (t + 1) % 10]
     fast = [r for r in range(8) if r != 3]
     assert np.all(steps[np.ix_(fast, group_steps)] < 0.15)          # no 200 ms waits
-    assert stale[3, group_steps].all() and run.age[3, 8] == 9       # fresh only at sync steps
+    assert stale[3, group_steps].all()                              # fresh only at sync steps
+    # Its contribution is the last it published, as the runtime's progress thread reads it:
+    # rank 3 publishes W'_s on arriving at step s, at 300 (s + 1) ms; the others begin version 8
+    # after 9 steps of 100 ms and their communication, past 900 ms: W'_2, 6 steps old.
+    assert run.schedule["source"][3, 8] == 2 and run.age[3, 8] == 6
     # A fast rank is stale only when an activation beat its own arrival by microseconds
     # (its partner was the straggler, whose version started a hop later): one step old at most.
     assert stale[fast].mean() < 0.25 and run.age[fast].max() <= 1

@@ -179,14 +179,15 @@ def _prediction(scenario, options, tau, fallback):
     return planned, predictor, np.zeros((2, scenario.ranks)), record
 
 
-def _run_kernel(algorithm, scenario, options, compute):
+def _run_kernel(algorithm, scenario, options, compute, schedule):
     """``clock``, ``stale``, ``age`` ``[P, T]`` (``stale``/``age`` None where
     nothing is ever stale), and the predictor's log, :data:`STRAGGLER_COLUMNS`
-    (None without ``sync="stragglar"``)."""
+    (None without ``sync="stragglar"``); what the kernel tells of who
+    contributed what goes into ``schedule`` (:attr:`SimulatedRun.schedule`)."""
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
     everyone = net.synchronized(net.allreduce(p, nbytes, scenario.collective), p).as_tuple()
     if algorithm not in SYNCED:
-        return (*_other_kernel(algorithm, scenario, options, compute, everyone), None)
+        return (*_other_kernel(algorithm, scenario, options, compute, everyone, schedule), None)
     tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm == "local_sgd" else "tau"]
     if algorithm == "allreduce_sgd":
         everyone = net.synchronized(_bucketed(scenario, options["bucket_cap_mb"]), p).as_tuple()
@@ -199,16 +200,17 @@ def _run_kernel(algorithm, scenario, options, compute):
     else:
         s = options["group_size"]
         phases, costs = net.butterfly_phases(s, nbytes)
-        clock, stale, age = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
-                                          not options["fixed_groups"], phases, costs, options["wait_avoiding"],
-                                          net.hop, everyone, *prediction)
+        clock, stale, age, source = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
+                                                  not options["fixed_groups"], phases, costs,
+                                                  options["wait_avoiding"], net.hop, everyone, *prediction)
+        schedule["source"] = source
     if options["sync"] != "stragglar":
         return clock, stale, age, None
     record = prediction[-1]
     return clock, stale, age, np.column_stack([np.arange(record.shape[0], dtype=np.float64), record])
 
 
-def _other_kernel(algorithm, scenario, options, compute, everyone):
+def _other_kernel(algorithm, scenario, options, compute, everyone, schedule):
     """``clock``, ``stale``, ``age`` of the algorithms without global synchronizations to predict."""
     net, p, nbytes = scenario.network, scenario.ranks, scenario.nbytes
     if algorithm == "dpsgd":
@@ -220,7 +222,9 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
                             for t in range(scenario.steps)], dtype=np.int64)
         return kernels.neighbours(compute, offsets, peers * net.message(nbytes) if p > 1 else 0.0), None, None
     if algorithm == "adpsgd":
-        clock, age = kernels.adpsgd(compute, 2 * net.message(nbytes))
+        clock, age, schedule["partner"], schedule["begin"], schedule["finish"] = kernels.adpsgd(
+            compute, 2 * net.message(nbytes))
+        schedule["exchange_s"] = 2 * net.message(nbytes)
         return clock, None, age
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
@@ -234,7 +238,9 @@ def _other_kernel(algorithm, scenario, options, compute, everyone):
         activation = (p - 1).bit_length() * net.hop
         group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))   # the group allreduce, S = P
         cost = net.synchronized(group, p).after_last
-        return kernels.eager_sgd(compute, quorum, activators, synchronous, activation, cost)
+        clock, stale, age, schedule["taken"] = kernels.eager_sgd(compute, quorum, activators, synchronous,
+                                                                 activation, cost, kernels.LATE_CODES[options["late"]])
+        return clock, stale, age
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
     sizes = np.array(list(levels.values()), dtype=np.int64)
@@ -254,8 +260,11 @@ def age_summary(age: np.ndarray) -> tuple[float, float]:
 @dataclass
 class SimulatedRun(Run):
     """A :class:`~wagma.results.Run` made by the simulator, with ``age``
-    ``[P, T]``: how many steps old each rank's averaged contribution was.
-    With ``sync="stragglar"`` its ``tables["stragglers"]`` is the
+    ``[P, T]``: how many steps old each rank's averaged contribution was,
+    and ``schedule``: who contributed what to each averaging where that
+    depends on the times (WAGMA-SGD's ``source``, eager-SGD's ``taken``,
+    AD-PSGD's ``partner``, ``begin``, ``finish`` and ``exchange_s``: see the
+    kernels), the arrays :mod:`wagma.emulate` replays.  With ``sync="stragglar"`` its ``tables["stragglers"]`` is the
     predictor's log as a measured run has it (:data:`STRAGGLER_COLUMNS`, one
     row per global synchronization: its number, the rank predicted to arrive
     last (-1: none, the fallback collective ran), the rank that did, by how
@@ -263,6 +272,7 @@ class SimulatedRun(Run):
     summary has :func:`~wagma.results.straggler_summary`'s figures."""
 
     age: np.ndarray = field(default=None)
+    schedule: dict = field(default_factory=dict)
 
 
 def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
@@ -292,12 +302,12 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
         raise ValueError("sync='stragglar' runs the scenario's collective while no straggler is predicted; "
                          "collective='stragglar' (the oracle that always knows the last rank) cannot be that")
     skipped = np.zeros_like(compute)
-    stragglers = None
+    stragglers, schedule = None, {}
     if algorithm == "ensemble_sync":
         (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
         compute, injected = compute * (1 - skipped), injected * (1 - skipped)
     else:
-        clock, stale, age, stragglers = _run_kernel(algorithm, scenario, options, compute)
+        clock, stale, age, stragglers = _run_kernel(algorithm, scenario, options, compute, schedule)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
     waited = np.maximum(clock - previous - compute, 0.0)     # rounding leaves -1e-17 where nobody waits
     steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
@@ -321,7 +331,7 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
                               "scenario": {**asdict(scenario), "network": asdict(scenario.network)}}),
     }
     tables = {} if stragglers is None else {"stragglers": stragglers}
-    run = SimulatedRun("", attrs, steps, {}, {}, tables=tables, age=age)
+    run = SimulatedRun("", attrs, steps, {}, {}, tables=tables, age=age, schedule=schedule)
     run.summary = summarize(run, skip)
     if stragglers is not None:
         run.summary.update(straggler_summary(stragglers))

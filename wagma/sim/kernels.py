@@ -219,7 +219,10 @@ def adpsgd(compute, exchange):
     can only make a passive rank wait less).
 
     Returns ``clock`` and ``age``: at each exchange the difference between the
-    two ranks' step counts (filled for both ranks at the active's step).
+    two ranks' step counts (filled for both ranks at the active's step); and
+    for :mod:`wagma.emulate`, ``partner``, ``begin`` (rows of the active
+    ranks: the passive rank and the start of the exchange each asked for
+    after its step k) and ``finish`` (the end of each step's compute).
     """
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
@@ -252,11 +255,16 @@ def adpsgd(compute, exchange):
                 mine = np.searchsorted(finish[a], begin, side="right")
                 theirs = np.searchsorted(finish[p], begin, side="right")
                 age[a, k] = age[p, k] = abs(mine - theirs)
-    return clock, age
+    return clock, age, partner, start_at, finish
+
+
+#: The ``late`` readings of :func:`eager_sgd`, by code: those of
+#: :data:`collectives.wait_avoiding.LATE`, in its order.
+LATE_CODES = {"drop": 0, "newest": 1, "accumulate": 2}
 
 
 @njit(cache=True)
-def eager_sgd(compute, quorum, activators, synchronous, activation, cost):
+def eager_sgd(compute, quorum, activators, synchronous, activation, cost, late):
     """Eager-SGD's partial allreduce over all ranks.  Version t starts when
     its activator ``activators[t]`` has arrived (the majority's random
     activator), or, where that is -1, when ``quorum`` ranks have arrived
@@ -268,12 +276,22 @@ def eager_sgd(compute, quorum, activators, synchronous, activation, cost):
     ``late`` reading, changes values, not times), with the newest gradient
     it had published by then ``age`` steps old, and does not wait for the
     others; every rank leaves when it has arrived and the version has
-    ended."""
+    ended.
+
+    Also returns ``taken[P, T]``: the version that read rank r's gradient
+    of step s, -1 where none did, as the runtime consumes contributions
+    under the ``late`` reading (:data:`LATE_CODES`): a gradient is published
+    when its rank arrives, and the first version to begin after that reads
+    every gradient still unread; one published after its own version began
+    is dropped (0), or read unless a newer one replaces it first (1), or
+    summed with the newer ones (2).  A fresh gradient is read by its own
+    version under every reading."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     stale = np.zeros((ranks, steps))
     age = np.zeros((ranks, steps))
     finish = np.empty((ranks, steps))
+    begins = np.empty(steps)
     done = np.zeros(ranks)
     ended = 0.0
     for t in range(steps):
@@ -286,6 +304,7 @@ def eager_sgd(compute, quorum, activators, synchronous, activation, cost):
         else:
             trigger = np.partition(f, quorum - 1)[quorum - 1] + activation
         begin = max(trigger, ended)
+        begins[t] = begin
         ended = begin + cost
         for r in range(ranks):
             if f[r] > begin:
@@ -296,7 +315,32 @@ def eager_sgd(compute, quorum, activators, synchronous, activation, cost):
                 age[r, t] = t - s
             done[r] = max(f[r], ended)
         clock[:, t] = done
-    return clock, stale, age
+    return clock, stale, age, _taken(finish, begins, late)
+
+
+@njit(cache=True)
+def _taken(finish, begins, late):
+    """:func:`eager_sgd`'s ``taken`` from the publications ``finish[r, s]``
+    and the versions' beginnings ``begins[v]`` (the same on every rank)."""
+    ranks, steps = finish.shape
+    taken = np.full((ranks, steps), -1, dtype=np.int64)
+    unread = np.empty(steps, dtype=np.int64)
+    for r in range(ranks):
+        count, s = 0, 0
+        for v in range(steps):
+            # Gradients are published in step order, and step v's before version v + 1 begins.
+            while s <= v and finish[r, s] <= begins[v]:
+                if late == 2:
+                    unread[count] = s
+                    count += 1
+                elif late == 1 or finish[r, s] <= begins[s]:
+                    unread[0] = s
+                    count = 1
+                s += 1
+            for i in range(count):
+                taken[r, unread[i]] = v
+            count = 0
+    return taken
 
 
 @njit(cache=True)
@@ -323,27 +367,36 @@ def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, acti
     Algorithm 1; without ``dynamic``, the paper's fixed groups of ablation 2,
     iteration 0's mask_k = 1 << phases[k] at every t) both start when both
     are ready and take ``phase_costs[k]``.
-    A rank whose version started before it arrived is stale: its contribution
-    is the one of its last fresh step (however small the gap: a rank whose
-    partner of the previous version started late by a hop arrives late by as
-    much, and the runtime has the same race); it leaves once it has arrived and the
-    version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
+    A rank whose version started before it arrived is stale (however small
+    the gap: a rank whose partner of the previous version started late by a
+    hop arrives late by as much, and the runtime has the same race): its
+    contribution is the last one it published before the version began on
+    it, as the runtime's progress thread reads it (a group version's W'_s is
+    published at the rank's arrival at s, fresh or not; a sync step's
+    average when the sync step ends; the initial model, iteration -1, at 0);
+    it leaves once it has arrived and the version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
     allreduce over all ranks (``collective``, or as :func:`_synchronize`
     says with a prediction) and everyone is fresh.
     Without ``activation`` (Algorithm 2's beta: blocking group averaging) a
     version starts on a rank only when the rank arrives, so every phase
     waits for the partner's arrival and nobody is stale.
+
+    Returns ``clock``, ``stale``, ``age`` and ``source``: the iteration of
+    the contribution rank r gave to version t (t where fresh, -1 for the
+    initial model), which :mod:`wagma.emulate` replays; ``age`` is
+    ``t - source``.
     """
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
     stale = np.zeros((ranks, steps))
     age = np.zeros((ranks, steps))
+    source = np.empty((ranks, steps), dtype=np.int64)
+    published = np.empty((ranks, steps))       # when rank r published its contribution of iteration s
     done = np.zeros(ranks)
     version_end = np.zeros(ranks)
     began = np.empty(ranks)
     ready = np.empty(ranks)
     paired = np.empty(ranks)
-    last_fresh = np.full(ranks, -1)
     since = 0.0
     for t in range(steps):
         f = done + compute[:, t]
@@ -351,7 +404,8 @@ def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, acti
             since = _synchronize(f, since, t // tau, collective, planned, predictor, scores, record)
             done[:] = since
             version_end[:] = done
-            last_fresh[:] = t
+            published[:, t] = since
+            source[:, t] = t
         else:
             first = np.argmin(f)
             for r in range(ranks):
@@ -365,15 +419,18 @@ def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, acti
                     paired[r] = max(ready[r], ready[r ^ mask]) + phase_costs[k]
                 ready[:] = paired
             for r in range(ranks):
-                if began[r] < f[r]:
+                published[r, t] = f[r]
+                s = t
+                while s >= 0 and published[r, s] > began[r]:
+                    s -= 1
+                source[r, t] = s
+                if s < t:
                     stale[r, t] = 1.0
-                    age[r, t] = t - last_fresh[r]
-                else:
-                    last_fresh[r] = t
+                    age[r, t] = t - s
                 version_end[r] = ready[r]
                 done[r] = max(f[r], ready[r])
         clock[:, t] = done
-    return clock, stale, age
+    return clock, stale, age, source
 
 
 @njit(cache=True)
