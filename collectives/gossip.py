@@ -9,7 +9,7 @@ from .backoff import Backoff
 from .buffers import copy_into, empty_like
 from .comm import Communicator
 
-__all__ = ["PairwiseGossip"]
+__all__ = ["PairwiseGossip", "apply_half_difference"]
 
 _REQUEST, _REPLY, _DONE = 51, 52, 53
 
@@ -199,9 +199,18 @@ class PairwiseGossip:
             self._comm.wait_all(requests)
 
     def _apply_half_difference(self):
-        """buffer += (received - sent) / 2, under the owner's lock."""
+        """:func:`apply_half_difference` over every buffer, under the owner's lock."""
         with self.lock:
             for buffer, sent, received in zip(self.buffers, self._sent, self._received):
-                received -= sent
-                received *= 0.5
-                buffer += received
+                apply_half_difference(buffer, sent, received)
+
+
+def apply_half_difference(buffer, sent, received):
+    """One side of an exchange: ``buffer += (received - sent) / 2``, where
+    ``sent`` is the copy of ``buffer`` this side sent and ``received`` the
+    partner's; ``received`` is overwritten.  Applied to the *current*
+    ``buffer``, so an update made since ``sent`` was copied is kept.  Numpy
+    arrays or torch tensors."""
+    received -= sent
+    received *= 0.5
+    buffer += received

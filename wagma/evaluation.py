@@ -9,7 +9,7 @@ import torch
 
 from collectives import allreduce
 
-__all__ = ["averaged_model"]
+__all__ = ["averaged_model", "averaged_replicas"]
 
 
 def _averaged_state(model):
@@ -55,6 +55,11 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
     with torch.no_grad(), (lock if lock is not None else contextlib.nullcontext()):
         vector = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(model)])
     allreduce(vector, comm=comm, op="avg")
+    return _load(into, vector)
+
+
+def _load(into, vector):
+    """Load ``vector`` into ``into``'s :func:`_averaged_state`; returns ``into``."""
     with torch.no_grad():
         offset = 0
         for t in _averaged_state(into):
@@ -62,3 +67,20 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
             offset += t.numel()
     return into
 
+
+
+def averaged_replicas(models, *, into: torch.nn.Module | None = None):
+    """The average of replicas held in one process (:class:`wagma.emulate.
+    Emulator`'s), with :func:`averaged_model`'s arithmetic: parameters and
+    floating-point buffers as float64 vectors, summed in the order given,
+    times 1 / count, loaded into ``into`` (a deep copy of ``models[0]``
+    when None).  Returns ``into``."""
+    into = copy.deepcopy(models[0]) if into is None else into
+    with torch.no_grad():
+        vectors = [torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(m)])
+                   for m in models]
+        total = vectors[0]
+        for vector in vectors[1:]:
+            total += vector
+        total *= 1.0 / len(models)
+    return _load(into, total)

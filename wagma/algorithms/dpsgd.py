@@ -5,7 +5,13 @@ from collectives.neighbors import neighbor_sum
 from ..options.algorithms import DPSGDOptions
 from .base import Algorithm
 
-__all__ = ["DPSGD"]
+__all__ = ["DPSGD", "RING_OFFSETS", "RING_WEIGHT"]
+
+#: The mixing of D-PSGD's ring: a rank adds the models of ranks r + o mod P,
+#: in this order, to its own ...
+RING_OFFSETS = (-1, 1)
+#: ... and scales the sum by this weight (each of the three models 1/3).
+RING_WEIGHT = 1.0 / 3.0
 
 
 class DPSGD(Algorithm):
@@ -29,6 +35,6 @@ class DPSGD(Algorithm):
     def _step(self):
         if self.comm.size > 1:
             for tensor in self.flat.params.values():
-                neighbor_sum(tensor, comm=self.comm, offsets=(-1, 1), check=False)
-                tensor.mul_(1.0 / 3.0)
+                neighbor_sum(tensor, comm=self.comm, offsets=RING_OFFSETS, check=False)
+                tensor.mul_(RING_WEIGHT)
         self._optimizer_step()

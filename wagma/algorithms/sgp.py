@@ -7,7 +7,14 @@ from collectives.neighbors import neighbor_sum
 from ..options.algorithms import SGPOptions
 from .base import Algorithm
 
-__all__ = ["SGP"]
+__all__ = ["SGP", "out_peer_offsets"]
+
+
+def out_peer_offsets(t: int, peers: int, ranks: int) -> tuple:
+    """The offsets 2**k of step t's out-peers on the exponential graph of
+    ``ranks`` ranks: k = (t * peers + j) mod ceil(log2 P) for j < ``peers``."""
+    rounds = max(1, (ranks - 1).bit_length())      # ceil(log2 P)
+    return tuple(1 << ((t * peers + j) % rounds) for j in range(peers))
 
 
 class SGP(Algorithm):
@@ -42,11 +49,10 @@ class SGP(Algorithm):
         super().__init__(model, optimizer, comm, **options)
         self.peers = self.config.peers
         self.weight = torch.ones(1, dtype=torch.float64)
-        self._rounds = max(1, (comm.size - 1).bit_length())  # ceil(log2 P)
 
     def out_peer_offsets(self, t):
-        """The offsets 2**k of step t's out-peers."""
-        return tuple(1 << ((t * self.peers + j) % self._rounds) for j in range(self.peers))
+        """The offsets 2**k of step t's out-peers (:func:`out_peer_offsets`)."""
+        return out_peer_offsets(t, self.peers, self.comm.size)
 
     def _step(self):
         self._optimizer_step()

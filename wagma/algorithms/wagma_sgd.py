@@ -5,7 +5,22 @@ from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
 from ..options.algorithms import WagmaOptions
 from .base import Algorithm
 
-__all__ = ["WagmaSGD"]
+__all__ = ["WagmaSGD", "averages_globally", "stale_average"]
+
+
+def averages_globally(t: int, tau: int) -> bool:
+    """Whether step t is a sync step, the global average of Algorithm 2's
+    line 8: ``(t + 1) mod tau == 0``."""
+    return (t + 1) % tau == 0
+
+
+def stale_average(mean, own, group_size: int):
+    """A stale rank's W_{t+1} (Algorithm 2, line 13), in place of ``mean``:
+    ``(S * mean + W'_t) / (S + 1)``, where ``mean`` is the group's average
+    of version t (made with this rank's older contribution) and ``own`` its
+    W'_t.  Returns ``mean``."""
+    s = group_size
+    return mean.mul_(s / (s + 1)).add_(own, alpha=1.0 / (s + 1))
 
 
 class WagmaSGD(Algorithm):
@@ -78,7 +93,7 @@ class WagmaSGD(Algorithm):
                     self.comm.data, tensor, group_size=self.group_size, tau=self.tau,
                     op="avg", first_iteration=t, dynamic_groups=not self.fixed_groups).open()
                 for dtype, tensor in self.flat.params.items()}
-        if (t + 1) % self.tau == 0:
+        if averages_globally(t, self.tau):
             self._global_average(t)
             if self._policy is not None:
                 self._reallocate()
@@ -88,9 +103,8 @@ class WagmaSGD(Algorithm):
                 # W'_t (tensor) is lent to the collective; the model moves to
                 # the result buffer instead of the result being copied back.
                 result = self._collectives[dtype].allreduce(tensor, t)
-                if not result.fresh:     # W_{t+1} = (S * mean + W'_t) / (S + 1)
-                    s = self.group_size
-                    result.value.mul_(s / (s + 1)).add_(tensor, alpha=1.0 / (s + 1))
+                if not result.fresh:
+                    stale_average(result.value, tensor, self.group_size)
                     self.stale_steps += 1
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:

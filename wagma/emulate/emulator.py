@@ -1,0 +1,355 @@
+"""P replicas in one process, updated by each algorithm's rule as a schedule orders the contributions."""
+
+import numpy as np
+import torch
+
+from collectives.gossip import apply_half_difference
+from collectives.groups import ButterflyGrouping
+
+from ..algorithms.dpsgd import RING_OFFSETS, RING_WEIGHT
+from ..algorithms.sgp import out_peer_offsets
+from ..algorithms.wagma_sgd import averages_globally, stale_average
+from ..flat import FlatParameters
+from .schedule import Schedule
+
+__all__ = ["EMULATED", "Emulator"]
+
+#: The algorithms the emulator runs: Figure 5's (section 5.2 of the WAGMA
+#: paper) and eager-SGD.
+EMULATED = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd")
+
+
+def _sum(tensors):
+    """The sum of ``tensors`` in the order given, in a new tensor."""
+    total = tensors[0].clone()
+    for tensor in tensors[1:]:
+        total.add_(tensor)
+    return total
+
+
+def _butterfly_mean(values: dict, masks):
+    """The mean of ``values`` (rank -> tensor, a group closed under every
+    ``rank ^ mask``) added as the butterfly schedules add
+    (:mod:`collectives.group_allreduce`): in phase k each member adds its
+    partner's (rank ^ masks[k]) partial sum, so every member and every
+    element gets the same tree of additions; then times 1 / count, as
+    ``op="avg"`` scales.  Without masks (a rank count that is not a power of
+    two), the sum in rank order."""
+    count = len(values)
+    if masks is None:
+        return _sum([values[r] for r in sorted(values)]).mul_(1.0 / count)
+    for mask in masks:
+        values = {r: v + values[r ^ mask] for r, v in values.items()}
+    return next(iter(values.values())).mul_(1.0 / count)
+
+
+def _global_masks(ranks):
+    """The masks of recursive doubling over all ranks (1, 2, 4, ...), the
+    order of the butterfly schedules and of MPICH's allreduce of small
+    messages; None where P is not a power of two."""
+    return tuple(1 << k for k in range(ranks.bit_length() - 1)) if ranks & (ranks - 1) == 0 else None
+
+
+class Emulator:
+    """The arithmetic of P ranks of one algorithm, in one process.
+
+    Replica r is ``models[r]`` with ``optimizers[r]``; its trainable
+    parameters become views into flat buffers (:class:`~wagma.flat.
+    FlatParameters`), as in the MPI runs, and every average is over those
+    buffers, one per dtype.  Buffers (BatchNorm statistics) stay each
+    replica's own, as the model-averaging algorithms keep them; Allreduce-SGD
+    gives every replica rank 0's after each step, as its broadcast does.
+
+    The update rules are the algorithms' own (:mod:`wagma.algorithms`):
+    WAGMA-SGD's sync steps and stale average, D-PSGD's ring weights, SGP's
+    exponential graph, AD-PSGD's half differences, the collectives'
+    averages (the sum, then times 1 / count) and butterfly groups.  What
+    depends on the times comes from the schedule:
+
+    * WAGMA-SGD: version t of each group averages, for each member, the
+      contribution of the iteration the schedule names (``source``): W'_t
+      where fresh, else the last one it published (W'_s of an earlier
+      group version, the average of a sync step, or the initial model); a
+      fresh member takes the mean, a stale one the stale average.
+    * eager-SGD: version v averages over P the gradients the schedule says
+      it took (``taken``; a late rank adds zeros, or its late gradients as
+      the ``late`` reading says), and every replica applies that average.
+    * AD-PSGD: the events in the order of their simulated times: each
+      step's gradient at its start (the model as it is then), its optimizer
+      step at its end, and each exchange: the passive replica applies the
+      half difference of the two models at the exchange's start, the active
+      one at its end (to its model as it is then).  Reading chosen: the
+      runtime's forward pass reads the parameters without the lock, so an
+      exchange during a backward pass may or may not be seen; here it is
+      not.
+    * Allreduce-SGD, local SGD, D-PSGD, SGP: synchronous; no schedule.
+
+    Averages add as the butterfly schedules do (recursive doubling over the
+    group's masks; over all ranks the masks 1, 2, 4, ...), so the same
+    schedule, models and gradients give the same replicas bitwise, and the
+    wait-avoiding collectives' sums bitwise too; an MPI library's
+    ``MPI_Allreduce`` may add in another order, where a replay of a logged
+    run matches it within rounding.
+
+    Args:
+        schedule: a :class:`~wagma.emulate.Schedule` of one of :data:`EMULATED`.
+        models: P ``torch.nn.Module`` replicas (the caller makes them equal
+            to start from one model, as ``init_sync`` does).
+        optimizers: P optimizers, ``optimizers[r]`` owning ``models[r]``'s
+            trainable parameters.
+
+    Attributes:
+        flats: each replica's :class:`~wagma.flat.FlatParameters`.
+        stale_steps: ``[P]`` steps whose contribution was stale, as
+            :attr:`wagma.algorithms.Algorithm.stale_steps` counts them.
+    """
+
+    def __init__(self, schedule: Schedule, models, optimizers):
+        if schedule.algorithm not in EMULATED:
+            raise ValueError(f"the emulator runs {', '.join(EMULATED)}; got {schedule.algorithm!r}")
+        if len(models) != schedule.ranks or len(optimizers) != schedule.ranks:
+            raise ValueError(f"the schedule is of {schedule.ranks} ranks: give as many models and optimizers, "
+                             f"got {len(models)} and {len(optimizers)}")
+        self.schedule, self.models, self.optimizers = schedule, list(models), list(optimizers)
+        self.options = schedule.options
+        self._everyone = _global_masks(schedule.ranks)
+        self.flats = [FlatParameters(model) for model in self.models]
+        self.stale_steps = np.zeros(schedule.ranks, dtype=np.int64)
+        self._published = None      # WAGMA-SGD: {rank: {iteration: {dtype: tensor}}}
+        self._unread = None         # eager-SGD: {(rank, step): {dtype: gradient}}
+        self._weights = None        # SGP: the push-sum weights
+
+    @property
+    def ranks(self) -> int:
+        return self.schedule.ranks
+
+    def run(self, gradient, *, lr=None, after_step=None):
+        """Emulate every step of the schedule.
+
+        Args:
+            gradient: ``gradient(r, t)`` computes replica r's gradients of
+                step t (forward and backward of rank r's batch of step t on
+                ``models[r]``; the emulator has zeroed them) and returns its
+                loss (a float, or anything to record).
+            lr: ``lr(t)``, the learning rate of step t, set on every
+                parameter group before the step's gradient (as
+                :class:`experiments.schedule.LearningRate` does); None
+                leaves the optimizers' own.
+            after_step: ``after_step(t)`` once every rank has ended step t
+                (evaluations).  Under AD-PSGD faster replicas may be further
+                on by then (their steps are ordered by the simulated times).
+
+        Returns:
+            ``loss[P, T]``: what ``gradient`` returned.
+        """
+        loss = np.full((self.ranks, self.schedule.steps), np.nan)
+        if self.schedule.algorithm == "adpsgd":
+            self._run_adpsgd(gradient, lr, after_step, loss)
+            return loss
+        step = getattr(self, f"_step_{self.schedule.algorithm}")
+        for t in range(self.schedule.steps):
+            for r in range(self.ranks):
+                loss[r, t] = self._gradient(gradient, lr, r, t)
+            step(t)
+            if after_step is not None:
+                after_step(t)
+        return loss
+
+    def _gradient(self, gradient, lr, r, t):
+        if lr is not None:
+            rate = lr(t)
+            for group in self.optimizers[r].param_groups:
+                group["lr"] = rate
+        self.flats[r].zero_grad()
+        return gradient(r, t)
+
+    def _optimizer_steps(self):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def _average_params(self):
+        """Every replica's parameters become their mean."""
+        for dtype in self.flats[0].params:
+            mean = _butterfly_mean({r: f.params[dtype] for r, f in enumerate(self.flats)}, self._everyone)
+            for f in self.flats:
+                f.params[dtype].copy_(mean)
+
+    # -- the synchronous algorithms ------------------------------------------------
+
+    def _step_allreduce_sgd(self, t):
+        """The gradients' mean over all ranks, then every optimizer step; rank 0's buffers to all."""
+        for dtype in self.flats[0].grads:
+            mean = _butterfly_mean({r: f.grads[dtype] for r, f in enumerate(self.flats)}, self._everyone)
+            for f in self.flats:
+                f.grads[dtype].copy_(mean)
+        self._optimizer_steps()
+        with torch.no_grad():
+            for name, buffer in self.flats[0].buffers.items():
+                for f in self.flats[1:]:
+                    f.buffers[name].copy_(buffer)
+
+    def _step_local_sgd(self, t):
+        self._optimizer_steps()
+        if (t + 1) % self.options["period"] == 0:
+            self._average_params()
+
+    def _step_dpsgd(self, t):
+        """Mix with both ring neighbours' models, then step (combine, then adapt)."""
+        if self.ranks > 1:
+            for dtype in self.flats[0].params:
+                sent = [f.params[dtype].clone() for f in self.flats]
+                for r, f in enumerate(self.flats):
+                    for o in RING_OFFSETS:
+                        f.params[dtype].add_(sent[(r + o) % self.ranks])
+                    f.params[dtype].mul_(RING_WEIGHT)
+        self._optimizer_steps()
+
+    def _step_sgp(self, t):
+        """Push-sum on step t's exponential graph, after the optimizer step on z."""
+        self._optimizer_steps()
+        if self.ranks == 1:
+            return
+        if self._weights is None:
+            self._weights = [torch.ones(1, dtype=torch.float64) for _ in range(self.ranks)]
+        peers = self.options["peers"]
+        receive_from = tuple(-o for o in out_peer_offsets(t, peers, self.ranks))
+        share = 1.0 / (peers + 1)
+        for dtype in self.flats[0].params:
+            for f, w in zip(self.flats, self._weights):
+                f.params[dtype].mul_(w.item() * share)
+            sent = [f.params[dtype].clone() for f in self.flats]
+            for r, f in enumerate(self.flats):
+                for o in receive_from:
+                    f.params[dtype].add_(sent[(r + o) % self.ranks])
+        for w in self._weights:
+            w.mul_(share)
+        sent = [w.clone() for w in self._weights]
+        for r, w in enumerate(self._weights):
+            for o in receive_from:
+                w.add_(sent[(r + o) % self.ranks])
+        for f, w in zip(self.flats, self._weights):
+            for tensor in f.params.values():
+                tensor.div_(w.item())
+
+    # -- WAGMA-SGD -----------------------------------------------------------------
+
+    def _step_wagma(self, t):
+        o = self.options
+        self._optimizer_steps()
+        if averages_globally(t, o["tau"]):
+            self._average_params()
+            if o["wait_avoiding"]:
+                self._publish_all(t)
+            return
+        if not (o["wait_avoiding"] or o["group_averaging"]):
+            return
+        if self._published is None:     # the runtime opens its collective at the first step, lending W'_t
+            self._published = {r: {t - 1: self._copy_params(r)} for r in range(self.ranks)}
+        grouping = ButterflyGrouping(self.ranks, o["group_size"])
+        iteration = 0 if o["fixed_groups"] else t
+        source = self.schedule.arrays["source"][:, t] if o["wait_avoiding"] else np.full(self.ranks, t)
+        for group in grouping.groups(iteration):
+            for dtype in self.flats[0].params:
+                mean = _butterfly_mean({m: self.flats[m].params[dtype] if source[m] == t
+                                        else self._published[m][source[m]][dtype] for m in group},
+                                       grouping.masks(iteration))
+                for m in group:
+                    own = self.flats[m].params[dtype]
+                    if o["wait_avoiding"]:      # W'_t is published before the replica moves on
+                        self._published[m].setdefault(t, {})[dtype] = own.clone()
+                    own.copy_(mean if source[m] == t else stale_average(mean.clone(), own, o["group_size"]))
+        self.stale_steps += source < t
+        self._forget_published(t)
+
+    def _copy_params(self, r):
+        return {dtype: tensor.clone() for dtype, tensor in self.flats[r].params.items()}
+
+    def _publish_all(self, t):
+        """A sync step publishes its average as every rank's contribution of iteration t."""
+        if self._published is None:
+            self._published = {r: {} for r in range(self.ranks)}
+        for r in range(self.ranks):
+            self._published[r][t] = self._copy_params(r)
+        self._forget_published(t)
+
+    def _forget_published(self, t):
+        """Drop the contributions no later version reads."""
+        later = self.schedule.arrays["source"][:, t + 1:]
+        for r, kept in self._published.items():
+            oldest = later[r].min() if later.shape[1] else t + 1
+            for s in [s for s in kept if s < oldest]:
+                del kept[s]
+
+    # -- eager-SGD -----------------------------------------------------------------
+
+    def _step_eager_sgd(self, t):
+        """Version t: the mean over P of the gradients it took; every replica applies it."""
+        taken = self.schedule.arrays["taken"]
+        if self._unread is None:
+            self._unread = {}
+        for r, f in enumerate(self.flats):
+            if taken[r, t] > t:         # read by a later version (the "newest" and "accumulate" readings)
+                self._unread[r, t] = {dtype: g.clone() for dtype, g in f.grads.items()}
+        self.stale_steps += taken[:, t] != t
+        rows, steps = np.nonzero(taken[:, :t + 1] == t)
+        read = {r: sorted(steps[rows == r], reverse=True) for r in range(self.ranks)}     # the newest first
+        for dtype, like in self.flats[0].grads.items():
+            contributions = []
+            for r, f in enumerate(self.flats):
+                parts = [f.grads[dtype] if s == t else self._unread[r, s][dtype] for s in read[r]]
+                contributions.append(_sum(parts) if parts else torch.zeros_like(like))
+            mean = _butterfly_mean(dict(enumerate(contributions)), self._eager_masks(t))
+            for f in self.flats:
+                f.grads[dtype].copy_(mean)
+        for key in [k for k in self._unread if taken[k] <= t]:
+            del self._unread[key]
+        self._optimizer_steps()
+
+    def _eager_masks(self, t):
+        """Version t's masks: the partial collectives are group allreduces with S = P."""
+        if self._everyone is None:
+            return None
+        return ButterflyGrouping(self.ranks, self.ranks).masks(t)
+
+    # -- AD-PSGD -------------------------------------------------------------------
+
+    def _run_adpsgd(self, gradient, lr, after_step, loss):
+        """The steps and exchanges in the order of their simulated times."""
+        a = self.schedule.arrays
+        start, finish, begin, partner = a["start"], a["finish"], a["begin"], a["partner"]
+        if not (finish > start).all():
+            raise ValueError("AD-PSGD's schedule needs every step to take time (compute > 0): the order of a "
+                             "step's gradient and its update is read from the times")
+        # Ties: a step's update before an exchange it asked for, an exchange's start
+        # before its end, and both before the next step's gradient.
+        events = []
+        ranks, steps = start.shape
+        for r in range(ranks):
+            for t in range(steps):
+                events.append((start[r, t], 3, r, t, "gradient"))
+                events.append((finish[r, t], 0, r, t, "update"))
+        if ranks > 1:
+            for r in range(0, ranks, 2):
+                for t in range(steps):
+                    events.append((begin[r, t], 1, r, t, "exchange"))
+                    events.append((begin[r, t] + a["exchange_s"], 2, r, t, "reply"))
+        events.sort(key=lambda e: e[:4])
+        sent, updated = {}, np.zeros(steps, dtype=np.int64)
+        for _, _, r, t, kind in events:
+            if kind == "gradient":
+                loss[r, t] = self._gradient(gradient, lr, r, t)
+            elif kind == "update":
+                self.optimizers[r].step()
+                updated[t] += 1
+                if updated[t] == ranks and after_step is not None:
+                    after_step(t)
+            elif kind == "exchange":
+                p = partner[r, t]
+                mine, theirs = self._copy_params(r), self._copy_params(p)
+                for dtype, tensor in self.flats[p].params.items():
+                    apply_half_difference(tensor, theirs[dtype], mine[dtype].clone())
+                sent[r, t] = (mine, theirs)
+            else:
+                mine, theirs = sent.pop((r, t))
+                for dtype, tensor in self.flats[r].params.items():
+                    apply_half_difference(tensor, mine[dtype], theirs[dtype])
