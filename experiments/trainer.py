@@ -250,7 +250,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                                 delay=injected + slowed, comm_time=comm_time,
                                 wait_time=max(0.0, comm_time - update.seconds),
                                 loss=loss, stale=float(algo.stale_steps > stale_before),
-                                clock=now, samples=samples, skipped=0.0)
+                                clock=now, samples=samples, skipped=0.0, contribution=algo.contribution)
                 last = now
                 clocks[step] = now
                 step += 1
@@ -259,7 +259,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                     for missed in range(*skipped):      # no times: the rank did not take these steps
                         recorder.record(missed, step_time=math.nan, compute_time=math.nan, delay=math.nan,
                                         comm_time=math.nan, wait_time=math.nan, loss=math.nan, stale=math.nan,
-                                        clock=now, samples=0.0, skipped=1.0)
+                                        clock=now, samples=0.0, skipped=1.0, contribution=math.nan)
                         clocks[missed] = now
                     data.skip(skipped[1] - step, samples)
                     step = skipped[1]

@@ -65,7 +65,15 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     s = run.steps
     for name in STEP_FIELDS:
         assert s[name].shape == (P, total), name
-        assert np.all(np.isfinite(s[name])), name
+        assert np.all(np.isfinite(s[name])) or name == "contribution", name
+    # The iteration each rank's contribution was of: the step itself where fresh, an older one
+    # (or -1: the initial model, nothing) where stale; only the partial collectives have one.
+    if algo in ("wagma", "eager_sgd"):
+        steps, fresh = np.arange(total), s["stale"] == 0
+        assert np.all(s["contribution"][fresh] == np.broadcast_to(steps, (P, total))[fresh])
+        assert np.all((s["contribution"][~fresh] >= -1) & (s["contribution"][~fresh] < steps.max()))
+    else:
+        assert np.isnan(s["contribution"]).all()
     # The delays injected are the imbalance model's, on every rank.
     np.testing.assert_array_equal(s["delay"], parse_imbalance(IMBALANCE, P, seed=5).table(total).T)
     assert np.all(s["compute_time"] >= s["delay"])

@@ -39,8 +39,12 @@ Root attributes
                       model at the end of the step instead), else 0; a skipped
                       step's times, loss and stale are NaN and its clock is the
                       rank's clock when it rejoined
-    (files written before ``samples`` and ``skipped`` existed read as
-    ``batch_size`` and 0.)  A rank that died has NaN from its death on.
+    ``contribution``  the iteration of the contribution the rank gave to the
+                      step's averaging (:attr:`wagma.algorithms.Algorithm.
+                      contribution`: WAGMA-SGD's model, eager-SGD's gradient),
+                      what :mod:`wagma.emulate` replays; NaN for the others
+    (files written before ``samples``, ``skipped`` and ``contribution``
+    existed read as ``batch_size``, 0 and NaN.)  A rank that died has NaN from its death on.
     attribute ``steps.attrs["written"]``: every rank's rows are present for
     steps ``0 .. written - 1``.
 
@@ -101,9 +105,10 @@ __all__ = ["EVAL_FIELDS", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "la
 
 SCHEMA = "wagma-run/1"
 STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
-               "skipped")
+               "skipped", "contribution")
 #: Step fields that files of an earlier version lack, and how they read.
-_LATER_STEP_FIELDS = {"samples": lambda attrs: float(attrs.get("batch_size", 0)), "skipped": lambda attrs: 0.0}
+_LATER_STEP_FIELDS = {"samples": lambda attrs: float(attrs.get("batch_size", 0)), "skipped": lambda attrs: 0.0,
+                      "contribution": lambda attrs: np.nan}
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 _CHUNK = 256
 

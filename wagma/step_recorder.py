@@ -118,7 +118,8 @@ class StepRecorder:
                               delay=self._delay, comm_time=comm_time,
                               wait_time=max(0.0, comm_time - self._update_s), loss=float(loss),
                               stale=float(self.algo.stale_steps > self._stale_before), clock=now,
-                              samples=float(self.batch_size if samples is None else samples), skipped=0.0)
+                              samples=float(self.batch_size if samples is None else samples), skipped=0.0,
+                              contribution=self.algo.contribution)
         self._last = now
 
     def pause(self):

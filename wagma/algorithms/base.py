@@ -2,6 +2,7 @@
 
 import contextlib
 import inspect
+import math
 import time
 
 import numpy as np
@@ -67,6 +68,13 @@ class Algorithm:
         stale_steps: steps whose contribution was stale (a group or quorum
             collective began without this rank); 0 for algorithms without
             partial collectives.
+        contribution: after :meth:`step`, the iteration of the contribution
+            this rank gave to the step's averaging, from the partial
+            collective (WAGMA-SGD's model, eager-SGD's gradient: the step
+            itself where fresh, an older one where stale; -1 for the initial
+            model, or for zeros under a ``late`` reading; with several
+            parameter dtypes, the first's); NaN for the others.  Run files keep it (step field ``contribution``), and
+            :mod:`wagma.emulate` replays it.
         lock: a context manager held while the parameters must not be read
             half-updated; algorithms whose own threads change the parameters
             (AD-PSGD) replace this no-op with their lock.
@@ -114,6 +122,7 @@ class Algorithm:
         self.model, self.optimizer, self.comm = model, optimizer, comm
         self.steps = 0
         self.stale_steps = 0
+        self.contribution = math.nan
         self.lock = contextlib.nullcontext()
         self.total_steps, self.samples_per_step, self._policy = None, None, None
         self._period_samples, self._period_seconds, self._returned = 0, 0.0, None

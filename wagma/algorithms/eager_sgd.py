@@ -111,17 +111,20 @@ class EagerSGD(Algorithm):
         self.flat.check_views()
         if self._collectives is None:   # opened here so a resumed run starts at t
             self._collectives = {dtype: self._open(grad, t) for dtype, grad in self.flat.grads.items()}
-        fresh = True
+        fresh, first = True, next(iter(self.flat.grads))
         for dtype, grad in self.flat.grads.items():
             collective = self._collectives[dtype]
             if not collective.is_group_version(t):      # the limiter's synchronous version
                 collective.sync_allreduce(grad, t, op="avg")
+                self.contribution = t
                 continue
             # The gradient buffer is lent (under "accumulate" or "newest" it
             # may be read by a later version); the gradients move to the result.
             result = collective.allreduce(grad, t)
             self.flat.rebind(dtype, grads=result.value)
             fresh &= result.fresh
+            if dtype == first:
+                self.contribution = result.contribution_iteration
         self.stale_steps += not fresh
         self._optimizer_step()
 

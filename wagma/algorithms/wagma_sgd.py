@@ -94,20 +94,25 @@ class WagmaSGD(Algorithm):
                     op="avg", first_iteration=t, dynamic_groups=not self.fixed_groups).open()
                 for dtype, tensor in self.flat.params.items()}
         if averages_globally(t, self.tau):
+            self.contribution = t
             self._global_average(t)
             if self._policy is not None:
                 self._reallocate()
             return
+        first = next(iter(self.flat.params))
         for dtype, tensor in self.flat.params.items():
             if self.wait_avoiding:
                 # W'_t (tensor) is lent to the collective; the model moves to
                 # the result buffer instead of the result being copied back.
                 result = self._collectives[dtype].allreduce(tensor, t)
+                if dtype == first:
+                    self.contribution = result.contribution_iteration
                 if not result.fresh:
                     stale_average(result.value, tensor, self.group_size)
                     self.stale_steps += 1
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
+                self.contribution = t
                 group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
                                 t=t, op="avg", dynamic_groups=not self.fixed_groups)
 
