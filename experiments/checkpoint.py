@@ -20,10 +20,11 @@ import torch
 
 from collectives.agreement import agree
 
-__all__ = ["latest_step", "load_checkpoint", "save_checkpoint"]
+__all__ = ["checkpoint_path", "latest_step", "load_checkpoint", "save_checkpoint"]
 
 
-def _file(directory, rank, step):
+def checkpoint_path(directory, rank, step):
+    """The file of rank ``rank``'s state at ``step`` in ``directory``."""
     return os.path.join(directory, f"rank{rank:05d}.step{step:09d}.pt")
 
 
@@ -43,7 +44,7 @@ def latest_step(comm, directory):
         if meta["ranks"] != comm.size:
             problem = (f"--checkpoint-dir {directory} holds a checkpoint of {meta['ranks']} ranks; "
                        f"this run has {comm.size} (resume with the same number of ranks)")
-        elif not os.path.exists(_file(directory, comm.rank, meta["step"])):
+        elif not os.path.exists(checkpoint_path(directory, comm.rank, meta["step"])):
             problem = f"--checkpoint-dir {directory}: rank {comm.rank}'s file of step {meta['step']} is missing"
         else:
             found = int(meta["step"])
@@ -55,7 +56,7 @@ def save_checkpoint(comm, directory, step, state: dict):
     """Write this rank's ``state`` for ``step``; collective (two barriers)."""
     os.makedirs(directory, exist_ok=True)
     rank = comm.rank
-    target = _file(directory, rank, step)
+    target = checkpoint_path(directory, rank, step)
     torch.save(state, target + ".tmp")
     os.replace(target + ".tmp", target)
     comm.control.Barrier()
@@ -72,4 +73,4 @@ def save_checkpoint(comm, directory, step, state: dict):
 
 def load_checkpoint(comm, directory, step) -> dict:
     """This rank's state saved at ``step`` (tensors on the CPU)."""
-    return torch.load(_file(directory, comm.rank, step), map_location="cpu", weights_only=False)
+    return torch.load(checkpoint_path(directory, comm.rank, step), map_location="cpu", weights_only=False)

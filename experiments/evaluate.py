@@ -10,7 +10,7 @@ from wagma.evaluation import averaged_model
 
 from .tasks import loss_and_correct
 
-__all__ = ["Evaluator"]
+__all__ = ["Evaluator", "score"]
 
 
 class Evaluator:
@@ -67,14 +67,21 @@ class Evaluator:
         return correct / max(count, 1)
 
     def _score(self, model, rank=None, ranks=None):
-        sums = np.zeros(3)
-        device = next(model.parameters()).device
-        training = model.training
-        model.eval()
-        with torch.no_grad():
-            for batch in self.dataset.test_batches(self.batch_size, rank=rank, ranks=ranks):
-                batch = tuple(t.to(device) for t in batch)
-                loss, correct, count = loss_and_correct(model, batch, self.dataset.spec)
-                sums += (loss.item() * count, correct, count)
-        model.train(training)
-        return sums
+        return score(model, self.dataset, self.batch_size, rank, ranks)
+
+
+def score(model, dataset, batch_size, rank=None, ranks=None) -> np.ndarray:
+    """``(loss x count, correct, count)`` of ``model`` (in eval mode, no
+    gradients) on the test set of ``dataset``, or on part ``rank`` of
+    ``ranks`` of it (:meth:`~wagma.datasets.Dataset.test_batches`)."""
+    sums = np.zeros(3)
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    with torch.no_grad():
+        for batch in dataset.test_batches(batch_size, rank=rank, ranks=ranks):
+            batch = tuple(t.to(device) for t in batch)
+            loss, correct, count = loss_and_correct(model, batch, dataset.spec)
+            sums += (loss.item() * count, correct, count)
+    model.train(training)
+    return sums

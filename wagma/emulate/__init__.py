@@ -7,12 +7,13 @@ contributions the schedule says were fresh or stale.  Deterministic: the same
 schedule, models and gradients give the same replicas bitwise.
 
 * :mod:`wagma.emulate.schedule`: who contributed what to each averaging
-  (:class:`Schedule`), from a simulation (:func:`simulated_schedule`).
+  (:class:`Schedule`), from a simulation (:func:`simulated_schedule`) or
+  from a measured run's file (:func:`logged_schedule`).
 * :mod:`wagma.emulate.emulator`: the replicas and the update rules
   (:class:`Emulator`).
 """
 
 from .emulator import EMULATED, Emulator
-from .schedule import Schedule, simulated_schedule
+from .schedule import Schedule, logged_schedule, simulated_schedule
 
-__all__ = ["EMULATED", "Emulator", "Schedule", "simulated_schedule"]
+__all__ = ["EMULATED", "Emulator", "Schedule", "logged_schedule", "simulated_schedule"]

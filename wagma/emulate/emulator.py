@@ -292,7 +292,8 @@ class Emulator:
                 self._unread[r, t] = {dtype: g.clone() for dtype, g in f.grads.items()}
         self.stale_steps += taken[:, t] != t
         rows, steps = np.nonzero(taken[:, :t + 1] == t)
-        read = {r: sorted(steps[rows == r], reverse=True) for r in range(self.ranks)}     # the newest first
+        # Oldest first: the runtime adds what is unread into each newer gradient as it is published.
+        read = {r: sorted(steps[rows == r]) for r in range(self.ranks)}
         for dtype, like in self.flats[0].grads.items():
             contributions = []
             for r, f in enumerate(self.flats):

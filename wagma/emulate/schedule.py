@@ -2,11 +2,13 @@
 
 from dataclasses import dataclass, field
 
+import json
+
 import numpy as np
 
 from wagma.options import resolved_options
 
-__all__ = ["Schedule", "simulated_schedule"]
+__all__ = ["Schedule", "logged_schedule", "simulated_schedule"]
 
 #: The arrays each algorithm's schedule needs (beyond the timing of every
 #: run): WAGMA-SGD's ``source`` (the iteration of the contribution each rank
@@ -76,3 +78,54 @@ def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
         arrays["start"] = arrays["finish"] - run.steps["compute_time"]
     return Schedule(algorithm, resolved_options(algorithm, scenario.ranks, options).as_dict(), scenario.ranks,
                     scenario.steps, arrays, np.asarray(run.steps["clock"]), f"simulated: {scenario!r}", run)
+
+
+def logged_schedule(run) -> Schedule:
+    """The schedule a measured run logged: its step field ``contribution``
+    (:attr:`wagma.algorithms.Algorithm.contribution`, each rank's iteration
+    at each step) read back into ``source`` (WAGMA-SGD) or ``taken``
+    (eager-SGD: under ``"drop"`` a version took the step's own gradient
+    where the contribution was that step's; under ``"newest"`` the one of
+    the iteration logged; under ``"accumulate"`` every gradient after the
+    one the rank's previous read ended at, up to the iteration logged).
+    ``run`` is a :class:`wagma.results.Run` of ``experiments.train`` or
+    :class:`wagma.step_recorder.StepRecorder`.  Raises ValueError for a run
+    of an algorithm whose order the file does not hold (AD-PSGD) or that
+    did not log its contributions."""
+    algorithm = run.attrs["algorithm"]
+    options = json.loads(run.attrs["config"]).get("algorithm_options", {})
+    ranks, steps = np.shape(run.steps["clock"])
+    logged = np.asarray(run.steps["contribution"])
+    arrays = {}
+    if algorithm == "adpsgd":
+        raise ValueError(f"{run.path}: an AD-PSGD run does not log the order of its exchanges; "
+                         f"its schedule comes from the simulator (simulated_schedule)")
+    if algorithm in ("wagma", "eager_sgd") and (algorithm == "eager_sgd" or options.get("wait_avoiding")):
+        if not np.isfinite(logged).all():
+            raise ValueError(f"{run.path}: {algorithm} run without its contributions logged at every step "
+                             f"(step field 'contribution'; files of an earlier version lack it)")
+        logged = logged.astype(np.int64)
+        if algorithm == "wagma":
+            arrays["source"] = logged
+        else:
+            arrays["taken"] = _taken_from_log(logged, options.get("late", "drop"))
+    return Schedule(algorithm, resolved_options(algorithm, ranks, options).as_dict(), ranks, steps, arrays,
+                    np.asarray(run.steps["clock"]), f"logged: {run.path}")
+
+
+def _taken_from_log(logged, late):
+    """eager-SGD's ``taken[P, T]`` from each version's logged contribution iteration."""
+    ranks, steps = logged.shape
+    taken = np.full((ranks, steps), -1, dtype=np.int64)
+    for r in range(ranks):
+        read_up_to = -1
+        for v in range(steps):
+            c = logged[r, v]
+            if c < 0:
+                continue
+            if late == "accumulate":
+                taken[r, read_up_to + 1:c + 1] = v
+            else:
+                taken[r, c] = v
+            read_up_to = c
+    return taken
