@@ -1,8 +1,8 @@
 """Our Allreduce, ReduceScatter, Allgather and group allreduce against MPI's own.
 
 Run under ``mpiexec -n N python -m mpi4py -m pytest --with-mpi``.  Each test
-runs on sub-communicators of the sizes in ``SIZES`` that fit in the world
-(2, 3, 4, 5 and 8 ranks from an 8-rank launch); ranks outside one skip.
+runs on sub-communicators of the first k world ranks, for each k in ``SIZES``
+(the sizes this world size adds, see :func:`sub`); ranks outside one skip.
 """
 
 import hashlib
@@ -34,7 +34,11 @@ from subcomms import first_ranks, member
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
-SIZES = [k for k in (1, 2, 3, 4, 5, 8) if k <= WORLD.size]
+ALL_SIZES = (1, 2, 3, 4, 5, 8)
+# The MPI stages run 2, 4 and 8 ranks (the Makefile's MPI_SIZES), each stage
+# the sizes the smaller one could not: see sub().
+NEW_SIZES = {2: (1, 2), 4: (3, 4), 8: (5, 8)}
+SIZES = list(NEW_SIZES.get(WORLD.size, [k for k in ALL_SIZES if k <= WORLD.size]))
 POW2_SIZES = [k for k in SIZES if k & (k - 1) == 0]
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
 
@@ -46,7 +50,18 @@ def _counts(k):
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda k: f"ranks{k}")
 def sub(request):
-    """A Communicator over the first k world ranks, for every k in SIZES."""
+    """A Communicator over the first k world ranks, for every k in SIZES.
+
+    The sizes are 1, 2, 3, 4, 5 and 8, each tested once over the MPI stages
+    of 2, 4 and 8 ranks (the Makefile's MPI_SIZES): a stage tests only the
+    sizes the smaller stage could not, 1 and 2 on a world of 2, 3 and 4 on 4,
+    5 and 8 on 8 (a size k behaves the same whatever world it is cut from:
+    its ranks are the first k, the others skip).  Every stage but the first
+    still runs a sub-communicator smaller than its world (3 of 4, 5 of 8),
+    and its whole world.  Any other world size tests every size up to it;
+    ``MPI_SIZES=8`` alone tests 5 and 8 only.  ``pow2`` takes the powers of
+    two among them: 1 and 2, 4, 8.
+    """
     yield from first_ranks(request.param)
 
 
@@ -160,7 +175,8 @@ def test_allgather_collects_every_block(sub, algorithm):
 
 @pytest.fixture(scope="module", params=POW2_SIZES, ids=lambda k: f"ranks{k}")
 def pow2(request):
-    """A Communicator over the first k world ranks, k a power of two."""
+    """A Communicator over the first k world ranks, for every power of two k
+    in SIZES (as sub's: each size at one stage only)."""
     yield from first_ranks(request.param)
 
 
