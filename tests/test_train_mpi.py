@@ -41,8 +41,31 @@ def _algorithms():
         yield "adpsgd", []
 
 
+# The run file's format is checked at 4 ranks, where every algorithm runs (wagma
+# and eager_sgd need a power of two, adpsgd an even count): the writer and the
+# checks are the same at any rank count, P rows a field.  At 2 ranks the
+# partial collectives run too (about 1 s each): their stale contributions and
+# the contribution column depend on who is late, and eager-SGD's majority is
+# one rank there.  At 8 none runs (27 s of training that checked nothing new).
+PARTIAL = ("wagma", "eager_sgd")
+
+
+def _run_file_params():
+    for algo, extra in _algorithms():
+        if P > 4:
+            reason = (f"the run file's format is checked at 4 ranks, where every algorithm runs; "
+                      f"{P} ranks write the same fields, {P} rows each")
+        elif P == 2 and algo not in PARTIAL:
+            reason = (f"{algo}'s run file is checked at 4 ranks, where every algorithm runs; at 2 "
+                      f"only the partial collectives', whose stale contributions depend on who is late")
+        else:
+            reason = None
+        yield pytest.param(algo, extra, id=algo,
+                           marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
+
+
 @pytest.mark.timing     # the imbalance sleeps: late ranks, stale contributions, rounds that time out
-@pytest.mark.parametrize("algo, extra", list(_algorithms()), ids=[a for a, _ in _algorithms()])
+@pytest.mark.parametrize("algo, extra", list(_run_file_params()))
 def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     out = os.path.join(shared_dir, f"{algo}.h5")
     # Two evaluations an epoch (ensemble_sync scores its ensembles once an epoch).
