@@ -81,7 +81,9 @@ def test_a_killed_run_leaves_a_readable_file_with_what_it_measured(tmp_path):
     written = run.steps["clock"].shape[1]
     assert 20 <= written < STEPS
     for name, values in run.steps.items():
-        assert values.shape == (RANKS, written) and np.all(np.isfinite(values)), name
+        assert values.shape == (RANKS, written), name
+        # Only the partial collectives have a contribution iteration: local SGD's is NaN.
+        assert np.all(np.isnan(values) if name == "contribution" else np.isfinite(values)), name
     assert np.all(run.steps["delay"][1] == LATE_S) and np.all(run.steps["delay"][0] == 0)
 
 
