@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -87,7 +88,15 @@ def test_a_killed_run_leaves_a_readable_file_with_what_it_measured(tmp_path):
     assert np.all(run.steps["delay"][1] == LATE_S) and np.all(run.steps["delay"][0] == 0)
 
 
-def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_counter(tmp_path):
+@pytest.fixture(scope="module")
+def requeued(tmp_path_factory):
+    """A job told to stop (SIGUSR1 to one rank) stops at a checkpoint, every
+    rank with it; the requeued job, the same command line, runs it to the end.
+    Returns the command line, the run file and the checkpoint folder, and
+    what the stop had left: its checkpoint record.  Shared by the two tests
+    below: the second resumes this finished run once more (a run of its own
+    would be one more training job of about 20 s)."""
+    tmp_path = tmp_path_factory.mktemp("requeued")
     out, checkpoints = tmp_path / "requeued.h5", tmp_path / "ckpt"
     args = [*COMMAND, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--stop-check-every", "10",
             "--resume"]
@@ -106,6 +115,11 @@ def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_cou
     job = _start(args)                          # the requeued job: same command line
     output = job.communicate(timeout=DEADLINE)[0]
     assert job.returncode == 0, output
+    return SimpleNamespace(args=args, out=out, checkpoints=checkpoints, stopped=stopped)
+
+
+def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_counter(requeued):
+    out, checkpoints, stopped = requeued.out, requeued.checkpoints, requeued.stopped
     run = load_run(str(out))
     assert run.attrs["status"] == "complete"
     assert list(run.attrs["resumed_at"]) == [stopped["step"]]
@@ -122,15 +136,20 @@ def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_cou
     assert np.all(np.diff(run.eval["step"]) > 0) and run.eval["step"][-1] == STEPS
 
 
-def test_resume_of_a_finished_run_changes_nothing(tmp_path):
-    out, checkpoints = tmp_path / "done.h5", tmp_path / "ckpt"
-    args = [*COMMAND, "--max-steps", "12", "--out", str(out), "--checkpoint-dir", str(checkpoints), "--resume"]
-    for _ in range(2):
-        job = _start(args)
-        output = job.communicate(timeout=DEADLINE)[0]
-        assert job.returncode == 0, output
+def _contents(folder):
+    """``{path: bytes}`` of every file under ``folder``."""
+    return {str(f): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_resume_of_a_finished_run_changes_nothing(requeued):
+    """The requeued run above, finished, started once more with its command line."""
+    before = _contents(requeued.out.parent)     # the run file and the checkpoints
+    job = _start(requeued.args)
+    output = job.communicate(timeout=DEADLINE)[0]
+    assert job.returncode == 0, output
     assert "nothing left to run" in output
-    assert load_run(str(out)).steps["clock"].shape == (RANKS, 12)
+    assert load_run(str(requeued.out)).steps["clock"].shape == (RANKS, STEPS)
+    assert _contents(requeued.out.parent) == before, "the run file or a checkpoint changed"
 
 
 def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
