@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     attrs = {"schema": "wagma-run/1", "kind": "emulated", "status": "complete", "algorithm": args.algo,
              "ranks": args.ranks, "group_size": schedule.options.get("group_size", 0),
              "tau": schedule.options.get("tau", schedule.options.get("period", 0)), "imbalance": args.imbalance,
-             "compute": "emulated", "compute_ms": compute_ms(args), "model": args.model, "dataset": args.dataset,
+             "compute": "real", "compute_ms": compute_ms(args), "model": args.model, "dataset": args.dataset,
              "parameters": parameters, "batch_size": args.batch_size, "seed": args.seed,
              "steps_planned": args.total, "steps_per_epoch": task.steps_per_epoch, "schedule": schedule.origin,
              "config": json.dumps({**config, "algorithm_options": schedule.options}, default=str)}
