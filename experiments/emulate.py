@@ -95,6 +95,15 @@ def _replayed_args(args):
         raise ValueError(f"--replay {args.replay}: not a measured run (kind {run.attrs.get('kind')!r})")
     config = json.loads(run.attrs["config"])
     config.pop("algorithm_options", None)
+    if "algo" not in config:
+        raise ValueError(f"--replay {args.replay}: not a run of experiments.train, whose task this command "
+                         f"rebuilds (a loop of one's own replays with wagma.emulate.logged_schedule)")
+    for key, why in (("fault", "faults injected"), ("resume", "resumed from a checkpoint")):
+        if config.get(key):
+            raise ValueError(f"--replay {args.replay}: a run with {why} is not replayed")
+    if config.get("compute") != "real":
+        raise ValueError(f"--replay {args.replay}: a run of --compute {config.get('compute')} has no "
+                         f"gradients to replay")
     replayed = argparse.Namespace(**{**vars(args), **config, "replay": args.replay, "out": args.out,
                                      "checkpoints": args.checkpoints, "ranks": int(run.attrs["ranks"])})
     return replayed, logged_schedule(run), run

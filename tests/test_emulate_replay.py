@@ -8,6 +8,7 @@ tests/test_emulate_mpi.py; this is the command line's path: the run's own
 command line rebuilt from its file, the task built as experiments.train builds it).
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,18 @@ def test_bad_command_lines_are_refused_before_anything_runs(tmp_path, capsys):
     for argv, message in cases.items():
         assert emulate_main(list(argv)) == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_runs_it_cannot_replay_are_refused_with_the_reason(measured, tmp_path, capsys):
+    run, _ = measured
+    for change, message in ((lambda c: c.pop("algo"), "not a run of experiments.train"),
+                            (lambda c: c.update(fault=["kill:rank=1,step=3"]), "faults injected"),
+                            (lambda c: c.update(compute="emulate"), "no gradients to replay")):
+        altered = tmp_path / "altered.h5"
+        shutil.copy(run, altered)
+        with h5py.File(altered, "a") as f:
+            config = json.loads(f.attrs["config"])
+            change(config)
+            f.attrs["config"] = json.dumps(config)
+        assert emulate_main(["--replay", str(altered), "--no-progress"]) == 2
+        assert message in capsys.readouterr().err

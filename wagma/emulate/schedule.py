@@ -100,6 +100,9 @@ def logged_schedule(run) -> Schedule:
     if algorithm == "adpsgd":
         raise ValueError(f"{run.path}: an AD-PSGD run does not log the order of its exchanges; "
                          f"its schedule comes from the simulator (simulated_schedule)")
+    if options.get("reallocate"):
+        raise ValueError(f"{run.path}: a run that reallocates work (reallocate=True) changes its batches "
+                         f"from period to period, which the emulator does not replay")
     if algorithm in ("wagma", "eager_sgd") and (algorithm == "eager_sgd" or options.get("wait_avoiding")):
         if not np.isfinite(logged).all():
             raise ValueError(f"{run.path}: {algorithm} run without its contributions logged at every step "
