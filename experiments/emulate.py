@@ -42,9 +42,9 @@ def _parser():
     p.description = ("Emulate experiments.train on P ranks in one process: each rank's replica trained as the "
                      "run would train it, the order of the contributions from the simulator (a core or GPU per "
                      "rank) or from a measured run's file (--replay).")
-    p.epilog = ("example (Figure 5's WAGMA-SGD at 16 ranks, the paper's imbalance):\n"
-                "  .venv/bin/python -m experiments.emulate --ranks 16 --algo wagma --dataset synthetic-cifar "
-                "--model resnet20 --epochs 2 --imbalance random:k=2,ms=320 --compute-ms 600")
+    p.epilog = ("example (WAGMA-SGD on 4 emulated ranks, one of them 320 ms late at every step; seconds):\n"
+                "  .venv/bin/python -m experiments.emulate --ranks 4 --algo wagma --epochs 1 "
+                "--imbalance random:k=1,ms=320 --no-progress --out runs/wagma_p4_emulated.h5")
     for action in p._actions:
         if action.dest == "algo":
             action.required = False

@@ -98,6 +98,7 @@ EXPENSIVE = {
     r"-m experiments\.train\b": "a training run under mpiexec: tens of seconds to minutes",
     r"-m experiments\.campaign\b": "the main job or the sweep: minutes",
     r"-m experiments\.validate_sim\b": "simulates the whole sweep; without --out it rewrites results/sim",
+    r"-m experiments\.emulate --(ranks|replay)\b": "trains P replicas in one process: a minute or more",
     r"-m experiments\.bench_allreduce_sgd\b": "benchmark: 10.5M-parameter MLP, DDP and ours, a minute",
     r"-m collectives\.bench (wagma|stragglar)\b": "benchmarks of 30 s to several minutes",
     r"-m collectives\.bench allreduce\b": "the default sizes up to 64 MiB: a minute on 8 ranks",
