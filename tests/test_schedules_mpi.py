@@ -6,6 +6,7 @@ runs on sub-communicators of the first k world ranks, for each k in ``SIZES``
 """
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -35,10 +36,23 @@ pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 ALL_SIZES = (1, 2, 3, 4, 5, 8)
-# The MPI stages run 2, 4 and 8 ranks (the Makefile's MPI_SIZES), each stage
-# the sizes the smaller one could not: see sub().
-NEW_SIZES = {2: (1, 2), 4: (3, 4), 8: (5, 8)}
-SIZES = list(NEW_SIZES.get(WORLD.size, [k for k in ALL_SIZES if k <= WORLD.size]))
+
+
+def _sizes(world, stages):
+    """The sizes of ALL_SIZES a world of ``world`` ranks tests when the MPI
+    stages run ``stages`` ranks: those no smaller stage could (all up to
+    ``world`` for a world that is not a stage)."""
+    below = max((s for s in stages if s < world), default=0) if world in stages else 0
+    return [k for k in ALL_SIZES if below < k <= world]
+
+
+# The MPI stages: the Makefile's MPI_SIZES, which make passes on to the tests
+# when it is given (make test MPI_SIZES=4), else its default, 2 4 8.  Rank
+# 0's: every rank must collect the same tests, and a launcher may not pass
+# the environment on to other nodes.
+STAGES = [int(n) for n in WORLD.bcast(os.environ.get("MPI_SIZES", "2 4 8") if WORLD.rank == 0 else None,
+                                       root=0).split()]
+SIZES = _sizes(WORLD.size, STAGES)
 POW2_SIZES = [k for k in SIZES if k & (k - 1) == 0]
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
 
@@ -58,9 +72,10 @@ def sub(request):
     5 and 8 on 8 (a size k behaves the same whatever world it is cut from:
     its ranks are the first k, the others skip).  Every stage but the first
     still runs a sub-communicator smaller than its world (3 of 4, 5 of 8),
-    and its whole world.  Any other world size tests every size up to it;
-    ``MPI_SIZES=8`` alone tests 5 and 8 only.  ``pow2`` takes the powers of
-    two among them: 1 and 2, 4, 8.
+    and its whole world.  ``make test MPI_SIZES=4`` (a site's MPI checked on
+    4 ranks alone) tests every size up to 4, as does a world size that is not
+    a stage; by hand, ``MPI_SIZES=N scripts/mpi-pytest N ...`` tests every
+    size up to N.  ``pow2`` takes the powers of two among them: 1 and 2, 4, 8.
     """
     yield from first_ranks(request.param)
 
