@@ -6,7 +6,7 @@ import threading
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .buffers import copy_into, empty_like
+from .buffers import copy_into, empty_like, zeros_like
 from .comm import Communicator
 
 __all__ = ["PairwiseGossip", "apply_half_difference"]
@@ -17,7 +17,7 @@ _REQUEST, _REPLY, _DONE = 51, 52, 53
 class PairwiseGossip:
     """Pairwise model averaging with ring neighbours, on a communication thread.
 
-    Even ranks are *active*: each :meth:`request` makes their thread average
+    Even ranks are *active*: each :meth:`step_done` makes their thread average
     once with a ring neighbour (right, left, right, ... in turn).  Odd ranks
     are *passive*: their thread serves the requests of both neighbours, one
     at a time.  Every exchange pairs an active and a passive rank, so no cycle
@@ -25,12 +25,23 @@ class PairwiseGossip:
     even (or 1, where nothing is exchanged).
 
     One exchange of ranks i (active) and j (passive), over every buffer:
-    i copies its buffers (``x_i``) and sends them; j receives them, then,
-    under ``lock``, copies its own (``x_j``) and adds ``(x_i - x_j) / 2``, and
-    replies with the copy; i, under ``lock``, adds ``(x_j - x_i) / 2``.  Each side applies the
-    difference to its *current* buffers, so a local update that happened
-    meanwhile is kept, and the sum over the two ranks is unchanged: the
-    averaging is atomic against the owner's updates (which must hold ``lock``).
+    i, under ``lock``, copies its model ``x_i`` (the buffers plus the
+    differences still pending) and sends it; j receives it and, under
+    ``lock``, copies its own ``x_j`` the same way, adds ``(x_i - x_j) / 2``
+    to its pending differences, and replies with the copy; i, under ``lock``,
+    adds ``(x_j - x_i) / 2`` to its pending differences.  The owner folds
+    the pending differences into its buffers with :meth:`fold`, holding
+    ``lock``, right after each of its local updates.  So the buffers change
+    only inside the owner's update: a forward and backward pass reads one
+    model, the one of its step's start (AD-PSGD's x-hat, Lian et al.,
+    Algorithm 1), and its update lands on the model as averaged meanwhile,
+    as there.  The sum of the models over the two ranks is unchanged by an
+    exchange.
+
+    Every exchange is logged (:attr:`log`): the partner, the role, and the
+    owner's folds (its updates) done when this side copied its model and
+    when it added its difference: what :mod:`wagma.emulate` needs to replay
+    the run's arithmetic exactly.
 
     Lifecycle: :meth:`open` (collective), :meth:`step_done` after every local
     step, :meth:`close` (collective: active
@@ -51,8 +62,17 @@ class PairwiseGossip:
         comm: the MPI communicator (``MPI_THREAD_MULTIPLE`` needed).
         buffers: the same list of contiguous numpy arrays or torch tensors on
             every rank (the flat parameter buffers).
-        lock: the lock that the owner holds while it modifies ``buffers``.
+        lock: the lock that the owner holds while it modifies ``buffers``
+            and calls :meth:`fold`.
         max_pending: requested exchanges that may be outstanding, >= 1.
+
+    Attributes:
+        log: one ``(peer, active, copied_after, applied_after)`` per
+            exchange, in this rank's order: 1 where this rank was the active
+            side, and the number of :meth:`fold` calls done when it copied
+            its model and when it added its difference (equal on the passive
+            side, which does both at once).
+        exchanges: the exchanges done so far.
     """
 
     def __init__(self, comm, buffers, *, lock, max_pending=1):
@@ -67,6 +87,9 @@ class PairwiseGossip:
         self.active = rank % 2 == 0
         self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
         self.exchanges = 0
+        self.log = []
+        self._folds = 0
+        self._unfolded = False
         self._steps = 0
         self._requested = 0
         self._closing = False
@@ -79,12 +102,24 @@ class PairwiseGossip:
                                   yield_while_waiting=True)
         self._sent = [empty_like(b) for b in self.buffers]
         self._received = [empty_like(b) for b in self.buffers]
+        self._pending = [zeros_like(b) for b in self.buffers]
         if self.neighbours:
             self._thread = threading.Thread(
                 target=self._guarded(self._act if self.active else self._serve),
                 name=f"gossip-{self._comm.rank}", daemon=True)
             self._thread.start()
         return self
+
+    def fold(self):
+        """Add the pending differences to the buffers; the owner calls it
+        after each local update, holding ``lock`` (an update is a fold
+        whether or not a difference is pending, as :attr:`log` counts)."""
+        self._folds += 1
+        if self._unfolded:
+            for buffer, pending in zip(self.buffers, self._pending):
+                buffer += pending
+                pending[...] = 0
+            self._unfolded = False
 
     def step_done(self):
         """After a local step: an active rank asks for one more exchange; any
@@ -103,7 +138,8 @@ class PairwiseGossip:
         self._raise_if_failed()
 
     def close(self):
-        """Finish all requested exchanges everywhere, then join (collective)."""
+        """Finish all requested exchanges everywhere, join, then fold the
+        differences still pending into the buffers (collective)."""
         if self._thread is not None:
             with self._cond:
                 self._closing = True
@@ -112,6 +148,8 @@ class PairwiseGossip:
             self._thread = None
         self._comm.close()
         self._raise_if_failed()
+        with self.lock:
+            self.fold()
 
     # -- the communication thread --------------------------------------------
 
@@ -146,10 +184,10 @@ class PairwiseGossip:
             self._comm.data.Send([b"", MPI.BYTE], peer, _DONE)
 
     def _exchange(self, peer):
-        """Active side: send every buffer, receive the partner's copies."""
+        """Active side: send the model, receive the partner's, add half the difference."""
         with self.lock:
-            for sent, buffer in zip(self._sent, self.buffers):
-                copy_into(sent, buffer)
+            self._copy_model()
+            copied_after = self._folds
         with contextlib.ExitStack() as stack:
             requests = []
             for sent, received in zip(self._sent, self._received):
@@ -158,7 +196,9 @@ class PairwiseGossip:
                 requests.append(self._comm.data.Irecv(r.msg(0, r.numel), peer, _REPLY))
                 requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REQUEST))
             self._comm.wait_all(requests)
-        self._apply_half_difference()
+        with self.lock:
+            self._add_half_difference()
+            self.log.append((peer, 1, copied_after, self._folds))
 
     def _serve(self):
         """Passive side: serve requests until every neighbour is done."""
@@ -188,9 +228,9 @@ class PairwiseGossip:
                 else:
                     self._comm.recv(r.msg(0, r.numel), peer, _REQUEST)
         with self.lock:
-            for sent, buffer in zip(self._sent, self.buffers):
-                copy_into(sent, buffer)
-        self._apply_half_difference()
+            self._copy_model()
+            self._add_half_difference()
+            self.log.append((peer, 0, self._folds, self._folds))
         with contextlib.ExitStack() as stack:
             requests = []
             for sent in self._sent:
@@ -198,11 +238,17 @@ class PairwiseGossip:
                 requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REPLY))
             self._comm.wait_all(requests)
 
-    def _apply_half_difference(self):
-        """:func:`apply_half_difference` over every buffer, under the owner's lock."""
-        with self.lock:
-            for buffer, sent, received in zip(self.buffers, self._sent, self._received):
-                apply_half_difference(buffer, sent, received)
+    def _copy_model(self):
+        """``sent = buffers + pending``: the model as it stands (under ``lock``)."""
+        for sent, buffer, pending in zip(self._sent, self.buffers, self._pending):
+            copy_into(sent, buffer)
+            sent += pending
+
+    def _add_half_difference(self):
+        """:func:`apply_half_difference` into the pending differences (under ``lock``)."""
+        for pending, sent, received in zip(self._pending, self._sent, self._received):
+            apply_half_difference(pending, sent, received)
+        self._unfolded = True
 
 
 def apply_half_difference(buffer, sent, received):

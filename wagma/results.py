@@ -69,6 +69,11 @@ Root attributes
     see :mod:`collectives.straggler_sync`; the summary's
     ``stragglar_fraction`` and ``straggler_hit_rate`` come from it (over
     the whole run: the predictor's warm-up included).
+``sync/exchanges`` (adpsgd, complete runs): one row per exchange and side,
+    in each rank's order: rank, peer, active (1 on the side that asked),
+    copied_after and applied_after (the rank's updates done when it copied
+    its model and when it added its half difference); what
+    :func:`wagma.emulate.logged_schedule` replays.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,

@@ -2,6 +2,8 @@
 
 import threading
 
+import numpy as np
+
 from collectives.gossip import PairwiseGossip
 
 from ..options.algorithms import ADPSGDOptions
@@ -18,9 +20,12 @@ class ADPSGD(Algorithm):
     (:class:`~collectives.gossip.PairwiseGossip`): even ranks start an
     exchange after each of their steps, odd ranks serve their neighbours'
     requests.  An exchange replaces both models x_i, x_j by their average,
-    applied as a difference to each side's current model, atomically against
-    the local update (one lock around ``optimizer.step()`` and the averaging),
-    so the sum of the models over ranks is unchanged by communication.
+    as a difference that each side adds to its model right after its next
+    ``optimizer.step()`` (one lock around the step, the addition and the
+    exchange's copies), so the sum of the models over ranks is unchanged by
+    communication, and the gradient of a step is the one of the model its
+    forward pass read whole (Lian et al., Algorithm 1: the gradient at x-hat,
+    applied to the model as averaged meanwhile).
     Staleness is bounded: after its k-th step a rank waits until it has taken
     part in k - 1 exchanges (actives ask for one per step, passives are
     served one per step on average), so the exchange of step t overlaps step
@@ -30,25 +35,46 @@ class ADPSGD(Algorithm):
     exchange on every rank.  Buffers (BatchNorm statistics) stay local.
     Between ``backward()`` and :meth:`step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
+
+    After :meth:`close`, rank 0's :meth:`sync_tables` holds every rank's
+    exchanges (table ``exchanges``: rank, peer, active, copied_after,
+    applied_after, in each rank's order; see
+    :attr:`~collectives.gossip.PairwiseGossip.log`), which a run file keeps
+    for :func:`wagma.emulate.logged_schedule`.
     """
 
     name = "adpsgd"
     Options = ADPSGDOptions
+    #: The columns of table ``exchanges``.
+    EXCHANGE_COLUMNS = ("rank", "peer", "active", "copied_after", "applied_after")
 
     def __init__(self, model, optimizer, comm, **options):
         super().__init__(model, optimizer, comm, **options)
         self.lock = threading.Lock()
         self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()),
                                      lock=self.lock).open()
+        self._exchanges = None
 
     def _step(self):
         with self.lock:
             self._optimizer_step()
+            self.gossip.fold()
         self.gossip.step_done()
 
+    def sync_tables(self) -> dict:
+        tables = super().sync_tables()
+        if self._exchanges is not None:
+            tables["exchanges"] = (self._exchanges, list(self.EXCHANGE_COLUMNS))
+        return tables
+
     def close(self):
-        """Finish every requested exchange on every rank (collective)."""
+        """Finish every requested exchange on every rank and gather their
+        log on rank 0 (collective)."""
         if self.gossip is not None:
             self.gossip.close()
+            logs = self.comm.control.gather(self.gossip.log, root=0)
+            if logs is not None:
+                rows = [(rank, *entry) for rank, log in enumerate(logs) for entry in log]
+                self._exchanges = np.array(rows, dtype=np.int64).reshape(-1, len(self.EXCHANGE_COLUMNS))
             self.gossip = None
         super().close()
