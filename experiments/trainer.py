@@ -191,12 +191,16 @@ def train(args, world, comm):
                                                       steps_per_epoch), "faults": faults.record()},
                            resume_step=start if args.resume else None, post_every=1 if faults.faults else 8)
     try:
-        status = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
-                       start, total, steps_per_epoch, clock_offset)
+        status, ended = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
+                              start, total, steps_per_epoch, clock_offset)
     except BaseException:
         recorder.abandon("failed")
         raise
-    algo.close()
+    algo.close()        # AD-PSGD's last exchanges land in the model here
+    if args.checkpoint_dir and status == "complete":
+        _checkpoint(args, comm, model, optimizer, algo, total, ended)
+    for name, (rows, columns) in (algo.sync_tables() if comm.rank == 0 else {}).items():
+        recorder.record_table(name, rows, columns)     # as they stand after close (AD-PSGD's exchanges)
     path = recorder.close(status, dead=getattr(algo, "dead_ranks", ()), attrs=_fault_attributes(algo))
     if path:
         print(f"{'wrote' if status == 'complete' else 'stopped; wrote'} {path}", file=sys.stderr)
@@ -205,7 +209,7 @@ def train(args, world, comm):
 
 def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, start, total,
           steps_per_epoch, clock_offset):
-    """The training steps ``start .. total - 1``; returns the run's status."""
+    """The training steps ``start .. total - 1``; returns the run's status and its training clock then."""
     rank, ranks = comm.rank, comm.size
     lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
                       args.decay_epochs, args.decay_factor)
@@ -275,7 +279,8 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                         _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
                     clock.resume()
                 stopping = vote is not None and vote.vote(step, stop.requested)
-                if args.checkpoint_dir and (stopping or step == total or (
+                # The final checkpoint comes after close(), which can still change the model.
+                if args.checkpoint_dir and step < total and (stopping or (
                         args.checkpoint_every and step % args.checkpoint_every == 0)):
                     clock.pause()
                     _checkpoint(args, comm, model, optimizer, algo, step, clock())
@@ -292,7 +297,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
             update.remove()
             if vote is not None:
                 vote.close()
-    return status
+    return status, clock()
 
 
 def _fault_attributes(algo):

@@ -139,9 +139,14 @@ class StepRecorder:
         self._recorder.flush()
 
     def close(self, status: str = "complete"):
-        """Collective: gather every rank's rows and write the summary; returns the path on rank 0."""
+        """Collective: gather every rank's rows, write the algorithm's tables
+        (:meth:`~wagma.algorithms.Algorithm.sync_tables`) and the summary;
+        returns the path on rank 0.  Close the algorithm first where its
+        tables are complete only then (AD-PSGD's exchanges)."""
         for hook in self._hooks:
             hook.remove()
+        for name, (rows, columns) in self.algo.sync_tables().items():
+            self._recorder.record_table(name, rows, columns)
         return self._recorder.close(status)
 
     def abandon(self):
