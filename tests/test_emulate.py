@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from wagma.emulate import Emulator, Schedule, simulated_schedule
+from wagma.emulate.schedule import exchanges_from_times
 from wagma.options import resolved_options
 from wagma.sim import Network, Scenario
 from wagma.sim.kernels import LATE_CODES, _taken
@@ -158,23 +159,53 @@ def test_gossip_keeps_the_average_of_the_replicas_and_brings_them_together(algor
     assert (after - after.mean(0)).abs().max() < 0.1 * (before - before.mean(0)).abs().max()
 
 
-def test_adpsgd_orders_steps_and_exchanges_by_their_simulated_times():
-    schedule = simulated_schedule("adpsgd", scenario())
+def test_adpsgd_exchanges_are_read_from_the_simulated_times():
+    # Rank 0 (active) ends its steps at 1 and 3, rank 1 at 2 and 4; exchanges of 1 s begin at
+    # 1.5 and 3.5.  Rank 0 copies at the begin and adds its difference at the end (1.5, 2.5:
+    # after 1 update both; 3.5, 4.5: after 2); rank 1 does both when the request arrives (2.0
+    # and 4.0: after 1 and 2 updates, an update at the same time coming first).
+    finish = np.array([[1.0, 3.0], [2.0, 4.0]])
+    begin = np.array([[1.5, 3.5], [0.0, 0.0]])
+    partner = np.array([[1, 1], [0, 0]])
+    table = exchanges_from_times(partner, begin, finish, 1.0)
+    assert table.tolist() == [[0, 1, 1, 1, 1], [0, 1, 1, 2, 2], [1, 0, 0, 1, 1], [1, 0, 0, 2, 2]]
+
+
+def test_adpsgd_replays_each_replica_s_order_of_steps_and_exchanges():
+    # One parameter w per replica, loss w^2 / 2, plain SGD with lr 0.5: a step halves w.  Rank 0
+    # (w = 4) steps to 2 and copies it; rank 1 (w = 0), before its first step, adds
+    # (2 - 0) / 2 = 1 to its pending difference, which its first step folds in: 0 -> 0 + 1,
+    # then its second step halves it (0.5).  Rank 0 adds its difference (0 - 2) / 2 = -1
+    # only after its second step (2 -> 1), at the close: 0.  Any other order gives other values.
+    models = [torch.nn.Linear(1, 1, bias=False) for _ in range(2)]
+    with torch.no_grad():
+        models[0].weight.fill_(4.0)
+        models[1].weight.fill_(0.0)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
+    exchanges = np.array([[0, 1, 1, 1, 2], [1, 0, 0, 0, 0]])
+    schedule = Schedule("adpsgd", {}, 2, 2, {"exchanges": exchanges}, np.zeros((2, 2)), "test")
     seen = []
-    task = Task()
-    emulator = Emulator(schedule, task.models, task.optimizers)
 
     def gradient(r, t):
-        seen.append((r, t))
-        return task.gradient(r, t)
+        w = models[r].weight
+        seen.append((r, t, w.item()))
+        (w * w / 2).sum().backward()
+        return 0.0
 
-    emulator.run(gradient, after_step=lambda t: seen.append(("all", t)))
-    starts = schedule.arrays["start"]
-    for r in range(RANKS):
-        assert [t for q, t in seen if q == r] == list(range(STEPS))      # each rank's steps in order
-    order = [starts[r, t] for r, t in seen if r != "all"]
-    assert order == sorted(order)                                       # all of them in time order
-    assert [t for q, t in seen if q == "all"] == list(range(STEPS))
+    Emulator(schedule, models, optimizers).run(gradient, after_step=lambda t: seen.append(("all", t)))
+    assert [m.weight.item() for m in models] == [0.0, 0.5]
+    # Each replica's gradients at its model then; the slower replica goes first.
+    assert seen == [(0, 0, 4.0), (1, 0, 0.0), ("all", 0), (0, 1, 2.0), (1, 1, 1.0), ("all", 1)]
+
+
+def test_adpsgd_exchanges_not_of_one_run_are_refused():
+    task = Task(ranks=2, steps=2)
+    # Rank 1 serves after its second update an exchange whose active side waits for it after
+    # its first: in no real run.
+    unordered = np.array([[0, 1, 1, 0, 0], [1, 0, 0, 2, 2], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    schedule = Schedule("adpsgd", {}, 2, 2, {"exchanges": unordered}, np.zeros((2, 2)), "test")
+    with pytest.raises(ValueError, match="cannot be ordered"):
+        Emulator(schedule, task.models, task.optimizers).run(task.gradient)
 
 
 def test_bad_input_is_refused_with_what_was_given():

@@ -6,7 +6,8 @@ rank's final model bitwise.
 
 Each step one rank, a different one each time, sleeps before its forward
 pass, so WAGMA-SGD's and eager-SGD's partial collectives begin without it:
-the replay must take exactly the contributions the file says were taken.
+the replay must take exactly the contributions the file says were taken,
+and AD-PSGD's exchanges land between the steps the file says they did.
 Sums add in the butterfly schedules' order, which the collectives use, and
 the library's allreduce of 2, 4 and 8 ranks adds in the same tree; the
 models have BatchNorm, whose statistics stay each rank's (Allreduce-SGD:
@@ -40,8 +41,12 @@ CASES = {
     "dpsgd": ("dpsgd", {}),
     "sgp": ("sgp", {"peers": 1}),
     "allreduce_sgd": ("allreduce_sgd", {}),
+    "adpsgd": ("adpsgd", {}),
 }
 PARTIAL = ("wagma", "eager_sgd")
+#: The algorithms whose arithmetic depends on the order of events: the partial collectives and
+#: AD-PSGD's asynchronous exchanges.
+ORDERED = (*PARTIAL, "adpsgd")
 #: Above this many ranks only the partial collectives run: their order is the replay's question
 #: and it grows with P; the synchronous algorithms' arithmetic does not depend on the times, and
 #: their rules are the same code at 2 and 4 ranks.
@@ -75,7 +80,9 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
     name, options = CASES[case]
     if name in PARTIAL and not POW2:
         pytest.skip(f"{name} needs a power-of-two rank count, got {P}")
-    if name not in PARTIAL and P > SYNCHRONOUS_UP_TO:
+    if name == "adpsgd" and P % 2:
+        pytest.skip(f"adpsgd needs an even rank count, got {P}")
+    if name not in ORDERED and P > SYNCHRONOUS_UP_TO:
         pytest.skip(f"{name} is synchronous: replayed at {SYNCHRONOUS_UP_TO} ranks and fewer")
     path = f"{shared_dir}/{case}.h5"
     model = _net()
@@ -92,7 +99,7 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
                 recorder.compute_done()
                 algo.step()
                 recorder.end_step(t, loss)
-        algo.close()
+            algo.close()        # before the recorder: AD-PSGD's exchanges are complete only then
     states = WORLD.gather({k: v.clone() for k, v in model.state_dict().items()})
     if WORLD.rank == 0:
         run = load_run(path)
@@ -108,3 +115,9 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
                 f"{max(float((mine[k].double() - state[k].double()).abs().max()) for k in state):.3g}")
         if name in PARTIAL and P > 1:
             assert run.steps["stale"].any(), "no contribution was stale: the replay did not test the order"
+        if name == "adpsgd" and P > 1:
+            exchanges = run.tables["exchanges"]
+            assert len(exchanges) == P * STEPS, "each active rank's STEPS exchanges, both sides logged"
+            assert (exchanges[:, 3] < exchanges[:, 4]).any(), (
+                "no active rank added its difference after a later update than it copied at: "
+                "the replay did not test the order")

@@ -2,7 +2,7 @@
 process from its run file, gives the models its ranks saved at the end.
 
 A real 4-rank WAGMA-SGD job with a random rank made late each step, so that
-some versions begin without it; the replay is checked against the job's final
+some versions begin without it, and an AD-PSGD one; each replay is checked against the job's final
 checkpoints (every algorithm's replay, at 2, 4 and 8 ranks, is in
 tests/test_emulate_mpi.py; this is the command line's path: the run's own
 command line rebuilt from its file, the task built as experiments.train builds it).
@@ -26,17 +26,21 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """A finished 4-rank WAGMA-SGD run: its file and its checkpoint folder."""
-    folder = tmp_path_factory.mktemp("measured")
+def _train(folder, algo):
+    """A finished 4-rank run of ``algo``, a random rank 20 ms late each step: its file and
+    its checkpoint folder."""
     out, checkpoints = folder / "run.h5", folder / "checkpoints"
-    job = subprocess.run([*mpiexec_command(4), sys.executable, "-m", "experiments.train", "--algo", "wagma",
+    job = subprocess.run([*mpiexec_command(4), sys.executable, "-m", "experiments.train", "--algo", algo,
                           "--epochs", "1", "--max-steps", "16", "--eval-every", "0", "--imbalance",
                           "random:k=1,ms=20", "--checkpoint-dir", str(checkpoints), "--out", str(out),
                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, job.stderr[-3000:]
     return out, checkpoints
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("measured"), "wagma")
 
 
 @pytest.mark.timing        # that some version began without the late rank: scheduling decides
@@ -51,6 +55,16 @@ def test_a_replayed_run_gives_its_ranks_models_bitwise(measured, tmp_path, capsy
     assert replayed.attrs["kind"] == "emulated" and replayed.attrs["schedule"] == f"logged: {run}"
     assert (replayed.steps["stale"] == logged.steps["stale"]).all()
     assert (replayed.steps["clock"] == logged.steps["clock"]).all()       # the run's times
+
+
+def test_an_adpsgd_run_replayed_from_its_exchange_log_gives_its_ranks_models_bitwise(tmp_path, capsys):
+    # The final checkpoint is written after close(), where the last exchanges land.
+    run, checkpoints = _train(tmp_path, "adpsgd")
+    assert emulate_main(["--replay", str(run), "--checkpoints", str(checkpoints), "--out",
+                         str(tmp_path / "replay.h5"), "--no-progress"]) == 0
+    assert "bitwise equal" in capsys.readouterr().out
+    exchanges = load_run(str(run)).tables["exchanges"]
+    assert sorted(set(exchanges[:, 0])) == [0, 1, 2, 3] and (exchanges[:, 2] == (exchanges[:, 0] % 2 == 0)).all()
 
 
 def test_a_replay_in_another_order_differs(measured, tmp_path, capsys):

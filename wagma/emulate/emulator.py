@@ -74,14 +74,15 @@ class Emulator:
     * eager-SGD: version v averages over P the gradients the schedule says
       it took (``taken``; a late rank adds zeros, or its late gradients as
       the ``late`` reading says), and every replica applies that average.
-    * AD-PSGD: the events in the order of their simulated times: each
-      step's gradient at its start (the model as it is then), its optimizer
-      step at its end, and each exchange: the passive replica applies the
-      half difference of the two models at the exchange's start, the active
-      one at its end (to its model as it is then).  Reading chosen: the
-      runtime's forward pass reads the parameters without the lock, so an
-      exchange during a backward pass may or may not be seen; here it is
-      not.
+    * AD-PSGD: each replica's own order of events (``exchanges``): its
+      steps (the gradient at its model, the optimizer step, then the half
+      differences pending added, as :meth:`~collectives.gossip.
+      PairwiseGossip.fold` does), and between them, after the number of
+      steps the table gives, each exchange's copy of the model (the
+      parameters plus the differences pending) and its half difference,
+      added to the pending ones.  The replicas advance together, the one
+      with the fewest steps first, each waiting only where it needs its
+      partner's copy.
     * Allreduce-SGD, local SGD, D-PSGD, SGP: synchronous; no schedule.
 
     Averages add as the butterfly schedules do (recursive doubling over the
@@ -315,42 +316,89 @@ class Emulator:
     # -- AD-PSGD -------------------------------------------------------------------
 
     def _run_adpsgd(self, gradient, lr, after_step, loss):
-        """The steps and exchanges in the order of their simulated times."""
-        a = self.schedule.arrays
-        start, finish, begin, partner = a["start"], a["finish"], a["begin"], a["partner"]
-        if not (finish > start).all():
-            raise ValueError("AD-PSGD's schedule needs every step to take time (compute > 0): the order of a "
-                             "step's gradient and its update is read from the times")
-        # Ties: a step's update before an exchange it asked for, an exchange's start
-        # before its end, and both before the next step's gradient.
-        events = []
-        ranks, steps = start.shape
-        for r in range(ranks):
-            for t in range(steps):
-                events.append((start[r, t], 3, r, t, "gradient"))
-                events.append((finish[r, t], 0, r, t, "update"))
-        if ranks > 1:
-            for r in range(0, ranks, 2):
-                for t in range(steps):
-                    events.append((begin[r, t], 1, r, t, "exchange"))
-                    events.append((begin[r, t] + a["exchange_s"], 2, r, t, "reply"))
-        events.sort(key=lambda e: e[:4])
-        sent, updated = {}, np.zeros(steps, dtype=np.int64)
-        for _, _, r, t, kind in events:
-            if kind == "gradient":
-                loss[r, t] = self._gradient(gradient, lr, r, t)
-            elif kind == "update":
+        """Every replica's program of steps and exchanges (:func:`_adpsgd_programs`),
+        run as :class:`~collectives.gossip.PairwiseGossip` and
+        :class:`~wagma.algorithms.ADPSGD` run them."""
+        programs = _adpsgd_programs(self.schedule.arrays["exchanges"], self.ranks, self.schedule.steps)
+        pending = [{d: torch.zeros_like(p) for d, p in f.params.items()} for f in self.flats]
+        unfolded = [False] * self.ranks
+        sent = {}                                   # (exchange, active) -> the model that side sent
+        at, done, reported = [0] * self.ranks, [0] * self.ranks, 0
+        while any(at[r] < len(programs[r]) for r in range(self.ranks)):
+            ready = [r for r in range(self.ranks) if at[r] < len(programs[r])
+                     and _adpsgd_ready(programs[r][at[r]], sent)]
+            if not ready:
+                raise ValueError("AD-PSGD's exchanges cannot be ordered: a replica waits for a copy its "
+                                 "partner never makes (an exchange table not of one run)")
+            r = min(ready, key=lambda q: (done[q], q))
+            kind, x, active = programs[r][at[r]]
+            at[r] += 1
+            if kind == "step":
+                loss[r, x] = self._gradient(gradient, lr, r, x)
                 self.optimizers[r].step()
-                updated[t] += 1
-                if updated[t] == ranks and after_step is not None:
-                    after_step(t)
-            elif kind == "exchange":
-                p = partner[r, t]
-                mine, theirs = self._copy_params(r), self._copy_params(p)
-                for dtype, tensor in self.flats[p].params.items():
-                    apply_half_difference(tensor, theirs[dtype], mine[dtype].clone())
-                sent[r, t] = (mine, theirs)
-            else:
-                mine, theirs = sent.pop((r, t))
-                for dtype, tensor in self.flats[r].params.items():
-                    apply_half_difference(tensor, mine[dtype], theirs[dtype])
+                if unfolded[r]:
+                    for d, tensor in self.flats[r].params.items():
+                        tensor += pending[r][d]
+                        pending[r][d].zero_()
+                    unfolded[r] = False
+                done[r] += 1
+                while after_step is not None and reported < min(done):
+                    after_step(reported)
+                    reported += 1
+            elif kind == "copy":
+                sent[x, active] = {d: p + pending[r][d] for d, p in self.flats[r].params.items()}
+                if not active:
+                    received = sent[x, True]
+                    for d in pending[r]:
+                        apply_half_difference(pending[r][d], sent[x, False][d], received[d].clone())
+                    unfolded[r] = True
+            else:       # the active side's half difference
+                mine, theirs = sent.pop((x, True)), sent.pop((x, False))
+                for d in pending[r]:
+                    apply_half_difference(pending[r][d], mine[d], theirs[d])
+                unfolded[r] = True
+        for r in range(self.ranks):     # close(): the differences still pending
+            if unfolded[r]:
+                for d, tensor in self.flats[r].params.items():
+                    tensor += pending[r][d]
+
+
+def _adpsgd_programs(exchanges, ranks, steps):
+    """Each replica's events in its order: ``("step", t, None)``, and for
+    exchange x ``("copy", x, active)`` (the passive side adds its half
+    difference at once) and ``("apply", x, True)`` on the active side; the
+    events logged after ``c`` updates come after step c - 1, in the rank's
+    order.  Exchange x is the k-th of its active and passive ranks'
+    pair on both sides (one thread per rank, MPI's order between two ranks)."""
+    events = [[] for _ in range(ranks)]
+    counts, seen = {}, {}
+    for order, (rank, peer, active, copied, applied) in enumerate(np.asarray(exchanges).tolist()):
+        pair = (rank, peer) if active else (peer, rank)
+        k = seen[pair, active] = seen.get((pair, active), -1) + 1
+        x = counts.setdefault((pair, k), len(counts))
+        events[rank].append((copied, order, 0, ("copy", x, bool(active))))
+        if active:
+            events[rank].append((applied, order, 1, ("apply", x, True)))
+    programs = []
+    for rank in range(ranks):
+        mine = sorted(events[rank], key=lambda e: e[:3])
+        program, i = [], 0
+        for t in range(steps + 1):
+            while i < len(mine) and mine[i][0] <= t:
+                program.append(mine[i][3])
+                i += 1
+            if t < steps:
+                program.append(("step", t, None))
+        if i < len(mine):
+            raise ValueError(f"rank {rank}: an exchange logged after update {mine[i][0]} of {steps}")
+        programs.append(program)
+    return programs
+
+
+def _adpsgd_ready(event, sent):
+    kind, x, active = event
+    if kind == "copy" and not active:
+        return (x, True) in sent
+    if kind == "apply":
+        return (x, False) in sent
+    return True

@@ -8,17 +8,20 @@ import numpy as np
 
 from wagma.options import resolved_options
 
-__all__ = ["Schedule", "logged_schedule", "simulated_schedule"]
+__all__ = ["Schedule", "exchanges_from_times", "logged_schedule", "simulated_schedule"]
 
 #: The arrays each algorithm's schedule needs (beyond the timing of every
 #: run): WAGMA-SGD's ``source`` (the iteration of the contribution each rank
 #: gave to each version), eager-SGD's ``taken`` (the version that read each
-#: rank's gradient of each step, -1 where none did), AD-PSGD's exchanges
-#: (``partner`` and ``begin`` of each active rank's step, ``start`` and
-#: ``finish`` of every rank's steps, ``exchange_s``).  The synchronous
-#: algorithms need none: their arithmetic does not depend on the times.
-NEEDS = {"wagma": ("source",),     # with wait_avoiding "eager_sgd": ("taken",),
-         "adpsgd": ("partner", "begin", "start", "finish", "exchange_s")}
+#: rank's gradient of each step, -1 where none did), AD-PSGD's
+#: ``exchanges`` (one row per exchange and side, in each rank's order:
+#: rank, peer, active, copied_after, applied_after, as
+#: :attr:`collectives.gossip.PairwiseGossip.log` and the run file's table
+#: ``sync/exchanges`` hold them).  The synchronous algorithms need none:
+#: their arithmetic does not depend on the times.
+NEEDS = {"wagma": ("source",),     # with wait_avoiding
+         "eager_sgd": ("taken",),
+         "adpsgd": ("exchanges",)}
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,8 @@ class Schedule:
         algorithm: the algorithm's name (:func:`wagma.algorithms.create`'s).
         options: its options, resolved for ``ranks`` (``"auto"`` made concrete).
         ranks, steps: P and T.
-        arrays: :data:`NEEDS` of the algorithm, ``[P, T]`` each (``exchange_s``
-            a number).
+        arrays: :data:`NEEDS` of the algorithm, ``[P, T]`` each
+            (``exchanges``: ``[rows, 5]``).
         clock: ``[P, T]`` seconds on the training clock when each rank
             ended each step (the time axis of the emulated run).
         origin: where the schedule comes from, for the run file.
@@ -75,9 +78,35 @@ def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
     run = simulate(algorithm, scenario, **options)
     arrays = dict(run.schedule)
     if algorithm == "adpsgd":
-        arrays["start"] = arrays["finish"] - run.steps["compute_time"]
+        arrays = {"exchanges": exchanges_from_times(arrays["partner"], arrays["begin"], arrays["finish"],
+                                                    arrays["exchange_s"])}
     return Schedule(algorithm, resolved_options(algorithm, scenario.ranks, options).as_dict(), scenario.ranks,
                     scenario.steps, arrays, np.asarray(run.steps["clock"]), f"simulated: {scenario!r}", run)
+
+
+def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
+    """AD-PSGD's exchange table (:data:`NEEDS`) from the simulator's times
+    (:func:`wagma.sim.kernels.adpsgd`): the exchange that active rank a
+    asked for after step k, with ``partner[a, k]``, begins at ``begin[a, k]``;
+    a rank's update of step k ends at ``finish[r, k]``, where it folds the
+    differences pending.  Reading chosen (the runtime's order of events):
+    the active side copies its model when the exchange begins and adds its
+    half difference when it ends (``exchange_s`` later); the passive side
+    does both when the request arrives (half of it).  An update at the
+    same time as a copy comes first."""
+    ranks, steps = finish.shape
+    rows = []       # (rank, time, peer, active, copied_after, applied_after)
+    for a in range(0, ranks if ranks > 1 else 0, 2):
+        for k in range(steps):
+            p, b = int(partner[a, k]), float(begin[a, k])
+            arrived, done = b + exchange_s / 2, b + exchange_s
+            rows.append((a, b, p, 1, np.searchsorted(finish[a], b, side="right"),
+                         np.searchsorted(finish[a], done, side="right")))
+            served = np.searchsorted(finish[p], arrived, side="right")
+            rows.append((p, arrived, a, 0, served, served))
+    rows.sort(key=lambda row: row[:3])
+    return np.array([(r, peer, active, c, d) for r, _, peer, active, c, d in rows],
+                    dtype=np.int64).reshape(-1, 5)
 
 
 def logged_schedule(run) -> Schedule:
@@ -89,17 +118,19 @@ def logged_schedule(run) -> Schedule:
     the iteration logged; under ``"accumulate"`` every gradient after the
     one the rank's previous read ended at, up to the iteration logged).
     ``run`` is a :class:`wagma.results.Run` of ``experiments.train`` or
-    :class:`wagma.step_recorder.StepRecorder`.  Raises ValueError for a run
-    of an algorithm whose order the file does not hold (AD-PSGD) or that
-    did not log its contributions."""
+    :class:`wagma.step_recorder.StepRecorder`; AD-PSGD's exchanges come
+    from its table ``sync/exchanges``.  Raises ValueError for a run that did
+    not log what its algorithm's replay needs, or that reallocates work."""
     algorithm = run.attrs["algorithm"]
     options = json.loads(run.attrs["config"]).get("algorithm_options", {})
     ranks, steps = np.shape(run.steps["clock"])
     logged = np.asarray(run.steps["contribution"])
     arrays = {}
     if algorithm == "adpsgd":
-        raise ValueError(f"{run.path}: an AD-PSGD run does not log the order of its exchanges; "
-                         f"its schedule comes from the simulator (simulated_schedule)")
+        if "exchanges" not in run.tables:
+            raise ValueError(f"{run.path}: an AD-PSGD run without its exchanges (table sync/exchanges: close "
+                             f"the algorithm before the recorder; files of an earlier version lack it)")
+        arrays["exchanges"] = np.asarray(run.tables["exchanges"], dtype=np.int64)
     if options.get("reallocate"):
         raise ValueError(f"{run.path}: a run that reallocates work (reallocate=True) changes its batches "
                          f"from period to period, which the emulator does not replay")
