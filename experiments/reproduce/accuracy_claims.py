@@ -200,9 +200,12 @@ def accuracy_emulated(ctx):
             _, algo, extra = table[key]
             out = ctx.path(f"{key}_p{ranks}_s{seed}.h5")
             clear_run(out)
+            # One thread: batches of 4 to 16 samples gain nothing from a second, and OpenMP's
+            # spinning threads crawl where the cores are shared (32 steps at P = 16 on 2 busy
+            # cores: 23 s with one thread, 124 s with two).
             status = emulate(["--ranks", str(ranks), "--algo", algo, *task(ranks), *extra, "--imbalance",
-                              PAPER_IMBALANCE, "--compute-ms", "600", "--seed", str(seed), "--threads",
-                              str(os.cpu_count() or 1), "--no-progress", "--out", out])
+                              PAPER_IMBALANCE, "--compute-ms", "600", "--seed", str(seed), "--threads", "1",
+                              "--no-progress", "--out", out])
             if status:
                 raise RuntimeError(f"experiments.emulate of {key} on {ranks} ranks failed ({status})")
             return load_run(out)

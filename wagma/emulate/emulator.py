@@ -34,12 +34,17 @@ def _butterfly_mean(values: dict, masks):
     partner's (rank ^ masks[k]) partial sum, so every member and every
     element gets the same tree of additions; then times 1 / count, as
     ``op="avg"`` scales.  Without masks (a rank count that is not a power of
-    two), the sum in rank order."""
+    two), the sum in rank order.
+
+    Addition commutes bitwise, so after phase k the members of each block
+    of 2^(k+1) hold the same sum: one member per block is computed (the one
+    without the phase's bit; the masks are single bits), count - 1
+    additions in all."""
     count = len(values)
     if masks is None:
         return _sum([values[r] for r in sorted(values)]).mul_(1.0 / count)
     for mask in masks:
-        values = {r: v + values[r ^ mask] for r, v in values.items()}
+        values = {r: v + values[r ^ mask] for r, v in values.items() if not r & mask}
     return next(iter(values.values())).mul_(1.0 / count)
 
 
