@@ -49,8 +49,21 @@ def test_same_seed_same_bytes_other_seed_other_data(default):
         x2, y2 = _arrays(again, split, some)
         assert x.tobytes() == x2.tobytes() and y.tobytes() == y2.tobytes()
         assert not np.array_equal(x, _arrays(other, split, some)[0])
+
+
+def test_images_kept_once_made_equal_the_ones_made_again(monkeypatch):
+    kept = load_dataset("synthetic-cifar", ranks=2)
+    monkeypatch.setattr(type(kept), "KEEP_BYTES", 0)
+    remade = load_dataset("synthetic-cifar", ranks=2)
+    assert remade._made == {"train": None, "test": None}
     # A sample does not depend on the batch it comes in (its noise has its own generator).
-    assert np.array_equal(_arrays(default, "train", [7])[0][0], _arrays(default, "train", [3, 7])[0][1])
+    assert np.array_equal(_arrays(remade, "train", [7])[0][0], _arrays(remade, "train", [3, 7])[0][1])
+    for epoch in (0, 1):       # epoch 1 of ``kept`` takes every image from what epoch 0 made
+        for (x, y), (x2, y2) in zip(kept.train_batches(epoch, 32), remade.train_batches(epoch, 32), strict=True):
+            assert x.numpy().tobytes() == x2.numpy().tobytes() and y.equal(y2)
+    assert sorted(kept._made["train"]) == sorted(kept.train_indices.tolist())      # its shard only
+    for _ in range(2):
+        assert all(np.array_equal(a, b) for a, b in zip(_test_set(kept), _test_set(remade)))
 
 
 def test_rank_views_hold_disjoint_shards_of_the_same_samples(default):
