@@ -6,7 +6,7 @@ import threading
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .buffers import copy_into, empty_like, zeros_like
+from .buffers import copy_into, copy_of, empty_like, zeros_like
 from .comm import Communicator
 
 __all__ = ["PairwiseGossip", "apply_half_difference"]
@@ -120,6 +120,17 @@ class PairwiseGossip:
                 buffer += pending
                 pending[...] = 0
             self._unfolded = False
+
+    def pending(self):
+        """Copies of the differences not yet folded (the caller holds ``lock``):
+        a checkpoint's share of the exchanges done since the last update."""
+        return [copy_of(p) for p in self._pending]
+
+    def load_pending(self, pending):
+        """Set the differences not yet folded (a checkpoint's, before the first update)."""
+        for mine, saved in zip(self._pending, pending, strict=True):
+            copy_into(mine, saved)
+        self._unfolded = True
 
     def step_done(self):
         """After a local step: an active rank asks for one more exchange; any

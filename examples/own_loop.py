@@ -145,10 +145,11 @@ def main():
                       flush=True)
             if checkpoint:
                 os.makedirs(args.checkpoint_dir, exist_ok=True)
-                with algo.lock:
-                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                with algo.lock:     # the model and the algorithm's state at one moment
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "algorithm": algo.state_dict()}
                 torch.save({**state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                            "algorithm": algo.state_dict(), "epoch": epoch + 1}, checkpoint)
+                            "epoch": epoch + 1}, checkpoint)
             recorder.resume()
     rank = comm.rank
     algo.close()

@@ -382,8 +382,8 @@ def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
 
 
 def _checkpoint(args, comm, model, optimizer, algo, step, clock):
-    with algo.lock:
+    with algo.lock:         # the model and what the algorithm holds for it, at one moment
         state = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-                 "optimizer": optimizer.state_dict()}
-    state.update(algorithm=algo.state_dict(), torch_rng=torch.get_rng_state(), step=step, clock=clock)
+                 "optimizer": optimizer.state_dict(), "algorithm": algo.state_dict()}
+    state.update(torch_rng=torch.get_rng_state(), step=step, clock=clock)
     save_checkpoint(comm, args.checkpoint_dir, step, state)

@@ -423,6 +423,27 @@ def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
     assert algo.gossip is None
 
 
+@pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
+def test_adpsgd_checkpoints_the_differences_its_exchanges_have_not_folded_in(comm):
+    # A checkpoint holds the half differences added since the last update (none yet: zeros);
+    # restored, they are folded in at the next update or, here, at close(): exactly once.
+    model = _mlp()
+    algo = create("adpsgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+    with algo.lock:
+        state = {"model": copy.deepcopy(model.state_dict()), "algorithm": algo.state_dict()}
+    algo.close()
+    assert [p.shape for p in state["algorithm"]["pending"]] == [p.shape for p in algo.flat.params.values()]
+    assert all(not p.any() for p in state["algorithm"]["pending"])
+    state["algorithm"]["pending"] = [torch.full_like(p, WORLD.rank + 0.5) for p in state["algorithm"]["pending"]]
+    restored = _mlp()
+    again = create("adpsgd", restored, torch.optim.SGD(restored.parameters(), lr=0.1), comm)
+    restored.load_state_dict(state["model"])
+    again.load_state_dict(state["algorithm"])
+    before = _flat_params(restored)
+    again.close()
+    assert torch.equal(_flat_params(restored), before + (WORLD.rank + 0.5))
+
+
 @pytest.mark.skipif(WORLD.size < 3 or EVEN, reason="needs an odd number of ranks > 1")
 def test_adpsgd_refuses_an_odd_world(comm):
     model = _mlp()

@@ -61,6 +61,21 @@ class ADPSGD(Algorithm):
             self.gossip.fold()
         self.gossip.step_done()
 
+    def state_dict(self) -> dict:
+        """The counters, options and the half differences not yet folded
+        into the model (``pending``); take it holding :attr:`lock`, with the
+        model's, so that the two add up to the model as it stands.  An
+        exchange in flight then is not in either."""
+        state = super().state_dict()
+        if self.gossip is not None:
+            state["pending"] = self.gossip.pending()
+        return state
+
+    def load_state_dict(self, state: dict):
+        super().load_state_dict(state)
+        if state.get("pending") is not None and self.gossip is not None:
+            self.gossip.load_pending(state["pending"])
+
     def sync_tables(self) -> dict:
         tables = super().sync_tables()
         if self._exchanges is not None:
