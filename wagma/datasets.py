@@ -388,10 +388,11 @@ class _SyntheticImages(Dataset):
         made = self._made[split]
         if made is None:
             return torch.from_numpy(self._images(split, indices)), labels
-        missing = [i for i in dict.fromkeys(indices.tolist()) if i not in made]
+        wanted = indices.tolist()
+        missing = [i for i in dict.fromkeys(wanted) if i not in made]
         if missing:
             made.update(zip(missing, self._images(split, np.array(missing))))
-        return torch.from_numpy(np.stack([made[i] for i in indices.tolist()])), labels
+        return torch.from_numpy(np.stack([made[i] for i in wanted])), labels
 
     def _images(self, split, indices):
         d = self.draws[split]

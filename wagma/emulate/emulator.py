@@ -329,6 +329,14 @@ class Emulator:
         unfolded = [False] * self.ranks
         sent = {}                                   # (exchange, active) -> the model that side sent
         at, done, reported = [0] * self.ranks, [0] * self.ranks, 0
+
+        def fold(r):        # PairwiseGossip.fold: after an update and at close()
+            if unfolded[r]:
+                for d, tensor in self.flats[r].params.items():
+                    tensor += pending[r][d]
+                    pending[r][d].zero_()
+                unfolded[r] = False
+
         while any(at[r] < len(programs[r]) for r in range(self.ranks)):
             ready = [r for r in range(self.ranks) if at[r] < len(programs[r])
                      and _adpsgd_ready(programs[r][at[r]], sent)]
@@ -341,11 +349,7 @@ class Emulator:
             if kind == "step":
                 loss[r, x] = self._gradient(gradient, lr, r, x)
                 self.optimizers[r].step()
-                if unfolded[r]:
-                    for d, tensor in self.flats[r].params.items():
-                        tensor += pending[r][d]
-                        pending[r][d].zero_()
-                    unfolded[r] = False
+                fold(r)
                 done[r] += 1
                 while after_step is not None and reported < min(done):
                     after_step(reported)
@@ -363,9 +367,7 @@ class Emulator:
                     apply_half_difference(pending[r][d], mine[d], theirs[d])
                 unfolded[r] = True
         for r in range(self.ranks):     # close(): the differences still pending
-            if unfolded[r]:
-                for d, tensor in self.flats[r].params.items():
-                    tensor += pending[r][d]
+            fold(r)
 
 
 def _adpsgd_programs(exchanges, ranks, steps):
