@@ -1,11 +1,14 @@
 """Accuracy claims over seeds (experiments.reproduce.seed_spread, accuracy_claims): each
 variant's mean and spread from real run files, and a gap that counts only beyond the spread."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from experiments.reproduce.accuracy_claims import ACCURACY_SEEDS, EXTRA_SEEDS, SPREAD_TARGET, _order_row, _seeded
-from experiments.reproduce.record import DIFFERS, IN_KIND
+from experiments.reproduce.record import DIFFERS, IN_KIND, REPRODUCED
+from experiments.reproduce.runs import ratio_verdict
 from experiments.reproduce.seed_spread import SeedSpread, gap_counts, spread_of
 from wagma.results import STEP_FIELDS, load_run, write_run
 
@@ -76,3 +79,33 @@ def test_a_variant_with_a_wide_spread_gets_more_seeds(tmp_path):
     assert spread_of(runs["steady"]).spread <= SPREAD_TARGET < spread_of(
         {s: runs["wide"][s] for s in ACCURACY_SEEDS}).spread
     assert len(asked) == len(set(asked)) == 3 + 5                     # no run twice
+
+
+def test_a_seed_that_learned_and_lost_it_counts_as_diverged(tmp_path):
+    epochs = [0.5, 1.0, 1.5, 2.0]
+    runs = {0: run_file(tmp_path / "a.h5", [0.4, 0.78, 0.30, 0.10], epochs),     # best 78 %, last epoch 20 %
+            1: run_file(tmp_path / "b.h5", [0.4, 0.60, 0.31, 0.31], epochs),     # 31 % of a best 60 %: above half
+            2: run_file(tmp_path / "c.h5", [0.4, 0.80, 0.82, 0.84], epochs)}
+    s = spread_of(runs, "D-PSGD")
+    assert s.best == pytest.approx((78.0, 60.0, 84.0)) and s.diverged == 1 and s.label == "D-PSGD"
+
+
+def test_a_row_with_a_diverged_variant_differs_and_says_so():
+    trained = SeedSpread((0, 1, 2), (92, 92, 93), (92, 92, 93), 0.0, (93, 93, 93), "WAGMA-SGD")
+    diverged = SeedSpread((0, 1, 2), (10, 10, 11), (10, 10, 11), 0.0, (78, 75, 80), "D-PSGD")
+    row = _order_row("claim", "paper", diverged, trained, "lower", None)
+    # 82 points below, far beyond the spreads: it would hold but for the divergence.
+    assert row.verdict == DIFFERS and "D-PSGD diverged on 3 of 3 seeds" in row.why
+    row = _order_row("claim", "paper", dataclasses.replace(diverged, best=(12, 11, 12)), trained, "lower", None)
+    assert row.verdict == IN_KIND and "diverged" not in row.why      # never learned: not a divergence
+
+
+@pytest.mark.parametrize("ours, paper, noise, verdict", [
+    (1.30, 1.24, 0.015, REPRODUCED),    # within 10 % of the paper's
+    (1.60, 1.24, 0.015, IN_KIND),       # the paper's direction, beyond the noise
+    (1.001, 1.24, 0.015, DIFFERS),      # above 1 by less than the times' spread: no direction
+    (1.001, 1.24, 0.0, IN_KIND),        # no spread measured: the direction alone decides
+    (0.95, 1.24, 0.0, DIFFERS),
+])
+def test_a_time_ratio_within_its_spread_of_one_has_no_direction(ours, paper, noise, verdict):
+    assert ratio_verdict(ours, paper, "note", noise)[0] == verdict

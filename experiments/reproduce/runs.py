@@ -25,12 +25,16 @@ def train_time(run):
     return summarize(run)["train_time"]
 
 
-def ratio_verdict(ours, paper, scale_note):
+def ratio_verdict(ours, paper, scale_note, noise=0.0):
     """The verdict of a speedup claim: reproduced within :data:`RATIO_TOLERANCE`
     of the paper's ratio, in kind when only its direction (above or below 1)
-    holds, else differs; and the row's ``why``."""
+    holds, else differs; and the row's ``why``.  ``noise``: how far from 1 a
+    ratio of ours can lie by chance (the relative spread of the times it
+    divides, where measured over seeds); a ratio within it has no direction."""
     if paper is not None and ours > 0 and abs(ours / paper - 1) <= RATIO_TOLERANCE:
         return REPRODUCED, f"within {RATIO_TOLERANCE:.0%} of the paper's"
+    if abs(ours - 1) <= noise:
+        return DIFFERS, f"within {noise:.1%} of 1, the spread of the times over the seeds: no direction; {scale_note}"
     if paper is not None and (ours > 1) == (paper > 1):
         return IN_KIND, f"same direction; {scale_note}"
     return DIFFERS, scale_note

@@ -6,7 +6,13 @@ import numpy as np
 
 from wagma.results import last_epoch_accuracy, summarize
 
-__all__ = ["SeedSpread", "gap_counts", "spread_of"]
+__all__ = ["DIVERGED_BELOW", "SeedSpread", "gap_counts", "spread_of"]
+
+#: A seed *diverged* when its last epoch's accuracy fell below this fraction of
+#: its best evaluation: it learned, then lost what it had learned (its loss back
+#: at chance's), as replicas stepping alone at a learning rate set for the
+#: global batch can.
+DIVERGED_BELOW = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,13 +23,22 @@ class SeedSpread:
     :func:`wagma.results.last_epoch_accuracy`) is what the verdicts compare:
     several evaluations, so less noise than the final one alone, which is
     reported beside it.  The *spread* is the range over the seeds (largest
-    minus smallest).
+    minus smallest).  ``best`` is each seed's best evaluation, against
+    which :attr:`diverged` counts the seeds that learned and then lost it;
+    ``label`` names the variant in the rows.
     """
 
     seeds: tuple
     final: tuple
     last_epoch: tuple
     stale: float
+    best: tuple = ()
+    label: str = ""
+
+    @property
+    def diverged(self) -> int:
+        """How many seeds ended below :data:`DIVERGED_BELOW` of their best evaluation."""
+        return sum(last < DIVERGED_BELOW * best for last, best in zip(self.last_epoch, self.best))
 
     @property
     def mean(self) -> float:
@@ -47,12 +62,13 @@ class SeedSpread:
                 f"{self.final_spread / 2:.1f}; {len(self.seeds)} seeds)")
 
 
-def spread_of(runs: dict) -> SeedSpread:
-    """The :class:`SeedSpread` of ``{seed: run}``."""
+def spread_of(runs: dict, label: str = "") -> SeedSpread:
+    """The :class:`SeedSpread` of ``{seed: run}``, named ``label``."""
     seeds = tuple(sorted(runs))
     return SeedSpread(seeds, tuple(100 * summarize(runs[s])["final_accuracy"] for s in seeds),
                       tuple(100 * last_epoch_accuracy(runs[s]) for s in seeds),
-                      float(np.mean([summarize(runs[s])["stale_fraction"] for s in seeds])))
+                      float(np.mean([summarize(runs[s])["stale_fraction"] for s in seeds])),
+                      tuple(100 * float(np.nanmax(runs[s].eval["accuracy"])) for s in seeds), label)
 
 
 def gap_counts(a: SeedSpread, b: SeedSpread) -> tuple[float, float, bool]:
