@@ -8,7 +8,7 @@
 #             once per algorithm and variant (9 runs, about 11 minutes on 2 cores), then the table and
 #             figures, all in a fresh runs/main-TIMESTAMP (OUT=results/main refreshes the reference)
 # make reproduce  every testable claim of the five papers, measured, beside the paper's figure:
-#             results/REPORT.md and results/reproduce/ (about 22 min on 2 cores;
+#             results/REPORT.md and results/reproduce/ (about 85 min on 2 cores;
 #             ONLY=name,name for some claims, FULL=1 for the long versions)
 # make lock   re-resolve the newest versions in a scratch venv and rewrite the lock file
 # make clean  remove build files, caches and test logs (distclean: the venv too)

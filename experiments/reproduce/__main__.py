@@ -5,7 +5,7 @@ Each claim runs its experiments (MPI jobs through the ``mpiexec`` next to
 this Python, simulations, models) into ``DIR/reproduce/NAME/``, writes its
 rows to ``DIR/reproduce/NAME.h5``, and the report is rewritten from all
 claim files present, so a claim that fails loses nothing the others
-measured (the exit status is then 1).  The default set takes under 30
+measured (the exit status is then 1).  The default set takes about 85
 minutes on 2 cores; ``--full`` runs the long versions (more ranks, steps,
 epochs).
 """

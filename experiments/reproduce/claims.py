@@ -40,15 +40,15 @@ CLAIMS = (
     Claim("algorithm1", "wagma", "Algorithm 1: the worked example of the dynamic groups (section 3.2)",
           wagma_claims.algorithm1, 0.2),
     Claim("figure4", "wagma", "Figure 4: throughput under the simulated imbalance, measured (section 5.2)",
-          wagma_claims.figure4_measured, 9.5),
+          wagma_claims.figure4_measured, 13.3),
     Claim("figure4-sim", "wagma", "Figure 4: throughput from 4 to 256 nodes, simulated (section 5.2)",
           wagma_claims.figure4_simulated, 0.2),
     Claim("figure10-sim", "wagma", "Figure 10: throughput from 16 to 1,024 nodes, simulated (section 5.4)",
           wagma_claims.figure10_simulated, 0.2),
     Claim("accuracy", "wagma", "Figure 5 and ablations 1-4: accuracy against time, measured over seeds (section 5.2)",
-          accuracy_claims.accuracy, 51.0),
+          accuracy_claims.accuracy, 36.6),
     Claim("accuracy-emulated", "wagma", "Figure 5 and ablations 1-4 at 16 and 64 ranks, emulated over seeds "
-          "(section 5.2)", accuracy_claims.accuracy_emulated, 50.0),
+          "(section 5.2)", accuracy_claims.accuracy_emulated, 28.1),
     Claim("stragglar-rounds", "stragglar", "Round counts of the schedules (section 3)",
           stragglar_claims.rounds, 0.1),
     Claim("stragglar-cost", "stragglar", "Table 1 and Figure 6: the cost model's speedups, n = 4..256",
@@ -56,11 +56,11 @@ CLAIMS = (
     Claim("stragglar-runtime", "stragglar", "Section 4.2: the runtime's speedup with a persistent straggler",
           stragglar_claims.runtime, 0.3),
     Claim("hierarchical", "hierarchical", "Straggler mitigation: 1-2 % of steps stall 1 s",
-          other_claims.hierarchical_stragglers, 1.4),
+          other_claims.hierarchical_stragglers, 2.1),
     Claim("ddp-buckets", "ddp", "Gradient bucketing and overlap with the backward pass",
-          other_claims.ddp_buckets, 0.8),
+          other_claims.ddp_buckets, 1.3),
     Claim("ensemblesync", "ensemblesync", "Figure 4: training through a worker that stops",
-          other_claims.ensemblesync_outage, 1.0),
+          other_claims.ensemblesync_outage, 1.5),
 )
 
 #: Claims of the papers this machine cannot test, and why (the report lists them).

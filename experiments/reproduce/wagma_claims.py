@@ -83,7 +83,7 @@ def figure4_measured(ctx):
     ``full``), emulated compute of the paper's 600 ms steps, the paper's
     imbalance, every algorithm (SGP with two neighbours, local SGD with period 1)."""
     # 16 by default: a 32-process run spends about a minute starting on 2 cores, and 7 of them would
-    # take half of the default's 30 minutes (measured: P = 8 and 32 took 13.4 min).
+    # take a quarter of the default's 85 minutes (measured: P = 8 and 32 took 13.4 min).
     ranks = (4, 8, 16, 32) if ctx.full else (8, 16)
     steps = 50 if ctx.full else 25
     variants = {"allreduce_sgd": [], "local_sgd": [], "wagma": [], "dpsgd": [], "sgp": ["--peers", "2"],
