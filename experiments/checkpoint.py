@@ -10,17 +10,26 @@ file (to a temporary name, then ``os.replace``), the ranks meet in a
 barrier, and only then rank 0 points ``latest.json`` at the new step and
 every rank deletes its older files.  A job killed at any moment therefore
 leaves a ``latest.json`` naming a step for which every rank's file exists.
+
+A checkpoint holds tensors and plain data only (the model's, the
+optimizer's and the algorithm's ``state_dict``, counters, the RNG state),
+and is read back with ``torch.load(weights_only=True)``, which rebuilds
+nothing else: a checkpoint directory on a cluster's shared scratch can be
+written by others, and unpickling an arbitrary object runs the code it
+names, on every rank, at the next resume.
 """
 
 import glob
 import json
 import os
+import pickle
+import re
 
 import torch
 
 from collectives.agreement import agree
 
-__all__ = ["checkpoint_path", "latest_step", "load_checkpoint", "save_checkpoint"]
+__all__ = ["checkpoint_path", "latest_step", "load_checkpoint", "read_state", "save_checkpoint"]
 
 
 def checkpoint_path(directory, rank, step):
@@ -71,6 +80,33 @@ def save_checkpoint(comm, directory, step, state: dict):
             os.remove(old)
 
 
+def read_state(path) -> dict:
+    """The state in checkpoint file ``path``, tensors on the CPU.
+
+    Raises:
+        ValueError: naming ``path``, when it holds more than tensors and
+            plain data (an object whose unpickling would run code: refused,
+            never built) or cannot be read as a checkpoint at all.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as refused:
+        # torch's message goes on to say how to load the file anyway; keep only what it names.
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(refused))
+        raise ValueError(f"{path} holds more than tensors and plain data ({named[1] if named else 'an object'}), "
+                         f"which no checkpoint of this framework does: refused, not unpickled") from None
+    except (RuntimeError, EOFError, OSError) as unreadable:
+        raise ValueError(f"{path} is not a readable checkpoint: {unreadable}") from None
+
+
 def load_checkpoint(comm, directory, step) -> dict:
-    """This rank's state saved at ``step`` (tensors on the CPU)."""
-    return torch.load(checkpoint_path(directory, comm.rank, step), map_location="cpu", weights_only=False)
+    """This rank's state saved at ``step`` (:func:`read_state`); collective:
+    a file refused or unreadable on any rank raises ``ValueError`` on every
+    rank, naming it, before the job goes on."""
+    state, problem = None, None
+    try:
+        state = read_state(checkpoint_path(directory, comm.rank, step))
+    except ValueError as error:
+        problem = str(error)
+    agree(comm, "--resume", problem, ValueError)
+    return state

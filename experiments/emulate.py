@@ -219,13 +219,13 @@ def _compare(task, directory):
     rank r's final checkpoint in ``directory``, and whether all are bitwise equal."""
     import torch
 
-    from .checkpoint import checkpoint_path
+    from .checkpoint import checkpoint_path, read_state
 
     with open(os.path.join(directory, "latest.json")) as f:
         step = json.load(f)["step"]
     worst, equal = [], True
     for r, model in enumerate(task.models):
-        saved = torch.load(checkpoint_path(directory, r, step), map_location="cpu", weights_only=False)["model"]
+        saved = read_state(checkpoint_path(directory, r, step))["model"]
         mine = model.state_dict()
         diffs = [float((mine[k].double() - saved[k].double()).abs().max()) for k in saved]
         equal &= all(torch.equal(mine[k], saved[k]) for k in saved)

@@ -130,7 +130,7 @@ def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_cou
     # The algorithm's own counter went on from the checkpoint to the end.
     final = json.loads((checkpoints / "latest.json").read_text())
     assert final["step"] == STEPS
-    state = torch.load(checkpoints / f"rank00000.step{STEPS:09d}.pt", weights_only=False)
+    state = torch.load(checkpoints / f"rank00000.step{STEPS:09d}.pt", weights_only=True)
     assert state["algorithm"]["steps"] == STEPS and state["step"] == STEPS
     # Evaluations before the stop were kept, the later ones appended in order.
     assert np.all(np.diff(run.eval["step"]) > 0) and run.eval["step"][-1] == STEPS
