@@ -29,7 +29,7 @@
     ``allocation.png``.
 
 ``.venv/bin/python -m experiments.campaign stragglersync``
-    ``--sync stragglar`` against the allreduce (issue 20): 8 ranks with
+    ``--sync stragglar`` against the allreduce in training: 8 ranks with
     emulated compute and ResNet-18's buffers (42.6 MiB of float32), under a
     persistent straggler (the last rank ``--delay-ms`` late at every step)
     and under random-k (2 random ranks as late, the WAGMA paper's shape),

@@ -6,7 +6,7 @@
    (``python -m experiments.campaign sweep``: 4 to 32 ranks, 600 ms steps,
    2 random ranks x 320 ms, ResNet-20 buffers) the simulator runs the same
    algorithm with the same options, imbalance spec, seed, steps and message
-   size, with nothing fitted to it (issue 22, point 5):
+   size, with nothing fitted to it:
 
    * compute: the run's own measured compute times (its sleep's overshoot
      and the OS's jitter included);

@@ -130,7 +130,7 @@ def test_wagma_does_not_wait_for_a_straggler_between_sync_steps():
 
 
 def test_the_compute_jitter_against_the_activation_hop_decides_who_is_stale():
-    """Issue 22, point 4: without injected delays every rank arrives within
+    """Without injected delays every rank arrives within
     the compute's jitter (here up to 2 ms) of the first; an activation
     faster than that (10 us per tree level) reaches most of them before they
     arrive, one slower than it (10 ms) reaches none, and without jitter (the
@@ -213,7 +213,7 @@ def test_eager_sgd_solos_limiter_waits_for_every_rank_every_33rd_version():
 def test_a_synchronization_cost_is_added_to_every_collective_over_all_ranks_and_to_nothing_else():
     """Network.synchronization: what a collective over all ranks costs
     beyond its messages once every rank is there, the ranks sharing the
-    cores (issue 22, point 5).  It lengthens Allreduce-SGD's steps (once,
+    cores.  It lengthens Allreduce-SGD's steps (once,
     whatever the buckets), local SGD's and WAGMA-SGD's every-tau average
     (StragglAR's and a predicted one too), eager-SGD's versions and
     hierarchical SGD's level of all ranks by exactly itself; a group's, a
@@ -582,7 +582,7 @@ def test_the_cli_runs_every_algorithm_at_4096_ranks_the_largest_size_it_claims(c
 
 
 def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
-    """Issue 22, points 4 and 5: with nothing fitted to the sweep (each
+    """With nothing fitted to the sweep (each
     run's own compute times; alpha and beta from the ping-pong benchmark;
     an activation hop of that alpha plus half the progress thread's poll
     cap; a global synchronization's cost measured by runs without
@@ -614,7 +614,7 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
 
 
 def test_figure10_sensitivity_varies_one_assumption_at_a_time():
-    """Issue 22, point 6 (at 64 ranks, to be quick): one row per variation
+    """Figure 10's assumptions one at a time (at 64 ranks, to be quick): one row per variation
     under the paper's, and a longer tau (fewer global synchronizations, each
     waiting for the longest episode) raises WAGMA-SGD's speedup over every
     baseline."""

@@ -196,7 +196,7 @@ def test_a_rank_killed_by_its_fault_ends_the_job_and_the_file_keeps_the_steps_be
     assert json.loads(run.attrs["faults"]) == [{"kind": "kill", "rank": 1, "first": 60, "last": 60, "seconds": 0.0}]
     # Rank 1 died at the start of step 60. Rank 0 writes every 2 s
     # (RunRecorder's flush_seconds), so the file holds the steps up to its last
-    # write before the launcher ended it: not yet every step (issue 17).
+    # write before the launcher ended it: not yet every step.
     written = run.steps["clock"].shape[1]
     assert written <= 60
     assert np.all(np.isfinite(run.steps["step_time"]))

@@ -17,7 +17,7 @@ predicts the after-arrival time from alpha and beta fitted by a ping-pong
 between ranks 0 and 1 in the same run.
 
 With ``--delay-factors`` the benchmark asks instead what synchronization
-costs when the straggler was predicted (issue 20): for each size it first
+costs when the straggler was predicted (as ``--sync stragglar`` does in training): for each size it first
 measures the median total of the ring allreduce with no delay (rank 0's
 median, broadcast so every rank sleeps alike), then runs StragglAR planned
 for the late rank, StragglAR planned for the wrong rank, ring, RHD and

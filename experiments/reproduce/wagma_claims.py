@@ -152,7 +152,7 @@ def figure10_simulated(ctx):
     throughput = _simulated("figure10", ranks)
     names = {**BASELINE_NAMES, "sgp": "SGP (4n)"}
     note = ("simulated with compute drawn from our reading of Figure 9 (lognormal, median 2 s, 1.7 to 43.5 s); "
-            "the gap to the paper is the fidelity audit's open point (issue 22)")
+            "the gap to the paper: docs/simulator.md, Figure 10 one assumption at a time")
     rows = _speedup_rows(throughput, 1024, FIGURE10[1024], "1,024 nodes", note, names)
     throughput_figure({names.get(a, "WAGMA-SGD"): t for a, t in throughput.items()},
                       ctx.path("figure10_simulated.png"), "Figure 10, simulated: PPO navigation, heavy-tailed "
