@@ -297,7 +297,7 @@ def compatible_models(spec):
 
 
 def build_model(name, spec, **overrides) -> nn.Module:
-    """Build model ``name`` sized for the dataset ``spec`` (an ``experiments.datasets.DataSpec``).
+    """Build model ``name`` sized for the dataset ``spec`` (a :class:`wagma.datasets.DataSpec`).
 
     The MLP takes its input width (the flattened sample) and classes from the
     spec, the ResNets their classes, the Transformers their vocabulary;
