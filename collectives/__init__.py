@@ -1,4 +1,5 @@
-"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group allreduce, StragglAR."""
+"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group
+allreduce, StragglAR."""
 
 from .blocking import allgather, allreduce, broadcast, reduce_scatter
 from .comm import Communicator

@@ -156,7 +156,8 @@ def main():
     eval_comm.close()
     comm.close()
     if rank == 0:
-        print(f"wrote {args.out}; compare runs with: .venv/bin/python -m wagma.analysis {os.path.dirname(args.out) or '.'}")
+        folder = os.path.dirname(args.out) or "."
+        print(f"wrote {args.out}; compare runs with: .venv/bin/python -m wagma.analysis {folder}")
 
 
 if __name__ == "__main__":

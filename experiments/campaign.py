@@ -158,7 +158,8 @@ def _table(out_dir, files, extra=()):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.campaign", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.campaign",
+                                     description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="campaign", required=True)
     m = sub.add_parser("main", help="8 ranks, digits, the paper's imbalance, every algorithm",
                        formatter_class=HelpFormatter)
@@ -365,12 +366,13 @@ def _stragglersync(args, mpiexec, out_dir):
             label = f"{algo} (tau {tau})" if tau else algo
             runs = {"allreduce": [], "stragglar": []}
             # A then B, then B then A: a drift of the machine's load hits both alike.
-            order = [s for r in range(args.repeats) for s in (("allreduce", "stragglar"), ("stragglar", "allreduce"))[r % 2]]
+            alternate = (("allreduce", "stragglar"), ("stragglar", "allreduce"))
+            order = [s for r in range(args.repeats) for s in alternate[r % 2]]
             for r, sync in enumerate(order):
                 out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}"
                                             f"{'' if r < 2 else f'_{r // 2}'}.h5")
-                _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync,
-                                                      *([{"local_sgd": "--period"}.get(algo, "--tau"), tau] if tau else [])])
+                period = [{"local_sgd": "--period"}.get(algo, "--tau"), tau] if tau else []
+                _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync, *period])
                 runs[sync].append(summarize(load_run(out), skip=args.skip_steps))
             rows.append((imbalance, label, *(_mean_summary(runs[sync]) for sync in ("allreduce", "stragglar"))))
     table = _stragglersync_table(args, imbalances, rows)

@@ -86,7 +86,8 @@ def measure(steps=1000, ranks=RANKS, compute_ms=600.0, seed=0, model="resnet50",
                     "options": options(p),
                     **{f"throughput_{name}": run.summary["throughput"] for name, run in runs.items()},
                     "syncs": summary["straggler_syncs"], "predicted_syncs": summary["straggler_predictions"],
-                    "hits": summary["straggler_hits"], "misses": summary["straggler_predictions"] - summary["straggler_hits"],
+                    "hits": summary["straggler_hits"],
+                    "misses": summary["straggler_predictions"] - summary["straggler_hits"],
                     "hit_rate": summary["straggler_hit_rate"] if summary["straggler_predictions"] else None,
                     "simulation_seconds": seconds,
                 })
@@ -199,7 +200,8 @@ def _git_commit():
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.sim_stragglar", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.sim_stragglar",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join("results", "sim_stragglar"), help="folder [%(default)s]")
     p.add_argument("--steps", type=int, default=1000, help="steps per rank [%(default)s]")
     p.add_argument("--ranks", default=",".join(map(str, RANKS)), help="comma-separated P [%(default)s]")
@@ -219,9 +221,10 @@ def main(argv=None) -> int:
         json.dump({"setting": setting, "runs": records}, f, indent=1, default=float)
     with h5py.File(os.path.join(args.out, "syncs.h5"), "w") as f:
         f.attrs["columns"] = json.dumps(list(STRAGGLER_COLUMNS))
-        f.attrs["meaning"] = ("per sync=stragglar run (COMPUTE_MS/imbalance/pP/algorithm), its sync/stragglers log: one "
-                              "row per global synchronization: its number, the rank predicted to arrive last (-1: none), "
-                              "the rank that did, by how many seconds (lead_s), the lead the next prediction required")
+        f.attrs["meaning"] = ("per sync=stragglar run (COMPUTE_MS/imbalance/pP/algorithm), its sync/stragglers log: "
+                              "one row per global synchronization: its number, the rank predicted to arrive last "
+                              "(-1: none), the rank that did, by how many seconds (lead_s), the lead the next "
+                              "prediction required")
         f.attrs["setting"] = json.dumps(setting)
         for key, rows in syncs.items():
             f.create_dataset(key, data=rows.astype(np.float32), compression="gzip")

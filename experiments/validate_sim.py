@@ -103,8 +103,8 @@ def pingpong_network(folder, ranks, waits):
     :data:`POLL` (until the receiving thread next polls)."""
     path = os.path.join(folder, f"pingpong_p{ranks}_{waits}.h5")
     if not os.path.exists(path):
-        raise SystemExit(f"no ping-pong measurement {path}: run `.venv/bin/mpiexec -n {ranks} .venv/bin/python -m mpi4py "
-                         f"-m collectives.bench pingpong --waits {waits}` first")
+        raise SystemExit(f"no ping-pong measurement {path}: run `.venv/bin/mpiexec -n {ranks} .venv/bin/python "
+                         f"-m mpi4py -m collectives.bench pingpong --waits {waits}` first")
     with h5py.File(path, "r") as f:
         alpha = float(f.attrs["alpha_s"])
         return Network(alpha, float(f.attrs["beta_s_per_byte"]), alpha + POLL)
@@ -345,7 +345,8 @@ def _ablation_lines(predictions):
 SETTINGS = {
     "figure4": (dict(imbalance="random:k=2,ms=320", compute_ms=600.0, parameters=25_559_081, model="resnet50-v1"),
                 {"wagma": {"tau": 10}, "allreduce_sgd": {"bucket_cap_mb": 25.0}, "local_sgd": {"period": 1},
-                 "dpsgd": {}, "sgp": {"peers": 2}, "eager_sgd": {"quorum": "majority"},   # the authors' code's: a random activator per version
+                 # eager-SGD as the authors' code runs it: a random activator per version
+                 "dpsgd": {}, "sgp": {"peers": 2}, "eager_sgd": {"quorum": "majority"},
                  "adpsgd": {}}),
     "figure10": (dict(imbalance="lognormal:median_ms=2000,sigma=1,min_ms=1700,max_ms=43500", compute_ms=0.0,
                       parameters=8_476_421, model="resnet18-lstm", batch_size=256),

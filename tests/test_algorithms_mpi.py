@@ -546,7 +546,8 @@ def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
     ({"group_size": 3}, "group_size must be a power of two"),
     ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
     ({"group_size": 1, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
-    ({"group_size": 1, "wait_avoiding": False, "fixed_groups": True}, "fixed_groups needs wait_avoiding or group_averaging"),
+    ({"group_size": 1, "wait_avoiding": False, "fixed_groups": True},
+     "fixed_groups needs wait_avoiding or group_averaging"),
 ])
 def test_wagma_bad_options_raise_on_every_rank(comm, options, text):
     model = _mlp()

@@ -141,7 +141,8 @@ def test_variants_name_their_runs_and_flags_and_bad_ones_stop_before_any_job():
     assert [name for name, _, _ in variants] == ["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd",
                                                  "sgp_peers1", "sgp_peers2", "eager_sgd", "local_sgd_period10"]
     assert variants[-1] == ("local_sgd_period10", "local_sgd", ["--period", "10"])
-    for bad, message in (("sgp:peers=4", "'sgp:peers=4' on 8 ranks: --algo sgp: --peers must be an int from 1 to max(2, ceil(log2 P)) = 3"),
+    for bad, message in (("sgp:peers=4", "'sgp:peers=4' on 8 ranks: --algo sgp: --peers must be an int from 1 to "
+                                         "max(2, ceil(log2 P)) = 3"),
                          ("foo", "unknown algorithm 'foo'"), ("wagma:nope=1", "--nope 1 is not an option"),
                          ("sgp:peers", "argument --peers: expected one argument"), ("", "nothing given")):
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -401,7 +401,8 @@ def test_the_simulated_prediction_is_the_runtime_predictors_on_the_simulated_arr
 
 def test_predictor_settings_are_taken_and_checked():
     sc = scenario(steps=40, imbalance="straggler:rank=6,ms=50", confidence=0.9)
-    assert simulate("allreduce_sgd", sc, sync="stragglar").summary["straggler_predictions"] == 40 - 9   # 1 - 0.75^9 >= 0.9
+    # 1 - 0.75^9 >= 0.9
+    assert simulate("allreduce_sgd", sc, sync="stragglar").summary["straggler_predictions"] == 40 - 9
     gated = scenario(steps=40, imbalance="straggler:rank=6,ms=50", min_lead_s=0.06)
     assert simulate("allreduce_sgd", gated, sync="stragglar").summary["straggler_predictions"] == 0
     with pytest.raises(ValueError, match="decay must be a number in"):

@@ -36,7 +36,8 @@ COMMAND = ["--algo", "local_sgd", "--period", "4", "--dataset", "digits", "--epo
 DEADLINE = 120  # seconds for any one job
 
 # Signals sent while a job runs, a straggler's delay, deadlines: all timing.
-pytestmark = [pytest.mark.launcher, pytest.mark.timing, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
+pytestmark = [pytest.mark.launcher, pytest.mark.timing,
+              pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
 
 
 def _start(args):

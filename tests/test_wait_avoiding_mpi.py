@@ -102,7 +102,9 @@ def _check(wa, records, history):
     if wa.late is not None:     # a sync step takes every rank's fresh contribution
         syncs = {t: t for t in range(iterations) if not wa.is_group_version(t)}
         given = [_given(q, {**used[q], **syncs}, wa.late) for q in range(P)]
-        contribution = (lambda rank, c, t: given[rank][t])
+
+        def contribution(rank, c, t):
+            return given[rank][t]
     else:
         contribution = published
 

@@ -1,4 +1,5 @@
-"""EnsembleSync's parameter-server bookkeeping on rank 0: who takes part in each synchronization, decided with a timeout.
+"""EnsembleSync's parameter-server bookkeeping on rank 0: who takes part in each synchronization, decided
+with a timeout.
 
 The paper's server (section 3.3) keeps a lock per worker, a
 ``time_last_seen`` per worker and a background thread that marks a worker

@@ -55,8 +55,8 @@ _SWITCHING = 0x5717
 
 #: The accepted spec forms, for error messages and ``--help``.
 FORMS = ("none", "random:k=K,ms=MS", "bernoulli:p=P,ms=MS", "straggler:rank=R,ms=MS",
-         "switching:every=K,ms=MS", "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]", "uniform:min_ms=MS,max_ms=MS",
-         "trace:PATH")
+         "switching:every=K,ms=MS", "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]",
+         "uniform:min_ms=MS,max_ms=MS", "trace:PATH")
 
 
 class Imbalance:

@@ -1,4 +1,5 @@
-"""Runs with injected faults (EnsembleSync's Figures 4 and 5 in kind): time against epoch, the samples' allocation, what each outage cost."""
+"""Runs with injected faults (EnsembleSync's Figures 4 and 5 in kind): time against epoch, the samples'
+allocation, what each outage cost."""
 
 import json
 

@@ -110,7 +110,9 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
     if not runs:
         return None
     plt = _pyplot()
-    key = lambda run: (int(run.attrs.get("ranks", 0)), str(run.attrs.get("dataset", "?")))
+    def key(run):
+        return int(run.attrs.get("ranks", 0)), str(run.attrs.get("dataset", "?"))
+
     panels = sorted({key(run) for run in runs})
     labels = _variant_labels(runs)
     colors = {name: f"C{i % 10}" for i, name in enumerate(sorted(set(labels.values())))}  # the same in every panel

@@ -9,7 +9,8 @@ from .base import Options, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
 __all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EAGER_LIMITER", "EagerSGDOptions",
-           "EnsembleSyncOptions", "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS", "WagmaOptions",
+           "EnsembleSyncOptions", "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS",
+           "WagmaOptions",
            "auto_group_size", "parse_levels"]
 
 #: The values of the ``sync`` option: how the global synchronizations
@@ -153,7 +154,8 @@ class SGPOptions(Options):
     """SGP's options."""
 
     peers: int = option(1, check=_peers, parse=int,
-                        help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).")
+                        help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) "
+                             "(the paper: 1 or 2).")
 
 
 def _limiter(value, name, ranks, say):

@@ -77,7 +77,8 @@ def build_parser():
     p.add_argument("--ranks", type=_int_list, default=[16, 64, 256, 1024], help="comma-separated P [16,64,256,1024]")
     p.add_argument("--steps", type=int, default=1000, help="steps per rank [1000]")
     p.add_argument("--skip-steps", type=int, default=0, help="steps left out of the throughput [0]")
-    p.add_argument("--imbalance", default="random:k=2,ms=320", help="imbalance spec, as experiments.train [%(default)s]")
+    p.add_argument("--imbalance", default="random:k=2,ms=320",
+                   help="imbalance spec, as experiments.train [%(default)s]")
     p.add_argument("--compute-ms", type=float, default=600.0,
                    help="compute of a step before injected delays [600: ResNet-50, batch 128, P100]")
     p.add_argument("--model", default="resnet50",
@@ -140,7 +141,8 @@ def main(argv=None) -> int:
                                 seed=args.seed, model=args.model if args.parameters is None else "custom",
                                 batch_size=args.batch_size, decay=args.predictor_decay,
                                 confidence=args.predictor_confidence,
-                                min_lead_s=None if args.predictor_min_lead_ms is None else args.predictor_min_lead_ms / 1e3)
+                                min_lead_s=(None if args.predictor_min_lead_ms is None
+                                            else args.predictor_min_lead_ms / 1e3))
             for algo in algos:
                 options = options_from_args(args, algo)
                 problem = options_problem(algo, ranks, options, COMMAND_LINE)
