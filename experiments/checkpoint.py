@@ -84,19 +84,24 @@ def read_state(path) -> dict:
     """The state in checkpoint file ``path``, tensors on the CPU.
 
     Raises:
-        ValueError: naming ``path``, when it holds more than tensors and
-            plain data (an object whose unpickling would run code: refused,
-            never built) or cannot be read as a checkpoint at all.
+        ValueError: naming ``path``, whatever went wrong: it holds more
+            than tensors and plain data (an object whose unpickling would
+            run code: refused, never built), or it is not a checkpoint
+            (missing, cut short, corrupt).
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as refused:
-        # torch's message goes on to say how to load the file anyway; keep only what it names.
-        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(refused))
-        raise ValueError(f"{path} holds more than tensors and plain data ({named[1] if named else 'an object'}), "
-                         f"which no checkpoint of this framework does: refused, not unpickled") from None
-    except (RuntimeError, EOFError, OSError) as unreadable:
-        raise ValueError(f"{path} is not a readable checkpoint: {unreadable}") from None
+    except Exception as error:      # torch.load raises many kinds; each caller needs one, naming the file
+        # A refusal names the global the file asked for (torch's message goes on to say how to
+        # load it anyway: not repeated); any other failure is a file that is not a checkpoint.
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if isinstance(error, pickle.UnpicklingError) and named:
+            raise ValueError(f"{path} holds more than tensors and plain data ({named[1]}), which no checkpoint "
+                             f"of this framework does: refused, not unpickled") from None
+        unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(error))
+        detail = unpickler[1] if unpickler else str(error).split(". ")[0]
+        what = f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+        raise ValueError(f"{path} is not a readable checkpoint: {what}") from None
 
 
 def load_checkpoint(comm, directory, step) -> dict:

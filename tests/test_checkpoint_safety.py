@@ -70,3 +70,17 @@ def test_a_resume_refuses_a_checkpoint_that_would_run_code_on_every_rank(tmp_pat
     assert f"--resume: rank 1: {hostile} holds more than tensors and plain data (getattr)" in resumed.stderr
     # The run file keeps the 4 steps of the first job.
     assert load_run(str(tmp_path / "r.h5")).steps["clock"].shape == (2, 4)
+
+
+def test_a_file_that_is_no_checkpoint_is_named_whatever_torch_raises(tmp_path):
+    good = tmp_path / "good.pt"
+    torch.save({"model": {"w": torch.ones(3)}, "step": 1}, good)
+    whole = good.read_bytes()
+    for name, data in {"text.pt": b"not a checkpoint at all\n", "empty.pt": b"",
+                       "cut.pt": whole[:len(whole) // 2]}.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=f"{path} is not a readable checkpoint: [A-Za-z]+Error"):
+            read_state(path)
+    with pytest.raises(ValueError, match="is not a readable checkpoint: FileNotFoundError"):
+        read_state(tmp_path / "missing.pt")
