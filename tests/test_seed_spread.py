@@ -104,6 +104,7 @@ def test_a_row_with_a_diverged_variant_differs_and_says_so():
     (1.30, 1.24, 0.015, REPRODUCED),    # within 10 % of the paper's
     (1.60, 1.24, 0.015, IN_KIND),       # the paper's direction, beyond the noise
     (1.001, 1.24, 0.015, DIFFERS),      # above 1 by less than the times' spread: no direction
+    (1.02, 1.13, 0.021, DIFFERS),       # within 10 % of the paper's, but within the spread of 1 too
     (1.001, 1.24, 0.0, IN_KIND),        # no spread measured: the direction alone decides
     (0.95, 1.24, 0.0, DIFFERS),
 ])

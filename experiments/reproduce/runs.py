@@ -31,10 +31,10 @@ def ratio_verdict(ours, paper, scale_note, noise=0.0):
     holds, else differs; and the row's ``why``.  ``noise``: how far from 1 a
     ratio of ours can lie by chance (the relative spread of the times it
     divides, where measured over seeds); a ratio within it has no direction."""
+    if abs(ours - 1) <= noise and (paper is None or abs(paper - 1) > noise):
+        return DIFFERS, f"within {noise:.1%} of 1, the spread of the times over the seeds: no direction; {scale_note}"
     if paper is not None and ours > 0 and abs(ours / paper - 1) <= RATIO_TOLERANCE:
         return REPRODUCED, f"within {RATIO_TOLERANCE:.0%} of the paper's"
-    if abs(ours - 1) <= noise:
-        return DIFFERS, f"within {noise:.1%} of 1, the spread of the times over the seeds: no direction; {scale_note}"
     if paper is not None and (ours > 1) == (paper > 1):
         return IN_KIND, f"same direction; {scale_note}"
     return DIFFERS, scale_note
