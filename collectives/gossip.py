@@ -9,7 +9,7 @@ from .backoff import Backoff
 from .buffers import copy_into, copy_of, empty_like, zeros_like
 from .comm import Communicator
 
-__all__ = ["PairwiseGossip", "apply_half_difference"]
+__all__ = ["PairwiseGossip", "apply_half_difference", "fold_pending"]
 
 _REQUEST, _REPLY, _DONE = 51, 52, 53
 
@@ -116,9 +116,7 @@ class PairwiseGossip:
         whether or not a difference is pending, as :attr:`log` counts)."""
         self._folds += 1
         if self._unfolded:
-            for buffer, pending in zip(self.buffers, self._pending):
-                buffer += pending
-                pending[...] = 0
+            fold_pending(self.buffers, self._pending)
             self._unfolded = False
 
     def pending(self):
@@ -260,6 +258,14 @@ class PairwiseGossip:
         for pending, sent, received in zip(self._pending, self._sent, self._received):
             apply_half_difference(pending, sent, received)
         self._unfolded = True
+
+
+def fold_pending(buffers, pending):
+    """Add each pending difference to its buffer and zero it (the fold of
+    :meth:`PairwiseGossip.fold`).  Numpy arrays or torch tensors."""
+    for buffer, difference in zip(buffers, pending, strict=True):
+        buffer += difference
+        difference[...] = 0
 
 
 def apply_half_difference(buffer, sent, received):

@@ -65,9 +65,10 @@ class SeedSpread:
 def spread_of(runs: dict, label: str = "") -> SeedSpread:
     """The :class:`SeedSpread` of ``{seed: run}``, named ``label``."""
     seeds = tuple(sorted(runs))
-    return SeedSpread(seeds, tuple(100 * summarize(runs[s])["final_accuracy"] for s in seeds),
+    summaries = [summarize(runs[s]) for s in seeds]
+    return SeedSpread(seeds, tuple(100 * summary["final_accuracy"] for summary in summaries),
                       tuple(100 * last_epoch_accuracy(runs[s]) for s in seeds),
-                      float(np.mean([summarize(runs[s])["stale_fraction"] for s in seeds])),
+                      float(np.mean([summary["stale_fraction"] for summary in summaries])),
                       tuple(100 * float(np.nanmax(runs[s].eval["accuracy"])) for s in seeds), label)
 
 

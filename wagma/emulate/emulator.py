@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from collectives.gossip import apply_half_difference
+from collectives.gossip import apply_half_difference, fold_pending
 from collectives.groups import ButterflyGrouping
 
 from ..algorithms.dpsgd import RING_OFFSETS, RING_WEIGHT
@@ -332,9 +332,7 @@ class Emulator:
 
         def fold(r):        # PairwiseGossip.fold: after an update and at close()
             if unfolded[r]:
-                for d, tensor in self.flats[r].params.items():
-                    tensor += pending[r][d]
-                    pending[r][d].zero_()
+                fold_pending(list(self.flats[r].params.values()), [pending[r][d] for d in self.flats[r].params])
                 unfolded[r] = False
 
         while any(at[r] < len(programs[r]) for r in range(self.ranks)):
