@@ -1,15 +1,31 @@
-"""Communication schedules on mpi4py: bandwidth-efficient allreduce, butterfly groups, wait-avoiding group
-allreduce, StragglAR."""
+"""Communication on mpi4py for model averaging: allreduce schedules, WAGMA-SGD's groups and
+wait-avoiding engine, StragglAR, and the primitives they share.
 
-from .blocking import allgather, allreduce, broadcast, reduce_scatter
+Subpackages, one concept each: :mod:`collectives.schedules` (the blocking
+allreduce, reduce-scatter and allgather schedules, and what ``"auto"`` picks),
+:mod:`collectives.wait_avoiding` (butterfly groups, the group allreduce, the
+wait-avoiding group allreduce and its progress thread),
+:mod:`collectives.stragglar` (StragglAR's schedules, verifier, cost model,
+runtime, straggler prediction and the synchronization used in training) and
+:mod:`collectives.bench` (benchmarks).  The modules at this level are shared
+by them: :class:`Communicator` (``comm``), buffers, argument agreement,
+failure handling, polling back-off, run provenance, and the decentralized
+exchanges (``neighbors``, ``gossip``, ``member_allreduce``, ``background``).
+
+Nothing here imports torch at import time: torch tensors are handled when a
+caller passes them.
+"""
+
 from .comm import Communicator
-from .group_allreduce import group_allreduce
-from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
-from .partition import block_offsets
+from .schedules import allgather, allreduce, block_offsets, broadcast, reduce_scatter
 from .stragglar.runtime import StragglerAwareAllreduce, stragglar_allreduce
 from .wait_avoiding import (
+    ButterflyGrouping,
     GroupResult,
     WaitAvoidingGroupAllreduce,
+    butterfly_groups,
+    butterfly_partners,
+    group_allreduce,
     majority_allreduce,
     solo_allreduce,
 )

@@ -5,7 +5,7 @@ import threading
 
 from mpi4py import MPI
 
-from .blocking import allreduce
+from .schedules.blocking import allreduce
 from .comm import Communicator
 
 __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
@@ -30,7 +30,7 @@ class PendingAllreduce:
 
 
 class BackgroundAllreduce:
-    """Runs :func:`~collectives.blocking.allreduce` on a worker thread.
+    """Runs :func:`~collectives.schedules.blocking.allreduce` on a worker thread.
 
     ``submit(data)`` queues ``data`` and returns at once; the worker reduces
     queued buffers one after the other, in submission order, on a
@@ -46,7 +46,7 @@ class BackgroundAllreduce:
 
     Args:
         comm: the MPI communicator.
-        algorithm, op: as for :func:`~collectives.blocking.allreduce`.
+        algorithm, op: as for :func:`~collectives.schedules.blocking.allreduce`.
     """
 
     def __init__(self, comm, *, algorithm="auto", op="sum"):

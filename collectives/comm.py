@@ -9,7 +9,7 @@ from mpi4py import MPI
 from .backoff import Backoff
 from .buffers import StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
-from .tuning import load_tuning
+from .schedules.tuning import load_tuning
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
 

@@ -22,7 +22,7 @@ def neighbor_sum(data, *, comm, offsets=(-1, 1), check=True):
     P = 2 both ring neighbours are the other rank, which is then added twice.
 
     Args:
-        data: as for :func:`~collectives.blocking.allreduce`.
+        data: as for :func:`~collectives.schedules.blocking.allreduce`.
         comm: a :class:`~collectives.comm.Communicator`.
         offsets: the same non-empty sequence of ints on every rank.
         check: agree on the arguments across ranks first.

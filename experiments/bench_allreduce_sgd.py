@@ -14,7 +14,7 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel
 
 from collectives import Communicator
-from collectives.bench.provenance import results_file, run_attributes
+from collectives.provenance import results_file, run_attributes
 from wagma.algorithms import create
 from wagma.torch_distributed import init_gloo
 

@@ -1,26 +1,26 @@
 """One training run of ``experiments.train``: set-up agreed by all ranks, the step loop, evaluations, checkpoints."""
 
+import argparse
 import json
+import logging
 import math
 import signal
-import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from mpi4py import MPI
-from tqdm import tqdm
 
 from collectives import Communicator
 from collectives.agreement import agree
-from collectives.bench.provenance import run_attributes
+from collectives.provenance import run_attributes
 from collectives.collect import LaggedVote
 from collectives.failures import fault_tolerant
-from wagma.algorithms import create
+from wagma.algorithms import Algorithm, create
 from wagma.options import resolved_options
 from wagma.options.cli import options_from_args
-from wagma.datasets import load_dataset
-from wagma.ensemble_coordinator import fault_events
+from wagma.datasets import Dataset, load_dataset
 from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
 from wagma.models import build_model
@@ -31,9 +31,12 @@ from wagma.clock import TrainingClock
 from .compute import StepCompute
 from .evaluate import Evaluator
 from .options import UsageError, compute_ms, default_out, usage_problem
+from .progress import StepProgress
 from .schedule import LearningRate
 
 __all__ = ["train"]
+
+logger = logging.getLogger(__name__)
 
 
 class _StopRequest:
@@ -145,6 +148,35 @@ class _UpdateTimer:
             hook.remove()
 
 
+@dataclass
+class _Run:
+    """What the step loop works with: the command line, the communicators
+    (``world``, and ``comm``, the duplicate the algorithm owns), the task and
+    the algorithm, the injected imbalance and faults, the run file, and the
+    steps: ``steps_per_epoch``, ``total`` planned."""
+
+    args: argparse.Namespace
+    world: MPI.Intracomm
+    comm: Communicator
+    dataset: Dataset
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    algo: Algorithm
+    imbalance: object
+    faults: FaultInjector
+    recorder: RunRecorder
+    steps_per_epoch: int
+    total: int
+
+    def checkpoint(self, step: int, clock: float):
+        """Collective: the model, optimizer, algorithm and RNG state after ``step`` steps."""
+        with self.algo.lock:         # the model and what the algorithm holds for it, at one moment
+            state = {"model": {k: v.clone() for k, v in self.model.state_dict().items()},
+                     "optimizer": self.optimizer.state_dict(), "algorithm": self.algo.state_dict()}
+        state.update(torch_rng=torch.get_rng_state(), step=step, clock=clock)
+        save_checkpoint(self.comm, self.args.checkpoint_dir, step, state)
+
+
 def train(args, world, comm):
     """Runs the training that ``args`` describe on ``comm`` (a duplicate of
     ``world``); returns ``"complete"``, ``"stopped"`` (at a checkpoint, by a
@@ -181,8 +213,8 @@ def train(args, world, comm):
             start, clock_offset = state["step"], state["clock"]
     if start >= total:
         if comm.rank == 0:
-            print(f"experiments.train: the checkpoint in {args.checkpoint_dir} is at step {start} "
-                  f"of {total}: nothing left to run", file=sys.stderr)
+            logger.info("the checkpoint in %s is at step %d of %d: nothing left to run",
+                        args.checkpoint_dir, start, total)
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
@@ -190,49 +222,50 @@ def train(args, world, comm):
     recorder = RunRecorder(world, out, {**_attributes(args, comm, options, model, dataset, total,
                                                       steps_per_epoch), "faults": faults.record()},
                            resume_step=start if args.resume else None, post_every=1 if faults.faults else 8)
+    run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
+               steps_per_epoch, total)
     try:
-        status, ended = _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
-                              start, total, steps_per_epoch, clock_offset)
+        status, ended = _loop(run, start, clock_offset)
     except BaseException:
         recorder.abandon("failed")
         raise
     algo.close()        # AD-PSGD's last exchanges land in the model here
     if args.checkpoint_dir and status == "complete":
-        _checkpoint(args, comm, model, optimizer, algo, total, ended)
-    for name, (rows, columns) in (algo.sync_tables() if comm.rank == 0 else {}).items():
-        recorder.record_table(name, rows, columns)     # as they stand after close (AD-PSGD's exchanges)
-    path = recorder.close(status, dead=getattr(algo, "dead_ranks", ()), attrs=_fault_attributes(algo))
+        run.checkpoint(total, ended)
+    if comm.rank == 0:
+        recorder.record_tables(algo.sync_tables())     # as they stand after close (AD-PSGD's exchanges)
+    path = recorder.close(status, dead=algo.dead_ranks, attrs=algo.run_attributes())
     if path:
-        print(f"{'wrote' if status == 'complete' else 'stopped; wrote'} {path}", file=sys.stderr)
+        logger.info("%s %s", "wrote" if status == "complete" else "stopped; wrote", path)
     return status
 
 
-def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, start, total,
-          steps_per_epoch, clock_offset):
-    """The training steps ``start .. total - 1``; returns the run's status and its training clock then."""
+def _loop(run, start, clock_offset):
+    """The training steps ``start .. run.total - 1``; returns the run's status and its training clock then."""
+    args, comm, algo, recorder, total = run.args, run.comm, run.algo, run.recorder, run.total
+    steps_per_epoch, optimizer = run.steps_per_epoch, run.optimizer
     rank, ranks = comm.rank, comm.size
     lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
                       args.decay_epochs, args.decay_factor)
-    compute = StepCompute(model, dataset.spec, imbalance, args.compute, compute_ms(args), rank)
+    compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), rank)
     evaluate = args.compute == "real"
     # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
     eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
-    with Communicator(world) as eval_comm:
-        evaluator = Evaluator(model, eval_comm, dataset, max(args.batch_size, 256),
+    progress = StepProgress(total, start, enabled=rank == 0 and not args.no_progress)
+    with Communicator(run.world) as eval_comm, progress.redirect():
+        evaluator = Evaluator(run.model, eval_comm, run.dataset, max(args.batch_size, 256),
                               lock=algo.lock) if evaluate else None
         # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
         stop = _StopRequest() if args.checkpoint_dir else None
-        vote = LaggedVote(world, args.stop_check_every) if stop else None
+        vote = LaggedVote(run.world, args.stop_check_every) if stop else None
         update = _UpdateTimer(optimizer)
-        bar = tqdm(total=total, initial=start, unit="step", disable=rank != 0 or args.no_progress,
-                   dynamic_ncols=True, mininterval=1.0, file=sys.stderr)
         comm.control.Barrier()
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
-        data = _TrainingData(dataset, args.batch_size, steps_per_epoch, start,
+        data = _TrainingData(run.dataset, args.batch_size, steps_per_epoch, start,
                              streaming=bool(algo.options.get("reallocate")), needed=evaluate)
         last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
-        logged_rows, clocks, evaluated = {}, {}, set()
+        clocks, evaluated = {}, set()
         try:
             while step < total:
                 algo.start_step_timer()     # the rank's work starts here, not at the last step's bookkeeping
@@ -240,7 +273,7 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 batch = data.take(step, samples)
                 lr.apply(optimizer, step)
                 c0 = time.perf_counter()
-                slowed = faults.before_step(step)       # a stop returns when continued; a kill never
+                slowed = run.faults.before_step(step)       # a stop returns when continued; a kill never
                 loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
                 c1 = time.perf_counter()
                 stale_before, update.seconds = algo.stale_steps, 0.0
@@ -258,22 +291,18 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 last = now
                 clocks[step] = now
                 step += 1
-                skipped = getattr(algo, "skipped", None)
-                if skipped:                             # ensemble_sync's fast-forward of a late rank
-                    for missed in range(*skipped):      # no times: the rank did not take these steps
+                if algo.skipped:                        # ensemble_sync's fast-forward of a late rank
+                    for missed in range(*algo.skipped):     # no times: the rank did not take these steps
                         recorder.record(missed, step_time=math.nan, compute_time=math.nan, delay=math.nan,
                                         comm_time=math.nan, wait_time=math.nan, loss=math.nan, stale=math.nan,
                                         clock=now, samples=0.0, skipped=1.0, contribution=math.nan)
                         clocks[missed] = now
-                    data.skip(skipped[1] - step, samples)
-                    step = skipped[1]
-                bar.update(step - bar.n)
-                if rank == 0 and bar.n % 10 == 0:
-                    rate = ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
-                    bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{rate:.0f}")
+                    data.skip(algo.skipped[1] - step, samples)
+                    step = algo.skipped[1]
+                progress.update(step, loss, ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9))
                 if evaluate and (step == total or (eval_interval and step % eval_interval == 0)):
                     clock.pause()
-                    if hasattr(algo, "ensemble"):
+                    if algo.evaluates_ensemble:
                         _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated)
                     else:
                         _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
@@ -283,29 +312,19 @@ def _loop(args, world, comm, dataset, model, optimizer, algo, imbalance, faults,
                 if args.checkpoint_dir and step < total and (stopping or (
                         args.checkpoint_every and step % args.checkpoint_every == 0)):
                     clock.pause()
-                    _checkpoint(args, comm, model, optimizer, algo, step, clock())
+                    run.checkpoint(step, clock())
                     clock.resume()
-                for name, (rows, columns) in (algo.sync_tables() if rank == 0 else {}).items():
-                    if len(rows) > logged_rows.get(name, 0):    # tables only grow; rank 0 writes them
-                        recorder.record_table(name, rows, columns)
-                        logged_rows[name] = len(rows)
+                if rank == 0:
+                    recorder.record_tables(algo.sync_tables())
                 if stopping and step < total:
                     status = "stopped"
                     break
         finally:
-            bar.close()
+            progress.close()
             update.remove()
             if vote is not None:
                 vote.close()
     return status, clock()
-
-
-def _fault_attributes(algo):
-    """ensemble_sync on rank 0: its whole round log and the outages it shows."""
-    coordinator = getattr(algo, "coordinator", None)
-    if coordinator is None:
-        return None
-    return {"fault_events": json.dumps(fault_events(coordinator.rows(), coordinator.ranks))}
 
 
 def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated):
@@ -322,8 +341,8 @@ def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evalu
     recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=clocks[step - 1], accuracy=accuracy,
                          loss=loss)
     recorder.flush()
-    tqdm.write(f"step {step} epoch {step / steps_per_epoch:g}: ensemble accuracy {100 * accuracy:.2f} %, "
-               f"loss {loss:.4f}", file=sys.stderr)
+    logger.info("step %d epoch %g: ensemble accuracy %.2f %%, loss %.4f", step, step / steps_per_epoch,
+                100 * accuracy, loss)
 
 
 class _TrainingData:
@@ -377,13 +396,5 @@ def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
                          replica_accuracy=replicas)
     recorder.flush()
     if comm.rank == 0:
-        tqdm.write(f"step {step} epoch {epoch:g}: averaged model accuracy {100 * accuracy:.2f} %, "
-                   f"loss {loss:.4f}", file=sys.stderr)
-
-
-def _checkpoint(args, comm, model, optimizer, algo, step, clock):
-    with algo.lock:         # the model and what the algorithm holds for it, at one moment
-        state = {"model": {k: v.clone() for k, v in model.state_dict().items()},
-                 "optimizer": optimizer.state_dict(), "algorithm": algo.state_dict()}
-    state.update(torch_rng=torch.get_rng_state(), step=step, clock=clock)
-    save_checkpoint(comm, args.checkpoint_dir, step, state)
+        logger.info("step %d epoch %g: averaged model accuracy %.2f %%, loss %.4f", step, epoch,
+                    100 * accuracy, loss)

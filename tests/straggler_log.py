@@ -1,8 +1,8 @@
-"""The straggler predictor's rule replayed over a synchronization log (collectives.straggler_sync)."""
+"""The straggler predictor's rule replayed over a synchronization log (collectives.stragglar.training_sync)."""
 
 import numpy as np
 
-from collectives.straggler_prediction import StragglerPredictor
+from collectives.stragglar.prediction import StragglerPredictor
 
 __all__ = ["replayed_predictions"]
 
@@ -14,7 +14,7 @@ def replayed_predictions(log, ranks):
     ``log`` holds PredictedStragglerSync's rows ``(sync, predicted, last,
     lead_s, min_lead_s)``.  The prediction is a deterministic function of
     each earlier synchronization's last rank and lead and of the gate in
-    force after it (collectives.straggler_prediction), all of which the log
+    force after it (collectives.stragglar.prediction), all of which the log
     holds, so a run's predicted column must equal the replay exactly,
     whatever the timing was (a synchronization that ran the fallback for
     want of a plan logs -1 instead).  Each row reaches a fresh predictor as

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from collectives.activation import ActivationState, version_from_tag, version_tag
+from collectives.wait_avoiding.activation import ActivationState, version_from_tag, version_tag
 
 
 def test_root_sends_along_every_dimension():

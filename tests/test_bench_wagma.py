@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.bench.provenance import tuning_environment
+from collectives.provenance import tuning_environment
 from collectives.bench.wagma import ratio_spread, round_order
 from launcher import mpiexec, mpiexec_command
 

@@ -121,7 +121,7 @@ def test_stragglersync_campaign_tabulates_both_syncs_from_the_run_files(tmp_path
     # 8 syncs, the last rank 2 x 30 ms late at each.  What the timing cannot
     # change: each sync ran as the predictor's rule planned it from the
     # arrivals it saw (the file's log, replayed), none before the 4th
-    # (collectives.straggler_prediction), and the hit rate is the log's.
+    # (collectives.stragglar.prediction), and the hit rate is the log's.
     # What it decides, the prediction itself, must come at least once, at a
     # margin of 60 ms a sync against the scheduler's delays of another rank.
     log = load_run(str(tmp_path / "local_sgd_tau2_persistent_stragglar.h5")).tables["stragglers"]

@@ -1,4 +1,4 @@
-"""Serial tests of the WAGMA butterfly groups (collectives.groups)."""
+"""Serial tests of the WAGMA butterfly groups (collectives.wait_avoiding.groups)."""
 
 import itertools
 import math
@@ -6,7 +6,7 @@ import math
 import networkx as nx
 import pytest
 
-from collectives.groups import (
+from collectives.wait_avoiding.groups import (
     ButterflyGrouping,
     butterfly_groups,
     butterfly_masks,

@@ -7,7 +7,7 @@ import h5py
 import pytest
 from mpi4py import MPI
 
-from collectives.bench.provenance import run_attributes
+from collectives.provenance import run_attributes
 from collectives.mpi_library import clean_library_string, mpi_library
 
 # What the two wheels return, verbatim (Open MPI 5.0.11's ends in its C NUL;

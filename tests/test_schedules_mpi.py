@@ -22,14 +22,14 @@ from collectives import (
     group_allreduce,
     reduce_scatter,
 )
-from collectives.blocking import (
+from collectives.schedules.blocking import (
     ALLGATHER_ALGORITHMS,
     ALLREDUCE_ALGORITHMS,
     ALLREDUCE_CHOICES,
     REDUCE_SCATTER_ALGORITHMS,
 )
-from collectives.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
-from collectives.groups import ButterflyGrouping
+from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from collectives.wait_avoiding.groups import ButterflyGrouping
 from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi

@@ -8,11 +8,11 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.activation import RandomActivators
+from collectives.wait_avoiding.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead, rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
-from collectives.straggler_prediction import StragglerPredictor
-from collectives.straggler_sync import PredictedStragglerSync
+from collectives.stragglar.prediction import StragglerPredictor
+from collectives.stragglar.training_sync import PredictedStragglerSync
 from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import ALGORITHMS, Network, Scenario, compute_times, save, simulate

@@ -1,9 +1,9 @@
-"""The straggler predictor (collectives.straggler_prediction) on synthetic arrival sequences."""
+"""The straggler predictor (collectives.stragglar.prediction) on synthetic arrival sequences."""
 
 import numpy as np
 import pytest
 
-from collectives.straggler_prediction import StragglerPredictor, predicted_rank, update_scores
+from collectives.stragglar.prediction import StragglerPredictor, predicted_rank, update_scores
 from wagma.imbalance import parse_imbalance
 
 P = 8
@@ -54,7 +54,7 @@ def test_random_k_delays_are_rarely_predicted_and_rarely_right():
     # rank after it was last at about 3 of 4 syncs running: measured over 20
     # seeds x 1000 syncs, 5.9 to 9.3 % of the syncs get a prediction, right
     # 11.5 % of the time (chance: 1/8).  (The runtime also asks for a lead
-    # that pays, collectives.straggler_sync, which these equal delays lack.)
+    # that pays, collectives.stragglar.training_sync, which these equal delays lack.)
     imbalance = parse_imbalance("random:k=2,ms=320", P, seed=3)
     pred = StragglerPredictor(P)
     rng = np.random.default_rng(2)

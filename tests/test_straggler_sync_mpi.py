@@ -13,7 +13,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from collectives.straggler_sync import PredictedStragglerSync
+from collectives.stragglar.training_sync import PredictedStragglerSync
 from wagma.algorithms import create
 
 from straggler_log import replayed_predictions

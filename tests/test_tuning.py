@@ -1,12 +1,12 @@
-"""Tuning tables (collectives.tuning): how a measured table decides what allreduce(algorithm="auto") runs."""
+"""Tuning tables (collectives.schedules.tuning): how a measured table decides what allreduce(algorithm="auto") runs."""
 
 import json
 
 import pytest
 
-from collectives.blocking import SMALL_ALLREDUCE_BYTES, choose_allreduce
+from collectives.schedules.blocking import SMALL_ALLREDUCE_BYTES, choose_allreduce
 from collectives.bench.tune import _sizes
-from collectives.tuning import TuningTable, _find, table_name
+from collectives.schedules.tuning import TuningTable, _find, table_name
 
 KIB, MIB = 1 << 10, 1 << 20
 SETTING = dict(library="MPICH", version="5.0.2", ranks=4, nodes=1, ranks_per_node=4)

@@ -9,9 +9,9 @@ import pytest
 from mpi4py import MPI
 
 from collectives import Communicator, allreduce
-from collectives.blocking import choose_allreduce
+from collectives.schedules.blocking import choose_allreduce
 from collectives.mpi_library import mpi_library
-from collectives.tuning import TUNING_ENV, node_shape, table_name
+from collectives.schedules.tuning import TUNING_ENV, node_shape, table_name
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from collectives.bench.provenance import run_attributes
+from collectives.provenance import run_attributes
 
 from .clock import TrainingClock
 from .results import RunRecorder
@@ -145,8 +145,7 @@ class StepRecorder:
         tables are complete only then (AD-PSGD's exchanges)."""
         for hook in self._hooks:
             hook.remove()
-        for name, (rows, columns) in self.algo.sync_tables().items():
-            self._recorder.record_table(name, rows, columns)
+        self._recorder.record_tables(self.algo.sync_tables())
         return self._recorder.close(status)
 
     def abandon(self):

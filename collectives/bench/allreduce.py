@@ -11,9 +11,9 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
 from ..comm import Communicator
-from .provenance import results_file, run_attributes
+from ..provenance import results_file, run_attributes
 
 __all__ = ["main", "measure", "measure_bytes"]
 

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
-from .provenance import results_file, run_attributes
+from ..provenance import results_file, run_attributes
 
 __all__ = ["half_round_trips", "main"]
 

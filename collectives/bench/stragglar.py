@@ -56,11 +56,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..blocking import allreduce
+from ..schedules.blocking import allreduce
 from ..comm import Communicator
 from ..stragglar import broadcast_time, generate, rhd_time, ring_time, stragglar_time
 from ..stragglar.runtime import StragglerAwareAllreduce
-from .provenance import results_file, run_attributes
+from ..provenance import results_file, run_attributes
 
 __all__ = ["main"]
 

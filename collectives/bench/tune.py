@@ -2,7 +2,7 @@
 
 Times each of our allreduce schedules and the library's own ``MPI_Allreduce``
 on float32 buffers from 4 KiB to 256 MiB (by default), side by side in one
-run, and writes the medians as a tuning table (:mod:`collectives.tuning`),
+run, and writes the medians as a tuning table (:mod:`collectives.schedules.tuning`),
 ``results/tuning/<library>-<version>-n<ranks>-<nodes>x<ranks per node>.json``,
 which ``allreduce(algorithm="auto")`` then reads.
 """
@@ -15,10 +15,10 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..blocking import ALLREDUCE_ALGORITHMS
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS
 from ..comm import Communicator
 from ..mpi_library import mpi_library
-from ..tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
+from ..schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
 from .allreduce import measure_bytes
 
 __all__ = ["main"]

@@ -10,9 +10,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
-from ..group_allreduce import group_allreduce
+from ..wait_avoiding.group_allreduce import group_allreduce
 from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
-from .provenance import results_file, run_attributes
+from ..provenance import results_file, run_attributes
 
 __all__ = ["main"]
 

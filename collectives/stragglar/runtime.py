@@ -15,7 +15,7 @@ start without it (StragglAR paper, section 3 and "Broadcast" in section 4).
   Table 1 assumes.
 
 All data moves as point-to-point messages of :class:`~collectives.comm.
-Communicator`, like the ring and RHD allreduce of :mod:`collectives.blocking`,
+Communicator`, like the ring and RHD allreduce of :mod:`collectives.schedules.blocking`,
 so that benchmarks compare algorithms and not transports.
 """
 
@@ -25,12 +25,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..agreement import agree
-from ..blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
+from ..schedules.blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
 from ..buffers import describe
 from ..comm import Communicator
-from ..halving_doubling import rhd_allreduce
-from ..partition import block_offsets
-from ..ring import ring_allreduce
+from ..schedules.halving_doubling import rhd_allreduce
+from ..schedules.partition import block_offsets
+from ..schedules.ring import ring_allreduce
 from .generator import generate
 from .schedule import Schedule
 from .verify import verify
@@ -80,7 +80,7 @@ class StragglerAwareAllreduce:
             15 s at n = 1024 on one core; a generated one once per process
             and straggler).
         reduce_scatter: the non-stragglers' ReduceScatter schedule, a key
-            of :data:`collectives.blocking.REDUCE_SCATTER_ALGORITHMS`.
+            of :data:`collectives.schedules.blocking.REDUCE_SCATTER_ALGORITHMS`.
 
     Raises:
         ValueError, TypeError: on every rank, before any data moves.
@@ -253,7 +253,7 @@ def _my_steps(schedule, rank, chunks):
     ``(dst, lo, hi)`` and ``recv`` is ``(src, lo, hi, reduce)`` in elements,
     each None when the rank does not send or receive; rounds in which it does
     neither are left out.  Chunk c is elements ``[chunks[c], chunks[c + 1])``:
-    :func:`~collectives.partition.block_offsets` cuts any element count into
+    :func:`~collectives.schedules.partition.block_offsets` cuts any element count into
     n - 1 chunks whose sizes differ by at most one, which is what padding to
     a multiple of n - 1 would achieve, without copying the buffer."""
     steps = []

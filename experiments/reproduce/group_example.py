@@ -2,7 +2,7 @@
 experiments.reproduce.group_example OUT.h5``.
 
 Rank r contributes the unit vector e_r of length P; the blocking group
-allreduce (``collectives.group_allreduce``, S = 4, op sum) of iterations
+allreduce (``collectives.wait_avoiding.group_allreduce``, S = 4, op sum) of iterations
 t = 0 and t = 1 returns on each rank the indicator of its group, which rank
 0 gathers: the groups are read from what the runtime reduced, exactly (sums
 of zeros and ones).

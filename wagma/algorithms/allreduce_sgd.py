@@ -55,7 +55,7 @@ class AllreduceSGD(Algorithm):
     step, as DDP does (``broadcast_buffers=True``).
 
     With ``sync="stragglar"``, a synchronization for which the predictor
-    (:mod:`collectives.straggler_sync`) names a rank that will arrive last
+    (:mod:`collectives.stragglar.training_sync`) names a rank that will arrive last
     launches no bucket during backward: the end-of-backward callback
     averages each dtype's whole gradient with StragglAR, that rank as the
     straggler.  The overlap of buckets with backward and StragglAR's

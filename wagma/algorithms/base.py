@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from collectives.agreement import agree
-from collectives.straggler_sync import PredictedStragglerSync
+from collectives.stragglar.training_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
 from ..options import options_problem
@@ -93,6 +93,18 @@ class Algorithm:
             training loop that times ``backward()`` as compute moves them
             to the step's communication, where the waiting belongs.  0 for
             algorithms that communicate inside :meth:`step` only.
+        skipped: after a :meth:`step` that fast-forwarded this rank past
+            steps it did not take (ensemble_sync's late rank rejoining),
+            ``(first, stop)`` of the global steps skipped: the loop records
+            them as skipped and moves its data past their samples; else None.
+        evaluates_ensemble: how the loop scores the model.  False (every
+            algorithm but ensemble_sync): the ranks' average, collectively.
+            True: rank 0 alone scores :attr:`ensemble`, ``(step,
+            parameters)`` of the last average it took part in (None before
+            the first), and the others go on training.
+        dead_ranks: the ranks this algorithm found dead (ULFM) on this
+            rank; the run file lists them.  Empty for the algorithms that
+            do not survive a dead rank.
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
@@ -109,6 +121,8 @@ class Algorithm:
     name = "algorithm"
     #: The options object of the algorithm (:class:`wagma.options.Options`).
     Options = None
+    #: Whether the loop scores :attr:`ensemble` on rank 0 instead of the ranks' average.
+    evaluates_ensemble = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -130,6 +144,7 @@ class Algorithm:
         self.straggler_sync = None
         self._scaler, self._inside_step, self._outside_steps = None, False, 0
         self.comm_in_backward_s, self._comm_in_backward = 0.0, 0.0
+        self.skipped, self.ensemble = None, None
         problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
         config = None if problem else self.Options(**options).resolve(comm.size)
         agree(comm, self.name, problem, ValueError, init_sync=init_sync,
@@ -248,7 +263,7 @@ class Algorithm:
         self.samples_per_step = int(self._policy.update(measured[:, 0], measured[:, 1])[self.comm.rank])
 
     def _open_straggler_sync(self, sync, templates):
-        """With ``sync="stragglar"``: the :class:`~collectives.straggler_sync.
+        """With ``sync="stragglar"``: the :class:`~collectives.stragglar.training_sync.
         PredictedStragglerSync` of the global averages over ``templates``
         (averaging, op ``avg``), kept in :attr:`straggler_sync`."""
         if sync == "stragglar":
@@ -262,6 +277,15 @@ class Algorithm:
         if self.straggler_sync is None:
             return {}
         return {"stragglers": (self.straggler_sync.rows(), list(self.straggler_sync.COLUMNS))}
+
+    @property
+    def dead_ranks(self) -> set:
+        return set()
+
+    def run_attributes(self) -> dict:
+        """Root attributes of the run file this algorithm adds at the end,
+        on rank 0 (ensemble_sync: the outages its rounds show); none here."""
+        return {}
 
     def _step(self):
         raise NotImplementedError

@@ -1,12 +1,14 @@
 """EnsembleSync (Xie and Yasunaga): T local steps, then the average of the models that arrived within a timeout."""
 
+import json
+
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from collectives.member_allreduce import member_allreduce
 
-from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision
+from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision, fault_events
 from ..options.algorithms import EnsembleSyncOptions
 from .base import Algorithm
 
@@ -80,6 +82,7 @@ class EnsembleSync(Algorithm):
 
     name = "ensemble_sync"
     Options = EnsembleSyncOptions
+    evaluates_ensemble = True
 
     def __init__(self, model, optimizer, comm, **options):
         super().__init__(model, optimizer, comm, **options)
@@ -87,7 +90,6 @@ class EnsembleSync(Algorithm):
         self.period, self.timeout_s, self.reallocate = c.period, float(c.timeout_s), c.reallocate
         self._reports, self._decisions = comm.control.Dup(), comm.control.Dup()
         self._averages = comm.data.Dup()
-        self.skipped, self.ensemble = None, None
         # Until plan() gives the batch, a step counts as one sample (equal
         # rounds weigh the same) and the run has no known last round.
         self.samples_per_step = 1
@@ -148,6 +150,13 @@ class EnsembleSync(Algorithm):
     @property
     def dead_ranks(self) -> set:
         return set(self.coordinator.dead) if self.coordinator is not None else set()
+
+    def run_attributes(self) -> dict:
+        """On rank 0: ``fault_events``, the outages the whole round log shows
+        (:func:`~wagma.ensemble_coordinator.fault_events`)."""
+        if self.coordinator is None:
+            return {}
+        return {"fault_events": json.dumps(fault_events(self.coordinator.rows(), self.coordinator.ranks))}
 
     def close(self):
         """Stop the coordinator (rank 0) and free the channels; local, so

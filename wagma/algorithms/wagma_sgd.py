@@ -65,7 +65,7 @@ class WagmaSGD(Algorithm):
             global batch for the next tau steps (:mod:`wagma.reallocation`).
         sync: ``"allreduce"`` or ``"stragglar"``: the global average every
             tau steps as StragglAR with the rank predicted to arrive last as
-            its straggler (:mod:`collectives.straggler_sync`; the same
+            its straggler (:mod:`collectives.stragglar.training_sync`; the same
             average up to the order of the float additions).  Between global
             averages the wait-avoiding groups let a slow rank fall behind
             without holding anyone up, so the tau-step average is where its

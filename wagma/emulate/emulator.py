@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from collectives.gossip import apply_half_difference, fold_pending
-from collectives.groups import ButterflyGrouping
+from collectives.wait_avoiding.groups import ButterflyGrouping
 
 from ..algorithms.dpsgd import RING_OFFSETS, RING_WEIGHT
 from ..algorithms.sgp import out_peer_offsets
@@ -30,7 +30,7 @@ def _sum(tensors):
 def _butterfly_mean(values: dict, masks):
     """The mean of ``values`` (rank -> tensor, a group closed under every
     ``rank ^ mask``) added as the butterfly schedules add
-    (:mod:`collectives.group_allreduce`): in phase k each member adds its
+    (:mod:`collectives.wait_avoiding.group_allreduce`): in phase k each member adds its
     partner's (rank ^ masks[k]) partial sum, so every member and every
     element gets the same tree of additions; then times 1 / count, as
     ``op="avg"`` scales.  Without masks (a rank count that is not a power of

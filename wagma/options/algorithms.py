@@ -16,7 +16,7 @@ __all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EAGER_LIMITE
 #: The values of the ``sync`` option: how the global synchronizations
 #: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
 #: (StragglAR with the rank predicted to arrive last as its straggler,
-#: :mod:`collectives.straggler_sync`; the allreduce while no rank is predicted).
+#: :mod:`collectives.stragglar.training_sync`; the allreduce while no rank is predicted).
 SYNCS = ("allreduce", "stragglar")
 
 

@@ -8,7 +8,7 @@ algorithm's rule of who waits for whom.  Results are runs in the schema of
 measured ones (:func:`~wagma.sim.engine.save`), so ``wagma.analysis``
 compares simulated and measured files side by side.  With ``sync="stragglar"``
 the global synchronizations run StragglAR for the rank the runtime's
-predictor (:mod:`collectives.straggler_prediction`) names from the
+predictor (:mod:`collectives.stragglar.prediction`) names from the
 simulated arrivals.  CLI:
 ``python -m wagma.sim`` (docs/simulator.md).
 """

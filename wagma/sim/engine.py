@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
-from collectives.activation import RandomActivators
+from collectives.wait_avoiding.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
-from collectives.straggler_prediction import StragglerPredictor, predictor_problem
-from collectives.straggler_sync import PredictedStragglerSync
+from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
+from collectives.stragglar.training_sync import PredictedStragglerSync
 from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
 from wagma.imbalance import parse_imbalance
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
@@ -63,10 +63,10 @@ class Scenario:
             the one run while no straggler is predicted.
         model, batch_size: recorded (``batch_size`` makes the throughput samples/s).
         decay, confidence: the straggler predictor's
-            (:class:`~collectives.straggler_prediction.StragglerPredictor`,
+            (:class:`~collectives.stragglar.prediction.StragglerPredictor`,
             whose defaults these are), for ``sync="stragglar"``.
         min_lead_s: the lead (seconds) a predicted rank must have; None:
-            the runtime's rule (:mod:`collectives.straggler_sync`):
+            the runtime's rule (:mod:`collectives.stragglar.training_sync`):
             :func:`~collectives.stragglar.cost.break_even_lead` (P) times
             the allreduce's time, from the second synchronization on (the
             predictor's default before it has measured one).

@@ -18,7 +18,7 @@ Each algorithm's rule of who waits for whom is in its kernel's docstring.
 The global synchronizations of :func:`local_sgd` and :func:`wagma` (hence
 Allreduce-SGD, local SGD and WAGMA-SGD's every-tau average) can run with the
 runtime's straggler prediction (``--sync stragglar``): the rule of
-:mod:`collectives.straggler_prediction`, its own two functions compiled
+:mod:`collectives.stragglar.prediction`, its own two functions compiled
 here, fed with the simulated arrivals (:func:`_synchronize`).
 """
 
@@ -29,13 +29,13 @@ import os
 import numpy as np
 from numba import njit
 
-from collectives.straggler_prediction import predicted_rank, update_scores
+from collectives.stragglar.prediction import predicted_rank, update_scores
 
 __all__ = ["SYNC_FIELDS", "adpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd", "neighbours",
            "no_prediction", "wagma"]
 
 #: The columns of the per-synchronization record of a predicted run (the
-#: runtime's log, :class:`collectives.straggler_sync.PredictedStragglerSync`,
+#: runtime's log, :class:`collectives.stragglar.training_sync.PredictedStragglerSync`,
 #: without its first, the synchronization's number).
 SYNC_FIELDS = ("predicted", "last", "lead_s", "min_lead_s")
 
@@ -84,7 +84,7 @@ def _synchronize(f, since, k, collective, planned, predictor, scores, record):
     of ``record`` is (p, the last rank, its lead, the lead the next
     prediction requires).  That is ``first_min_lead_s`` after the first
     synchronization and ``min_lead_s`` after the others: the runtime
-    (:class:`collectives.straggler_sync.PredictedStragglerSync`) sets it
+    (:class:`collectives.stragglar.training_sync.PredictedStragglerSync`) sets it
     from the allreduce's time once it has measured one."""
     if not predictor[0]:
         return _global_end(f, np.argmax(f), *collective)

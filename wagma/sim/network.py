@@ -5,8 +5,8 @@ seconds; a rank sends one message at a time and concurrent pairs do not
 share links (the model of the StragglAR paper's Table 1 and of WAGMA's
 section 3.3).  The collectives are costed with the formulas of
 :mod:`collectives.stragglar.cost` and pick their schedule by the same rule
-as the runtime (:func:`collectives.blocking.choose_allreduce`,
-:func:`collectives.group_allreduce.choose_group_allreduce`), so a
+as the runtime (:func:`collectives.schedules.blocking.choose_allreduce`,
+:func:`collectives.wait_avoiding.group_allreduce.choose_group_allreduce`), so a
 simulated run costs what the code it stands for would send.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from collectives.blocking import choose_allreduce
-from collectives.group_allreduce import choose_group_allreduce
+from collectives.schedules.blocking import choose_allreduce
+from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 

@@ -12,7 +12,7 @@ default) and writes a table, one JSON file per setting::
 takes, for a buffer of ``nbytes``, the fastest entry at the measured size
 nearest to ``nbytes`` on a log scale (the smallest or largest measured size
 outside the range). With no table for the setting it falls back to the fixed
-thresholds of :func:`collectives.blocking.choose_allreduce`.
+thresholds of :func:`collectives.schedules.blocking.choose_allreduce`.
 
 Where the table is looked up: ``$COLLECTIVES_TUNING``, a table file or a
 folder of tables; unset, the repository's ``results/tuning/``.
@@ -32,7 +32,7 @@ import warnings
 
 from mpi4py import MPI
 
-from .mpi_library import mpi_library
+from ..mpi_library import mpi_library
 
 __all__ = ["DEFAULT_TUNING_DIR", "TUNING_ENV", "TuningTable", "load_tuning", "node_shape", "table_name",
            "tuning_setting"]

@@ -1,8 +1,8 @@
 """Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
 
-from .agreement import check_arguments
-from .blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
-from .buffers import describe
+from ..agreement import check_arguments
+from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
+from ..buffers import describe
 from .groups import ButterflyGrouping
 
 __all__ = [
@@ -106,7 +106,7 @@ GROUP_ALLREDUCE_ALGORITHMS = {
 
 def choose_group_allreduce(nbytes: int) -> str:
     """The schedule ``algorithm="auto"`` runs: recursive doubling below
-    :data:`~collectives.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
+    :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
     return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
 
 
@@ -115,7 +115,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
     The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
-    (:class:`~collectives.groups.ButterflyGrouping`, WAGMA Algorithm 1, which
+    (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`, WAGMA Algorithm 1, which
     changes the groups with ``t``; with ``dynamic_groups=False`` iteration
     0's groups at every ``t``).  On return every member of a group holds
     the sum (or mean, ``op="avg"``) of the group's inputs, bitwise equal
@@ -124,7 +124,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
 
     Args:
         data: contiguous numpy array or torch tensor, as for
-            :func:`~collectives.blocking.allreduce`.
+            :func:`~collectives.schedules.blocking.allreduce`.
         comm: a :class:`~collectives.comm.Communicator` whose size is a
             power of two.
         group_size: S, a power of two <= P.
@@ -132,7 +132,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         op: ``"sum"`` or ``"avg"`` (divides by S).
         algorithm: ``"recursive_doubling"``, ``"halving_doubling"`` or
             ``"auto"`` (recursive doubling below
-            :data:`~collectives.blocking.SMALL_ALLREDUCE_BYTES`).
+            :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`).
         dynamic_groups: Algorithm 1's groups of iteration ``t`` (default);
             False: the groups of iteration 0 whatever ``t`` (the same log2 S
             hypercube dimensions at every iteration: WAGMA's ablation 2,

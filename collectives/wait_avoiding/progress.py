@@ -7,8 +7,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .activation import ActivationState, version_from_tag, version_tag
-from .backoff import Backoff
-from .buffers import address, copy_into, copy_of, empty_like, zeros_like
+from ..backoff import Backoff
+from ..buffers import address, copy_into, copy_of, empty_like, zeros_like
 
 __all__ = ["ProgressEngine"]
 
@@ -55,7 +55,7 @@ class ProgressEngine:
     at 16 MiB); activations that arrive meanwhile are forwarded after it.
     That delays nothing the execution needs: the main thread activated v
     itself first, which sends this rank's target (>= v) on every dimension
-    it had not covered (:meth:`~collectives.activation.ActivationState.activate`),
+    it had not covered (:meth:`~collectives.wait_avoiding.activation.ActivationState.activate`),
     so no activation of a version <= target that arrives later calls for a
     send, and later versions do not hold up v.
 
@@ -64,7 +64,7 @@ class ProgressEngine:
     version to execute, whether one is executing, the free buffers, the
     finished results, message counts.  Under a second lock (messaging),
     taken by the main thread only to activate the version it executes: the
-    :class:`~collectives.activation.ActivationState`, the majority arrival
+    :class:`~collectives.wait_avoiding.activation.ActivationState`, the majority arrival
     counts and the sends in flight.
 
     The loop: receive control messages (forwarding activations at once), send
@@ -86,7 +86,7 @@ class ProgressEngine:
         is_group_version: whether iteration v is a group version (not a sync step).
         activation: ``"first"``, ``"random"`` or ``"half"`` (above).
         activator: with ``"random"``, ``activator(v)``, the rank that
-            activates version v (:class:`~collectives.activation.RandomActivators`).
+            activates version v (:class:`~collectives.wait_avoiding.activation.RandomActivators`).
         history: how many ``(version, contribution_iteration)`` records to
             keep, 0 for none.
         first_iteration: versions before it count as executed.

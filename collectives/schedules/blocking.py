@@ -1,7 +1,7 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
-from .agreement import check_arguments
-from .buffers import describe
+from ..agreement import check_arguments
+from ..buffers import describe
 from .partition import block_offsets
 from .halving_doubling import (
     recursive_doubling_allgather,
@@ -9,7 +9,7 @@ from .halving_doubling import (
     recursive_halving_reduce_scatter,
     rhd_allreduce,
 )
-from .library_allreduce import library_allreduce, library_allreduce_in_place, library_dtype_problem
+from .library import library_allreduce, library_allreduce_in_place, library_dtype_problem
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
 __all__ = [
@@ -171,7 +171,7 @@ def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
     """Leave block ``comm.rank`` of ``data`` reduced over all ranks, in place.
 
     ``data`` is cut into ``comm.size`` blocks by
-    :func:`~collectives.partition.block_offsets`; on return block ``rank``
+    :func:`~collectives.schedules.partition.block_offsets`; on return block ``rank``
     holds the sum (or mean) of block ``rank`` of every rank's input.  Other
     blocks hold unspecified partial sums.
 

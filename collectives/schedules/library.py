@@ -3,7 +3,7 @@
 ``allreduce(..., algorithm="mpi")`` hands the buffer to the library, in place
 (``MPI_IN_PLACE``, ``MPI_SUM``), on the data channel of the
 :class:`~collectives.comm.Communicator`; ``algorithm="auto"`` takes it where
-the tuning table (:mod:`collectives.tuning`) measured the library faster than
+the tuning table (:mod:`collectives.schedules.tuning`) measured the library faster than
 our schedules. Unlike our schedules, which move raw bytes and reduce with
 numpy or torch, the library needs an MPI datatype with a sum: float16 and
 bfloat16 have none in MPI 3.1, so they stay with our schedules.

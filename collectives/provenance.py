@@ -10,7 +10,7 @@ import h5py
 import mpi4py
 import numpy as np
 
-from ..mpi_library import mpi_library
+from .mpi_library import mpi_library
 
 __all__ = ["TUNING_PREFIXES", "results_file", "run_attributes", "tuning_environment"]
 

@@ -71,12 +71,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .blocking import allreduce
-from .buffers import describe
-from .stragglar.cost import break_even_lead
-from .stragglar.generator import lower_bound
-from .stragglar.runtime import StragglerAwareAllreduce
-from .straggler_prediction import StragglerPredictor
+from ..schedules.blocking import allreduce
+from ..buffers import describe
+from .cost import break_even_lead
+from .generator import lower_bound
+from .runtime import StragglerAwareAllreduce
+from .prediction import StragglerPredictor
 
 __all__ = ["PredictedStragglerSync"]
 

@@ -7,11 +7,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .activation import RandomActivators
-from .agreement import agree
-from .backoff import Backoff
-from .blocking import allreduce, reduction_problem
-from .buffers import describe
-from .comm import Communicator, node_oversubscribed
+from ..agreement import agree
+from ..backoff import Backoff
+from ..schedules.blocking import allreduce, reduction_problem
+from ..buffers import describe
+from ..comm import Communicator, node_oversubscribed
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
@@ -30,7 +30,7 @@ __all__ = [
 #: Who activates a version.  ``"first"``: the first rank to arrive (WAGMA;
 #: with group_size = P, eager-SGD's solo collective).  ``"random"``: one rank
 #: drawn per version from a seeded sequence, the same on every rank
-#: (:class:`~collectives.activation.RandomActivators`; eager-SGD's majority
+#: (:class:`~collectives.wait_avoiding.activation.RandomActivators`; eager-SGD's majority
 #: collective as its reference code implements it).  ``"half"``: the leader of
 #: version v (rank v mod P) once ceil(P/2) ranks have arrived (the WAGMA
 #: paper's description of eager-SGD, section 2.2: "allowing at most half
@@ -92,7 +92,7 @@ class WaitAvoidingGroupAllreduce:
     Algorithm 2).  Iteration t is a *group version* unless
     ``(t + 1) mod tau == 0``, which makes it a *sync step*.  Every rank
     executes every group version exactly once and in order, in the butterfly
-    group of iteration t (:class:`~collectives.groups.ButterflyGrouping`; of
+    group of iteration t (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`; of
     iteration 0 at every t with ``dynamic_groups=False``), either *actively*
     (its main thread reached t first: it publishes its iteration-t
     contribution and activates t along its binomial tree) or

@@ -43,11 +43,11 @@ of four synchronizations running to be predicted: under the WAGMA paper's
 random-k at P = 8 that happens at 6 to 9 % of the synchronizations,
 right 1 time in 8, as chance has it.  The lead gate removes those: two
 ranks late by the same delay lead each other by jitter only
-(:mod:`collectives.straggler_sync` sets ``min_lead_s``).
+(:mod:`collectives.stragglar.training_sync` sets ``min_lead_s``).
 
 Agreement without a round trip: every rank feeds the same arrival vector
 (an allgather overlapped with the synchronization itself, see
-:mod:`collectives.straggler_sync`) to the same deterministic arithmetic, so
+:mod:`collectives.stragglar.training_sync`) to the same deterministic arithmetic, so
 every rank holds the same prediction without exchanging it.
 
 :func:`update_scores` and :func:`predicted_rank` touch only numpy arrays

@@ -1,0 +1,38 @@
+"""Allreduce schedules on point-to-point messages and the choice between them.
+
+``blocking`` is the public entry point (:func:`allreduce`, :func:`reduce_scatter`,
+:func:`allgather`, :func:`broadcast`, and what ``algorithm="auto"`` runs); the
+schedules themselves are ``ring`` (ring ReduceScatter / Allgather / Allreduce),
+``halving_doubling`` (Rabenseifner and recursive doubling for any rank count)
+and ``library`` (the MPI library's own ``MPI_Allreduce`` as the schedule
+``"mpi"``); ``partition`` cuts a buffer into blocks, one per rank; ``tuning``
+reads the measured tables that ``"auto"`` consults.
+"""
+
+from .blocking import (
+    ALLGATHER_ALGORITHMS,
+    ALLREDUCE_ALGORITHMS,
+    ALLREDUCE_CHOICES,
+    OPS,
+    REDUCE_SCATTER_ALGORITHMS,
+    allgather,
+    allreduce,
+    broadcast,
+    choose_allreduce,
+    reduce_scatter,
+)
+from .partition import block_offsets
+
+__all__ = [
+    "ALLGATHER_ALGORITHMS",
+    "ALLREDUCE_ALGORITHMS",
+    "ALLREDUCE_CHOICES",
+    "OPS",
+    "REDUCE_SCATTER_ALGORITHMS",
+    "allgather",
+    "allreduce",
+    "block_offsets",
+    "broadcast",
+    "choose_allreduce",
+    "reduce_scatter",
+]

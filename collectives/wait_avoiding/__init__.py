@@ -1,0 +1,38 @@
+"""WAGMA-SGD's communication: butterfly groups, the group allreduce, and the wait-avoiding engine.
+
+``groups`` is Algorithm 1 (which ranks average together at iteration t, no
+MPI) and ``group_allreduce`` the blocking allreduce within those groups.  The
+wait-avoiding engine is the rest: ``collective`` (:class:`WaitAvoidingGroupAllreduce`
+and eager-SGD's ``solo_allreduce`` / ``majority_allreduce``, section 3.1 of
+the WAGMA paper), ``activation`` (binomial activation trees, the forwarding
+rule and version tags, no MPI) and ``progress`` (the thread that receives
+activations and executes versions).
+"""
+
+from .collective import (
+    ACTIVATIONS,
+    LATE,
+    WAITS,
+    GroupResult,
+    WaitAvoidingGroupAllreduce,
+    majority_allreduce,
+    resolve_waits,
+    solo_allreduce,
+)
+from .group_allreduce import group_allreduce
+from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
+
+__all__ = [
+    "ACTIVATIONS",
+    "LATE",
+    "WAITS",
+    "ButterflyGrouping",
+    "GroupResult",
+    "WaitAvoidingGroupAllreduce",
+    "butterfly_groups",
+    "butterfly_partners",
+    "group_allreduce",
+    "majority_allreduce",
+    "resolve_waits",
+    "solo_allreduce",
+]

@@ -1,0 +1,118 @@
+"""The run file's schema: one HDF5 file per training run.
+
+Schema (``attrs["schema"] == "wagma-run/1"``):
+
+Root attributes
+    ``schema``, ``kind`` (``"measured"``; the simulator writes
+    ``"simulated"``), ``status`` (``"running"`` while the run writes,
+    ``"stopped"`` when it checkpointed and left to be resumed,
+    ``"failed"``, ``"complete"``), ``config`` (the full configuration as
+    JSON), ``algorithm``, ``ranks`` (P), ``group_size`` (S; 0 where the
+    algorithm has none), ``tau`` (0 where none), ``imbalance`` (the spec),
+    ``compute`` (``"real"`` or ``"emulate"``), ``model``, ``dataset``,
+    ``parameters`` (count), ``batch_size`` (per rank), ``seed``,
+    ``steps_planned`` (per rank), ``steps_per_epoch``, ``resumed_at``
+    (steps at which resumed segments began) and the provenance of
+    :func:`collectives.provenance.run_attributes` (host names, MPI
+    library, git commit, start time...) plus ``torch_version``.
+
+``steps/<field>``: float64 ``[rank, step]``, NaN where nothing arrived
+    ``step_time``     seconds from the end of the rank's previous step to the end
+                      of this one, on the training clock
+    ``compute_time``  forward and backward (or the emulated sleep), including
+                      the injected delay
+    ``delay``         the injected part of ``compute_time``
+    ``comm_time``     seconds in the algorithm's ``step()``: the optimizer update
+                      and whatever communication the main thread does or waits for
+    ``wait_time``     ``comm_time`` minus the optimizer's update: waiting for
+                      peers, transfers not overlapped, the averaging arithmetic
+    ``loss``          the training loss of the rank's batch (NaN when emulated)
+    ``stale``         1 when the rank's contribution was stale (WAGMA-SGD,
+                      eager-SGD: a group version started without it), else 0
+    ``clock``         the training clock at the end of the step: seconds since
+                      the run's common start, evaluation and checkpoints excluded,
+                      continued across resumed segments
+    ``samples``       the samples of the rank's batch (``batch_size`` unless the
+                      algorithm reallocates work; 0 for a skipped step)
+    ``skipped``       1 for a step the rank skipped (ensemble_sync's fast-forward
+                      of a rank that came back late: it adopted the others'
+                      model at the end of the step instead), else 0; a skipped
+                      step's times, loss and stale are NaN and its clock is the
+                      rank's clock when it rejoined
+    ``contribution``  the iteration of the contribution the rank gave to the
+                      step's averaging (:attr:`wagma.algorithms.Algorithm.
+                      contribution`: WAGMA-SGD's model, eager-SGD's gradient),
+                      what :mod:`wagma.emulate` replays; NaN for the others
+    (files written before ``samples``, ``skipped`` and ``contribution``
+    existed read as ``batch_size``, 0 and NaN.)  A rank that died has NaN from its death on.
+    attribute ``steps.attrs["written"]``: every rank's rows are present for
+    steps ``0 .. written - 1``.
+
+``eval/<field>``: one row per evaluation of the averaged model
+    ``step``, ``epoch``, ``clock`` (the latest rank's training clock at the end
+    of step ``step - 1``: the maximum over ranks of ``steps/clock[:, step - 1]``,
+    see :class:`wagma.clock.TrainingClock`),
+    ``accuracy``, ``loss``; ``replica_accuracy`` ``[eval, rank]`` when each
+    replica is evaluated too (else NaN).
+
+``sync/rounds`` (ensemble_sync): one row per synchronization, as the
+    coordinator closed it, columns ``sync/rounds.attrs["columns"]``: round,
+    end step, opened and closed (seconds since the coordinator started),
+    waited (closed - opened), timed_out, final, then one status per rank
+    (1 averaged, 0 rejoined with weight 0, -1 late, -2 dead) and one share
+    per rank (its samples per step in the next round).
+``sync/stragglers`` (``sync="stragglar"``): one row per global
+    synchronization, columns sync, predicted (the straggler StragglAR ran
+    with; -1: the allreduce ran, no prediction), last (the rank whose
+    arrival was latest), lead_s (the seconds it arrived after the
+    second-latest), min_lead_s (the lead a prediction required after it),
+    see :mod:`collectives.stragglar.training_sync`; the summary's
+    ``stragglar_fraction`` and ``straggler_hit_rate`` come from it (over
+    the whole run: the predictor's warm-up included).
+``sync/exchanges`` (adpsgd, complete runs): one row per exchange and side,
+    in each rank's order: rank, peer, active (1 on the side that asked),
+    copied_after and applied_after (the rank's updates done when it copied
+    its model and when it added its half difference); what
+    :func:`wagma.emulate.logged_schedule` replays.
+Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
+    ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
+    (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
+    the round and step it missed, how long the others waited, where a late
+    rank rejoined).
+``summary`` attributes (complete runs): ``throughput`` (samples/s over all
+    ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
+    ``final_accuracy``, ``best_accuracy``, ``last_epoch_accuracy`` (the
+    mean of the last epoch's evaluations), ``mean_wait_time``,
+    ``stale_fraction`` (and the straggler predictor's two, above); :func:`summarize` recomputes them from the datasets
+    for any file, a partial one included.
+
+While the run lasts the file is ``NAME.partial.h5`` (:func:`partial_path`);
+at the end it is renamed to ``NAME.h5`` in one ``os.replace``
+(:mod:`wagma.results.recorder`).
+"""
+import os
+
+import numpy as np
+
+__all__ = ["EVAL_FIELDS", "LATER_STEP_FIELDS", "SCHEMA", "STEP_FIELDS", "is_partial", "partial_path"]
+
+SCHEMA = "wagma-run/1"
+STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
+               "skipped", "contribution")
+#: Step fields that files of an earlier version lack, and how they read.
+LATER_STEP_FIELDS = {"samples": lambda attrs: float(attrs.get("batch_size", 0)), "skipped": lambda attrs: 0.0,
+                     "contribution": lambda attrs: np.nan}
+EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
+
+_PARTIAL = ".partial.h5"
+
+
+def partial_path(path: str) -> str:
+    """Where a run writes ``path`` while it is not finished."""
+    stem = path[:-3] if path.endswith(".h5") else path
+    return stem + _PARTIAL
+
+
+def is_partial(path: str) -> bool:
+    """True for the name a run has while it is not finished (:func:`partial_path`)."""
+    return os.path.basename(path).endswith(_PARTIAL)
