@@ -73,6 +73,7 @@ from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
 from .seeds import EAGER_READINGS, run_seeds
+from collectives.logs import configure_logging
 
 __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
@@ -238,6 +239,7 @@ def main(argv=None):
                    help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
                         "results/stragglersync refreshes the committed reference results")
     args = parser.parse_args(argv)
+    configure_logging()
     if args.campaign == "stragglersync":
         if set(args.imbalances.split(",")) - {"persistent", "random-k"}:
             parser.error(f"--imbalances: accepted persistent, random-k; got {args.imbalances!r}")

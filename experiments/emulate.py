@@ -21,6 +21,7 @@ Exit status: 0, 1 when ``--checkpoints`` finds a replica that differs
 beyond the stated bound, 2 for a bad command line.
 """
 
+import logging
 import argparse
 import json
 import math
@@ -30,8 +31,11 @@ import sys
 import numpy as np
 
 from .options import build_parser, compute_ms, usage_problem
+from collectives.logs import configure_logging
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
 
 EXIT_DIFFERS, EXIT_USAGE = 1, 2
 
@@ -196,8 +200,8 @@ def _emulate(args, schedule, task):
                            ("loss", loss_sum / max(count, 1))):
             evals[key].append(value)
         if not args.no_progress:
-            print(f"step {step} epoch {step / task.steps_per_epoch:g}: averaged model accuracy "
-                  f"{100 * evals['accuracy'][-1]:.2f} %", file=sys.stderr)
+            logger.info("step %d epoch %g: averaged model accuracy %.2f %%", step, step / task.steps_per_epoch,
+                        100 * evals["accuracy"][-1])
 
     loss = emulator.run(task.gradient, lr=lr, after_step=evaluate)
     return emulator, loss, {k: np.array(v) for k, v in evals.items()}
@@ -235,6 +239,7 @@ def _compare(task, directory):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    configure_logging()
     problem = _problem(args)
     if problem:
         print(f"experiments.emulate: error: {problem}", file=sys.stderr)

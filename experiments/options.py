@@ -101,7 +101,8 @@ def build_parser(parser_class=argparse.ArgumentParser):
                    help="continue from the latest checkpoint in --checkpoint-dir, if there is one")
     g.add_argument("--stop-check-every", type=int, default=20,
                    help="steps between the ranks' agreement on a stop signal (SIGTERM, SIGUSR1)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress report on rank 0 (a bar on a terminal, else a log line per tenth of the run)")
     return p
 
 

@@ -15,6 +15,7 @@ at 1024 ranks) are not kept; ``python -m wagma.sim --out-dir`` writes any
 of them again.
 """
 
+import logging
 import argparse
 import json
 import os
@@ -32,8 +33,11 @@ from wagma.options import auto_group_size
 from wagma.sim import Network, Scenario, simulate
 from wagma.sim.cli import model_parameters
 from wagma.sim.engine import STRAGGLER_COLUMNS
+from collectives.logs import configure_logging
 
 __all__ = ["ALGORITHMS", "IMBALANCES", "SHORT_STEP_MS", "format_table", "main", "measure"]
+
+logger = logging.getLogger(__name__)
 
 #: (label, algorithm, options at P ranks).
 ALGORITHMS = (
@@ -206,6 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1000, help="steps per rank [%(default)s]")
     p.add_argument("--ranks", default=",".join(map(str, RANKS)), help="comma-separated P [%(default)s]")
     args = p.parse_args(argv)
+    configure_logging()
     start = time.perf_counter()
     ranks = [int(v) for v in args.ranks.split(",")]
     setting, records, syncs = measure(steps=args.steps, ranks=ranks)
@@ -229,7 +234,7 @@ def main(argv=None) -> int:
         for key, rows in syncs.items():
             f.create_dataset(key, data=rows.astype(np.float32), compression="gzip")
     print(table)
-    print(f"{3 * len(records)} simulations in {setting['seconds']:.1f} s; wrote {args.out}", file=sys.stderr)
+    logger.info("%d simulations in %.1f s; wrote %s", 3 * len(records), setting["seconds"], args.out)
     return 0
 
 

@@ -3,7 +3,7 @@
 Every rank trains its replica on its own shard with the chosen algorithm
 (``wagma.algorithms``), sleeping as the imbalance model says, and records
 every step; rank 0 writes the run file (``wagma.results``) as the run goes
-and shows a progress bar.  ``--help`` lists the options; docs/training.md
+and reports its progress (a bar on a terminal, log lines elsewhere).  ``--help`` lists the options; docs/training.md
 explains the set-up and the output.
 
 Exit status: 0 when the run completed, 2 for a bad command line (reported
@@ -46,6 +46,9 @@ class _RankZeroParser(argparse.ArgumentParser):
 def main(argv=None) -> int:
     args = build_parser(_RankZeroParser).parse_args(argv)
     from collectives import Communicator     # after parsing: --help imports neither MPI nor torch
+    from collectives.logs import configure_logging
+
+    configure_logging()
 
     from .trainer import train
 

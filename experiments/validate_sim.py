@@ -36,6 +36,7 @@ measured ones for ``wagma.analysis``), the tables (``OUT/validation.md``,
 1 is off by more than 15 %.
 """
 
+import logging
 import argparse
 import os
 import sys
@@ -49,10 +50,13 @@ from wagma.analysis.files import read_runs
 from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import Network, Scenario, save, simulate
+from collectives.logs import configure_logging
 
 __all__ = ["ABLATIONS", "FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "REPEATS", "SETTINGS", "SYNCHRONIZATION",
            "after_last_arrival", "figure10_sensitivity", "main", "measured_networks", "paper_throughput",
            "pingpong_network", "synchronization_cost", "validate"]
+
+logger = logging.getLogger(__name__)
 
 SKIP = 5                 # the sweep's table leaves out its first 5 steps
 TOLERANCE = 0.15         # the issue's bound on |simulated / measured - 1|
@@ -486,6 +490,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join("results", "sim"),
                         help="folder for validation.md, paper.md and the simulated runs")
     args = parser.parse_args(argv)
+    configure_logging()
     table, worst, _ = validate(args.measured, args.out, args.pingpong, args.synchronization, args.repeats or None)
     comparison = paper() + "\n\n" + "\n".join(figure10_sensitivity())
     for name, text in (("validation.md", table), ("paper.md", comparison)):
@@ -493,7 +498,7 @@ def main(argv=None) -> int:
         with open(path, "w") as f:
             f.write(text + "\n")
         print(text, end="\n\n")
-        print(f"wrote {path}", file=sys.stderr)
+        logger.info("wrote %s", path)
     return 0 if worst <= TOLERANCE else 1
 
 

@@ -261,7 +261,7 @@ def test_cli_table_and_csv(results, tmp_path):
     done = _cli(results, os.path.join(results, "missing.h5"), "--csv", str(table))
     assert done.returncode == 0, done.stderr
     warnings = done.stderr.splitlines()
-    assert len(warnings) == 3 and all(line.startswith("warning: skipping ") for line in warnings)
+    assert len(warnings) == 3 and all(line.startswith("wagma.analysis: warning: skipping ") for line in warnings)
     assert any("garbage.h5: not an HDF5 file" in line for line in warnings)
     assert any("not_a_run.h5: not a run file" in line for line in warnings)
     assert any("missing.h5: no such file or directory" in line for line in warnings)

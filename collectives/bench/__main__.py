@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from . import allreduce, pingpong, stragglar, tune, wagma
+from ..logs import configure_logging
 
 __all__ = ["BENCHMARKS", "main"]
 
@@ -27,6 +28,7 @@ def main(argv=None):
     parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark")
     parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    configure_logging()
     return BENCHMARKS[args.benchmark][0](args.options)
 
 

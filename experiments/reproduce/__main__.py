@@ -22,6 +22,7 @@ from .claims import CLAIMS
 from .context import Context
 from .record import write_claim
 from .report import claim_file, write_report
+from collectives.logs import configure_logging
 
 
 def _names(text):
@@ -38,6 +39,7 @@ def main(argv=None):
                         help="REPORT.md and reproduce/ (claim files, runs, figures) go here")
     parser.add_argument("--list", action="store_true", help="list the claims and exit")
     args = parser.parse_args(argv)
+    configure_logging()
     if args.list:
         for c in CLAIMS:
             print(f"{c.name:18} {c.paper:13} ~{c.minutes:g} min  {c.title}")

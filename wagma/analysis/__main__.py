@@ -4,14 +4,18 @@
 [--skip-steps N] [--plot DIR] [--csv FILE] [--markdown]``
 """
 
+import logging
 import argparse
 import sys
 
 from .files import read_runs
 from .plots import plot_all
 from .table import compare, format_table, write_csv
+from collectives.logs import configure_logging
 
 __all__ = ["main"]
+
+logger = logging.getLogger("wagma.analysis")
 
 
 def main(argv=None) -> int:
@@ -33,6 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--csv", metavar="FILE", help="write the rows as CSV (seconds, fractions)")
     parser.add_argument("--markdown", action="store_true", help="print a GitHub markdown table")
     args = parser.parse_args(argv)
+    configure_logging()
     if not 0 < args.target_accuracy <= 1:
         parser.error(f"--target-accuracy must be a fraction in (0, 1], got {args.target_accuracy}")
     if args.skip_steps is not None and args.skip_steps < 0:
@@ -40,14 +45,14 @@ def main(argv=None) -> int:
 
     runs, skipped = read_runs(args.paths)
     for path, reason in skipped:
-        print(f"warning: skipping {path}: {reason}", file=sys.stderr)
+        logger.warning("skipping %s: %s", path, reason)
     if not runs:
-        print("error: no run file could be read", file=sys.stderr)
+        logger.error("no run file could be read")
         return 1
     rows = compare(runs, baseline=args.baseline, target_accuracy=args.target_accuracy,
                    skip=args.skip_steps)
     if not any(args.baseline in (row["algorithm"], row["label"]) for row in rows):
-        print(f"note: no {args.baseline} run among these files: no speedups", file=sys.stderr)
+        logger.info("no %s run among these files: no speedups", args.baseline)
     print(format_table(rows, markdown=args.markdown))
     written = []
     if args.csv:

@@ -1,10 +1,10 @@
 """``python -m wagma.sim``: simulate algorithms at several rank counts, print
 the comparison table, optionally write run files and the throughput figure."""
 
+import logging
 import argparse
 import math
 import os
-import sys
 import time
 
 import numpy as np
@@ -17,8 +17,11 @@ from wagma.results import straggler_summary
 
 from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
 from .network import COLLECTIVES, Network
+from collectives.logs import configure_logging
 
 __all__ = ["format_spread", "main", "model_parameters"]
+
+logger = logging.getLogger("wagma.sim")
 
 
 def model_parameters(name: str) -> int:
@@ -99,7 +102,7 @@ def build_parser():
                    help="schedule of blocking allreduces over all ranks [auto: the runtime's choice]")
     p.add_argument("--seed", type=int, default=0, help="imbalance seed [0]")
     add_algorithm_flags(p)          # the flags of experiments.train, from the algorithms' options objects
-    g = p.add_argument_group("straggler prediction (--sync stragglar; collectives.straggler_prediction)")
+    g = p.add_argument_group("straggler prediction (--sync stragglar; collectives.stragglar.prediction)")
     g.add_argument("--predictor-decay", type=float, default=Scenario.decay,
                    help="weight of the newest synchronization [%(default)s]")
     g.add_argument("--predictor-confidence", type=float, default=Scenario.confidence,
@@ -117,6 +120,7 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging()
     algos = list(ALGORITHMS) if args.algo == "all" else [a for a in args.algo.split(",") if a]
     unknown = [a for a in algos if a not in ALGORITHMS]
     if unknown or not algos:
@@ -162,17 +166,17 @@ def main(argv=None) -> int:
     print()
     print(format_spread(runs, args.skip_steps, markdown=args.markdown))
     slowest = max(runs, key=lambda r: r.attrs["simulation_seconds"])
-    print(f"{len(runs)} simulations of {args.steps} steps ({parameters:,} parameters, alpha {args.alpha_us:g} us, "
-          f"{args.beta_gbps:g} GB/s); slowest {slowest.attrs['algorithm']} at P = {slowest.attrs['ranks']}: "
-          f"{slowest.attrs['simulation_seconds']:.2f} s", file=sys.stderr)
+    logger.info("%d simulations of %d steps (%s parameters, alpha %g us, %g GB/s); slowest %s at P = %d: %.2f s",
+                len(runs), args.steps, f"{parameters:,}", args.alpha_us, args.beta_gbps, slowest.attrs["algorithm"],
+                slowest.attrs["ranks"], slowest.attrs["simulation_seconds"])
     if args.out_dir:
         for run in runs:
             name = f"{run.attrs['algorithm']}_p{run.attrs['ranks']}.h5"
-            print(f"wrote {save(run, os.path.join(args.out_dir, name))}", file=sys.stderr)
+            logger.info("wrote %s", save(run, os.path.join(args.out_dir, name)))
     if args.plot:
         os.makedirs(args.plot, exist_ok=True)
         path = plot_throughput(rows, os.path.join(args.plot, "throughput.png"))
         if path:
-            print(f"wrote {path}", file=sys.stderr)
+            logger.info("wrote %s", path)
     return 0
 
