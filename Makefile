@@ -70,7 +70,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv lint test test-mpi bench main reproduce lock clean distclean
+.PHONY: venv lint format test test-mpi bench main reproduce lock clean distclean
 
 venv: $(STAMP)
 
@@ -118,10 +118,17 @@ define serial_stage
 
 endef
 
-# Pyflakes' and pycodestyle's checks over the code, the tests, the examples
-# and the scripts (pyproject.toml: which rules, lines up to 120 characters).
+# ruff's checks (pyflakes, pycodestyle, import order) and its formatter over
+# the whole checkout, then mypy over collectives and wagma (pyproject.toml).
+# `make format` rewrites what the formatter and the import order ask for.
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --select I --fix .
+	$(VENV)/bin/ruff format .
 
 # The serial tests, the tests that start jobs (mpiexec), the tests on the
 # one-node Slurm, then the MPI stages.

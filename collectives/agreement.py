@@ -33,32 +33,26 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
     Raises:
         ValueError or TypeError: on every rank, naming the ranks concerned.
     """
-    hashes = np.array([zlib.crc32(repr(v).encode()) for v in fields.values()],
-                      dtype=np.int64)
+    hashes = np.array([zlib.crc32(repr(v).encode()) for v in fields.values()], dtype=np.int64)
     summary = np.concatenate(([1 if problem else 0], hashes, -hashes))
     comm.control.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
     k = len(hashes)
-    if summary[0] == 0 and np.array_equal(summary[1:k + 1], -summary[k + 1:]):
+    if summary[0] == 0 and np.array_equal(summary[1 : k + 1], -summary[k + 1 :]):
         return
-    table = comm.control.allgather(
-        (problem, exc_type.__name__, tuple(fields.values())))
+    table = comm.control.allgather((problem, exc_type.__name__, tuple(fields.values())))
     failing = {}
     for rank, (p, kind, _) in enumerate(table):
         if p:
             failing.setdefault((p, kind), []).append(rank)
     if failing:
         kind = {"TypeError": TypeError}.get(next(iter(failing))[1], ValueError)
-        detail = "; ".join(f"{_ranks(ranks)}: {p}"
-                           for (p, _), ranks in failing.items())
+        detail = "; ".join(f"{_ranks(ranks)}: {p}" for (p, _), ranks in failing.items())
         raise kind(f"{collective}: {detail}")
     for i, name in enumerate(fields):
         values = [row[2][i] for row in table]
         if any(v != values[0] for v in values):
-            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values)
-                              if v != values[0] or r == 0)
-            raise ValueError(
-                f"{collective}: {name} must be the same on every rank, "
-                f"got {shown}")
+            shown = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values) if v != values[0] or r == 0)
+            raise ValueError(f"{collective}: {name} must be the same on every rank, got {shown}")
 
 
 def check_arguments(comm, collective: str, problem, exc_type, check: bool, **fields):

@@ -5,8 +5,8 @@ import threading
 
 from mpi4py import MPI
 
-from .schedules.blocking import allreduce
 from .comm import Communicator
+from .schedules.blocking import allreduce
 
 __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
 
@@ -59,8 +59,7 @@ class BackgroundAllreduce:
         if self._thread is not None:
             raise RuntimeError("BackgroundAllreduce is already open")
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
-        self._thread = threading.Thread(target=self._work, daemon=True,
-                                        name=f"background-allreduce-{self._comm.rank}")
+        self._thread = threading.Thread(target=self._work, daemon=True, name=f"background-allreduce-{self._comm.rank}")
         self._thread.start()
         return self
 
@@ -77,8 +76,7 @@ class BackgroundAllreduce:
             if pending is None:
                 return
             try:
-                allreduce(pending.data, comm=self._comm, algorithm=self.algorithm,
-                          op=self.op, check=False)
+                allreduce(pending.data, comm=self._comm, algorithm=self.algorithm, op=self.op, check=False)
             except BaseException as exc:  # handed to the waiter
                 pending._error = exc
             pending._done.set()

@@ -35,8 +35,7 @@ __all__ = [
 
 #: dtype names the schedules accept, for numpy arrays and torch tensors
 #: alike (numpy has no bfloat16; torch tensors of that type are accepted).
-SUPPORTED_DTYPES = (
-    "float16", "bfloat16", "float32", "float64", "int32", "int64")
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
 
 def _torch_or_none():
@@ -54,7 +53,7 @@ class BufferInfo(NamedTuple):
     """What :func:`describe` found out about a candidate buffer."""
 
     problem: Optional[str]  # None for a usable buffer
-    error: type             # the exception ``problem`` calls for
+    error: type  # the exception ``problem`` calls for
     numel: int
     dtype: str
 
@@ -73,17 +72,21 @@ def describe(data) -> BufferInfo:
         dtype = str(data.dtype).removeprefix("torch.")
         contiguous = data.is_contiguous()
     else:
-        return BufferInfo(f"buffer must be a numpy.ndarray or torch.Tensor, "
-                          f"got {type(data).__name__}", TypeError, -1, "?")
+        return BufferInfo(
+            f"buffer must be a numpy.ndarray or torch.Tensor, got {type(data).__name__}", TypeError, -1, "?"
+        )
     numel = int(data.size) if isinstance(data, np.ndarray) else data.numel()
     if dtype not in SUPPORTED_DTYPES:
-        return BufferInfo(f"buffer dtype must be one of "
-                          f"{', '.join(SUPPORTED_DTYPES)}, got {dtype}",
-                          TypeError, numel, dtype)
+        return BufferInfo(
+            f"buffer dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype}", TypeError, numel, dtype
+        )
     if not contiguous:
-        return BufferInfo("buffer must be contiguous (C order); pass a "
-                          "contiguous copy or a flat parameter buffer",
-                          ValueError, numel, dtype)
+        return BufferInfo(
+            "buffer must be contiguous (C order); pass a contiguous copy or a flat parameter buffer",
+            ValueError,
+            numel,
+            dtype,
+        )
     return BufferInfo(None, ValueError, numel, dtype)
 
 
@@ -99,7 +102,7 @@ class FlatBuffer:
 
     def msg(self, lo: int, hi: int):
         """The bytes of elements ``[lo, hi)``, as an MPI buffer."""
-        return self._bytes[lo * self._itemsize:hi * self._itemsize]
+        return self._bytes[lo * self._itemsize : hi * self._itemsize]
 
     def scratch(self, numel: int) -> "FlatBuffer":
         """A temporary of ``numel`` elements of the same dtype and device.
@@ -138,7 +141,7 @@ class _NumpyBuffer(FlatBuffer):
 
     def add_(self, lo, hi, other, at=0):
         dst = self._typed[lo:hi]
-        np.add(dst, other._typed[at:at + hi - lo], out=dst)
+        np.add(dst, other._typed[at : at + hi - lo], out=dst)
 
     def copy_(self, other):
         np.copyto(self._typed, other._typed)
@@ -168,8 +171,7 @@ class _TorchBuffer(FlatBuffer):
 
     def scratch(self, numel):
         torch = _torch_or_none()
-        raw = self._workspace.bytes_for(torch.uint8, numel * self._itemsize,
-                                        self._typed.device)
+        raw = self._workspace.bytes_for(torch.uint8, numel * self._itemsize, self._typed.device)
         return _TorchBuffer(raw.view(self._typed.dtype), self._workspace)
 
     def _sync(self):
@@ -179,7 +181,7 @@ class _TorchBuffer(FlatBuffer):
             _torch_or_none().cuda.current_stream(self._typed.device).synchronize()
 
     def add_(self, lo, hi, other, at=0):
-        self._typed[lo:hi].add_(other._typed[at:at + hi - lo])
+        self._typed[lo:hi].add_(other._typed[at : at + hi - lo])
         self._sync()
 
     def copy_(self, other):
@@ -235,8 +237,7 @@ class StagingArea:
         """A pinned host tensor holding a copy of the CUDA ``tensor``."""
         torch = _torch_or_none()
         free = self._free.setdefault((tensor.dtype, tensor.numel()), [])
-        host = free.pop() if free else torch.empty(
-            tensor.numel(), dtype=tensor.dtype, pin_memory=True)
+        host = free.pop() if free else torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor.reshape(-1))
         return host
 
@@ -248,8 +249,7 @@ class StagingArea:
 
 
 @contextlib.contextmanager
-def open_buffer(data, *, cuda_aware: bool, staging: StagingArea,
-                workspace: Workspace, writeback: bool = True):
+def open_buffer(data, *, cuda_aware: bool, staging: StagingArea, workspace: Workspace, writeback: bool = True):
     """Yield a :class:`FlatBuffer` over ``data``; results land in ``data``.
 
     ``data`` must already have passed :func:`describe`; scratch space comes

@@ -62,13 +62,13 @@ class Communicator:
             allreduce(grads, comm=comm, op="avg")
     """
 
-    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE,
-                 yield_while_waiting: bool = False):
+    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE, yield_while_waiting: bool = False):
         if thread_level not in THREAD_LEVEL_NAMES:
             raise ValueError(
                 f"thread_level must be one of MPI.THREAD_SINGLE, "
                 f"THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE, "
-                f"got {thread_level!r}")
+                f"got {thread_level!r}"
+            )
         provided = MPI.Query_thread()
         if provided < thread_level:
             raise RuntimeError(
@@ -76,11 +76,11 @@ class Communicator:
                 f"but MPI was initialised with {THREAD_LEVEL_NAMES[provided]}; "
                 f"set mpi4py.rc.thread_level = 'multiple' before importing "
                 f"mpi4py.MPI (it is mpi4py's default) and use an MPI library "
-                f"built with thread support")
+                f"built with thread support"
+            )
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm):
-            raise TypeError(
-                f"comm must be an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
+            raise TypeError(f"comm must be an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
         self.data = comm.Dup()
         self.control = comm.Dup()
         self.rank = self.data.Get_rank()
@@ -118,8 +118,9 @@ class Communicator:
     def open_buffer(self, data, writeback: bool = True):
         """:func:`~collectives.buffers.open_buffer` with this communicator's
         CUDA-awareness, staging area and workspace."""
-        return open_buffer(data, cuda_aware=self.cuda_aware, staging=self.staging,
-                           workspace=self.workspace, writeback=writeback)
+        return open_buffer(
+            data, cuda_aware=self.cuda_aware, staging=self.staging, workspace=self.workspace, writeback=writeback
+        )
 
     def waiting(self, yield_while_waiting: bool) -> "Communicator":
         """This communicator (same duplicates, staging area and workspace)

@@ -26,10 +26,10 @@ def mpi_is_cuda_aware() -> bool:
     override = os.environ.get(ENV_CUDA_AWARE)
     if override is not None:
         if override not in ("0", "1"):
-            raise ValueError(
-                f"{ENV_CUDA_AWARE} must be '0' or '1', got {override!r}")
+            raise ValueError(f"{ENV_CUDA_AWARE} must be '0' or '1', got {override!r}")
         return override == "1"
     from mpi4py import MPI
+
     try:
         # dlsym on the extension module's handle also searches the libraries
         # it depends on, among them libmpi.

@@ -18,8 +18,9 @@ from mpi4py import MPI
 __all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks", "fault_tolerant"]
 
 #: The error classes that mean "a rank of this communicator has failed".
-FAILURE_CLASSES = frozenset(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING")
-                            if hasattr(MPI, name))
+FAILURE_CLASSES = frozenset(
+    getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING") if hasattr(MPI, name)
+)
 
 
 def fault_tolerant(environ=None) -> bool:

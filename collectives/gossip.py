@@ -82,8 +82,9 @@ class PairwiseGossip:
         self.max_pending = max_pending
         size, rank = comm.Get_size(), comm.Get_rank()
         if size > 1 and size % 2:
-            raise ValueError(f"pairwise gossip needs an even number of ranks (active even, "
-                             f"passive odd ranks on a ring), got {size}")
+            raise ValueError(
+                f"pairwise gossip needs an even number of ranks (active even, passive odd ranks on a ring), got {size}"
+            )
         self.active = rank % 2 == 0
         self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
         self.exchanges = 0
@@ -98,15 +99,16 @@ class PairwiseGossip:
         self._thread = None
 
     def open(self):
-        self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
-                                  yield_while_waiting=True)
+        self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
         self._sent = [empty_like(b) for b in self.buffers]
         self._received = [empty_like(b) for b in self.buffers]
         self._pending = [zeros_like(b) for b in self.buffers]
         if self.neighbours:
             self._thread = threading.Thread(
                 target=self._guarded(self._act if self.active else self._serve),
-                name=f"gossip-{self._comm.rank}", daemon=True)
+                name=f"gossip-{self._comm.rank}",
+                daemon=True,
+            )
             self._thread.start()
         return self
 
@@ -170,12 +172,12 @@ class PairwiseGossip:
                 with self._cond:
                     self._error = exc
                     self._cond.notify_all()
+
         return run
 
     def _raise_if_failed(self):
         if self._error is not None:
-            raise RuntimeError(f"gossip thread of rank {self._raw.Get_rank()} failed: "
-                               f"{self._error!r}") from self._error
+            raise RuntimeError(f"gossip thread of rank {self._raw.Get_rank()} failed: {self._error!r}") from self._error
 
     def _act(self):
         while True:

@@ -26,5 +26,4 @@ def mpi_library() -> tuple:
     come from :func:`mpi4py.MPI.get_vendor`, the description from
     ``MPI_Get_library_version``."""
     name, version = MPI.get_vendor()
-    return (clean_library_string(name), ".".join(map(str, version)),
-            clean_library_string(MPI.Get_library_version()))
+    return (clean_library_string(name), ".".join(map(str, version)), clean_library_string(MPI.Get_library_version()))

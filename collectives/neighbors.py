@@ -30,21 +30,21 @@ def neighbor_sum(data, *, comm, offsets=(-1, 1), check=True):
     info = describe(data)
     offsets = tuple(offsets)
     problem = info.problem or (
-        None if offsets and all(isinstance(o, int) and not isinstance(o, bool)
-                                for o in offsets)
-        else f"offsets must be a non-empty sequence of ints, got {offsets!r}")
-    check_arguments(comm, "neighbor_sum", problem, info.error, check,
-                    numel=info.numel, dtype=info.dtype, offsets=offsets)
+        None
+        if offsets and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        else f"offsets must be a non-empty sequence of ints, got {offsets!r}"
+    )
+    check_arguments(
+        comm, "neighbor_sum", problem, info.error, check, numel=info.numel, dtype=info.dtype, offsets=offsets
+    )
     p, r = comm.size, comm.rank
     with comm.open_buffer(data) as buf:
         n = buf.numel
         scratch = buf.scratch(n * len(offsets))
         requests = []
         for k, o in enumerate(offsets):
-            requests.append(comm.data.Irecv(scratch.msg(k * n, (k + 1) * n),
-                                            (r + o) % p, _TAG_NEIGHBORS + k))
-            requests.append(comm.data.Isend(buf.msg(0, n), (r - o) % p,
-                                            _TAG_NEIGHBORS + k))
+            requests.append(comm.data.Irecv(scratch.msg(k * n, (k + 1) * n), (r + o) % p, _TAG_NEIGHBORS + k))
+            requests.append(comm.data.Isend(buf.msg(0, n), (r - o) % p, _TAG_NEIGHBORS + k))
         MPI.Request.Waitall(requests)
         for k in range(len(offsets)):
             buf.add_(0, n, scratch, at=k * n)

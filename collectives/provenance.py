@@ -18,8 +18,7 @@ __all__ = ["TUNING_PREFIXES", "results_file", "run_attributes", "tuning_environm
 def _git_commit() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -28,15 +27,13 @@ def _git_commit() -> str:
 #: Prefixes of environment variables that change how MPI, the allocator or
 #: threads behave, recorded with every run: a measurement made with
 #: ``MALLOC_MMAP_THRESHOLD_`` or an ``MPIR_CVAR_`` set is another measurement.
-TUNING_PREFIXES = ("MALLOC_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "OMP_",
-                   "COLLECTIVES_")
+TUNING_PREFIXES = ("MALLOC_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "OMP_", "COLLECTIVES_")
 
 
 def tuning_environment(environ=os.environ) -> str:
     """``NAME=value`` pairs, sorted and joined by ``;``, of the variables in
     ``environ`` whose names start with one of :data:`TUNING_PREFIXES`."""
-    return ";".join(f"{name}={value}" for name, value in sorted(environ.items())
-                    if name.startswith(TUNING_PREFIXES))
+    return ";".join(f"{name}={value}" for name, value in sorted(environ.items()) if name.startswith(TUNING_PREFIXES))
 
 
 def run_attributes(comm) -> dict:

@@ -35,11 +35,16 @@ class SmallCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.stem = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.body = torch.nn.Sequential(torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-                                        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
-                                        torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
-                                        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                        torch.nn.Linear(32, 10))
+        self.body = torch.nn.Sequential(
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            torch.nn.BatchNorm2d(32),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
+        )
 
     def forward(self, x):
         return self.body(self.stem(x))
@@ -67,8 +72,13 @@ def accuracy(model, data):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--algo", default="local_sgd", choices=sorted(ALGORITHMS))
-    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="an option of the algorithm, e.g. period=4 or group_size=2 (repeatable)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an option of the algorithm, e.g. period=4 or group_size=2 (repeatable)",
+    )
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
@@ -88,22 +98,23 @@ def main():
     options = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in args.option)}
     torch.set_num_threads(1)
     comm = Communicator(MPI.COMM_WORLD)
-    eval_comm = Communicator(MPI.COMM_WORLD)        # evaluation never meets training's messages
-    torch.manual_seed(1000 + comm.rank)             # different on purpose: create() broadcasts rank 0's
+    eval_comm = Communicator(MPI.COMM_WORLD)  # evaluation never meets training's messages
+    torch.manual_seed(1000 + comm.rank)  # different on purpose: create() broadcasts rank 0's
     model = SmallCNN()
     if args.freeze:
         model.stem.requires_grad_(False)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                                momentum=0.9, weight_decay=1e-4)
+    optimizer = torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad], lr=args.lr, momentum=0.9, weight_decay=1e-4
+    )
     algo = create(args.algo, model, optimizer, comm, **options)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     scaler = torch.amp.GradScaler("cpu", enabled=args.amp)
-    forward = torch.compile(model) if args.compile else model      # after create(): it flattens the model
+    forward = torch.compile(model) if args.compile else model  # after create(): it flattens the model
 
     epoch0 = 0
     checkpoint = args.checkpoint_dir and os.path.join(args.checkpoint_dir, f"rank{comm.rank}.pt")
     if args.resume and checkpoint and os.path.exists(checkpoint):
-        state = torch.load(checkpoint)                  # after create(): load_state_dict copies in place
+        state = torch.load(checkpoint)  # after create(): load_state_dict copies in place
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -115,21 +126,28 @@ def main():
     steps_per_epoch = len(train[1]) // args.batch_size
     inject = Injector(args.imbalance, comm.rank, comm.size, seed=0)
     average = None
-    with StepRecorder(algo, args.out, batch_size=args.batch_size, steps_per_epoch=steps_per_epoch,
-                      steps_planned=steps_per_epoch * args.epochs, config=vars(args), imbalance=args.imbalance,
-                      resume_step=epoch0 * steps_per_epoch if epoch0 else None) as recorder:
+    with StepRecorder(
+        algo,
+        args.out,
+        batch_size=args.batch_size,
+        steps_per_epoch=steps_per_epoch,
+        steps_planned=steps_per_epoch * args.epochs,
+        config=vars(args),
+        imbalance=args.imbalance,
+        resume_step=epoch0 * steps_per_epoch if epoch0 else None,
+    ) as recorder:
         for epoch in range(epoch0, args.epochs):
             order = torch.randperm(len(train[1]), generator=torch.Generator().manual_seed(epoch * 100 + comm.rank))
             for i in range(steps_per_epoch):
                 step = epoch * steps_per_epoch + i
-                batch = order[i * args.batch_size:(i + 1) * args.batch_size]
+                batch = order[i * args.batch_size : (i + 1) * args.batch_size]
                 recorder.start_step(delay_s=inject(step))
                 algo.zero_grad()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
                     loss = torch.nn.functional.cross_entropy(forward(train[0][batch]), train[1][batch])
                 scaler.scale(loss).backward()
                 recorder.compute_done()
-                if algo.name != "eager_sgd":            # eager-SGD unscales its average inside step()
+                if algo.name != "eager_sgd":  # eager-SGD unscales its average inside step()
                     scaler.unscale_(optimizer)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 algo.step(scaler)
@@ -141,15 +159,22 @@ def main():
             score = accuracy(average, test)
             recorder.record_eval((epoch + 1) * steps_per_epoch, accuracy=score, loss=float("nan"))
             if comm.rank == 0:
-                print(f"epoch {epoch + 1}: loss {loss.item():.3f}, averaged model accuracy {100 * score:.1f} %",
-                      flush=True)
+                print(
+                    f"epoch {epoch + 1}: loss {loss.item():.3f}, averaged model accuracy {100 * score:.1f} %",
+                    flush=True,
+                )
             if checkpoint:
                 os.makedirs(args.checkpoint_dir, exist_ok=True)
-                with algo.lock:     # the model and the algorithm's state at one moment
-                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "algorithm": algo.state_dict()}
-                torch.save({**state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-                            "epoch": epoch + 1}, checkpoint)
+                with algo.lock:  # the model and the algorithm's state at one moment
+                    state = {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "algorithm": algo.state_dict(),
+                    }
+                torch.save(
+                    {**state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "epoch": epoch + 1},
+                    checkpoint,
+                )
             recorder.resume()
     rank = comm.rank
     algo.close()

@@ -44,15 +44,16 @@ def _step(model, opt, zero_grad, x, y):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m experiments.bench_allreduce_sgd",
-        description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--width", type=int, default=2048, help="hidden width of the MLP")
     parser.add_argument("--depth", type=int, default=3, help="hidden layers of the MLP")
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch size")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each implementation")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="gradient bucket size of both")
-    parser.add_argument("--out", default=None,
-                        help="HDF5 file [results/allreduce_sgd_vs_ddp_n{ranks}.h5]")
+    parser.add_argument("--out", default=None, help="HDF5 file [results/allreduce_sgd_vs_ddp_n{ranks}.h5]")
     args = parser.parse_args(argv)
     if args.steps < 1 or not 0 <= args.warmup or args.width < 1 or args.depth < 1:
         parser.error("--steps >= 1, --warmup >= 0, --width >= 1 and --depth >= 1 needed")
@@ -71,8 +72,7 @@ def main(argv=None):
     seconds = np.zeros((2, args.steps))
     with Communicator(world) as comm:
         attrs = run_attributes(comm.data)
-        with create("allreduce_sgd", ours_model, ours_opt, comm,
-                    bucket_cap_mb=args.bucket_cap_mb) as algo:
+        with create("allreduce_sgd", ours_model, ours_opt, comm, bucket_cap_mb=args.bucket_cap_mb) as algo:
             for step in range(-args.warmup, args.steps):
                 world.Barrier()
                 a = _step(ours_model, algo.step, algo.zero_grad, x, y)
@@ -83,15 +83,22 @@ def main(argv=None):
     dist.destroy_process_group()
     if world.rank == 0:
         ours, theirs = np.median(seconds, axis=1) * 1e3
-        print(f"Allreduce-SGD vs DDP (gloo): {world.size} ranks, {os.cpu_count()} cores, "
-              f"MLP {params / 1e6:.1f}M parameters, batch {args.batch} per rank, "
-              f"bucket {args.bucket_cap_mb:g} MB, median of {args.steps} steps")
-        print(f"  step time ours {ours:.1f} ms, DDP {theirs:.1f} ms, "
-              f"DDP / ours = {theirs / ours:.2f}")
+        print(
+            f"Allreduce-SGD vs DDP (gloo): {world.size} ranks, {os.cpu_count()} cores, "
+            f"MLP {params / 1e6:.1f}M parameters, batch {args.batch} per rank, "
+            f"bucket {args.bucket_cap_mb:g} MB, median of {args.steps} steps"
+        )
+        print(f"  step time ours {ours:.1f} ms, DDP {theirs:.1f} ms, DDP / ours = {theirs / ours:.2f}")
         with results_file(args.out, f"allreduce_sgd_vs_ddp_n{world.size}.h5", attrs) as f:
-            f.attrs.update(parameters=params, batch=args.batch, width=args.width,
-                           depth=args.depth, bucket_cap_mb=args.bucket_cap_mb,
-                           torch_version=str(torch.__version__), torch_threads=1)
+            f.attrs.update(
+                parameters=params,
+                batch=args.batch,
+                width=args.width,
+                depth=args.depth,
+                bucket_cap_mb=args.bucket_cap_mb,
+                torch_version=str(torch.__version__),
+                torch_threads=1,
+            )
             f["step_seconds"] = seconds
             f["step_seconds"].attrs["axes"] = "implementation (ours, ddp_gloo), step; max over ranks"
 

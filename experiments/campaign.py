@@ -67,25 +67,43 @@ import subprocess
 import sys
 import time
 
+from collectives.logs import configure_logging
+
 from .jobs import clear_run
 from .jobs import run_training as _run
 from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
 from .seeds import EAGER_READINGS, run_seeds
-from collectives.logs import configure_logging
 
 __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
 #: The main job's runs, ``ALGO[:OPTION=VALUE...]`` (an option of experiments.train
 #: without its dashes): the WAGMA paper's baselines as it ran them (section 5.1:
 #: local SGD with period 1; SGP with one and two neighbours), and its ablation 1.
-MAIN_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=1", "sgp:peers=2",
-                 "eager_sgd", "local_sgd:period=10")
+MAIN_VARIANTS = (
+    "allreduce_sgd",
+    "local_sgd",
+    "wagma",
+    "dpsgd",
+    "adpsgd",
+    "sgp:peers=1",
+    "sgp:peers=2",
+    "eager_sgd",
+    "local_sgd:period=10",
+)
 #: Figure 4's algorithms (SGP with two neighbours there), and hierarchical SGD (levels
 #: 2:sqrt(P), 10:P), which the simulator is validated on too.
-SWEEP_VARIANTS = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd", "sgp:peers=2", "eager_sgd",
-                  "hierarchical_sgd")
+SWEEP_VARIANTS = (
+    "allreduce_sgd",
+    "local_sgd",
+    "wagma",
+    "dpsgd",
+    "adpsgd",
+    "sgp:peers=2",
+    "eager_sgd",
+    "hierarchical_sgd",
+)
 #: The WAGMA paper's imbalance (section 5.2): two random ranks delayed 320 ms at every step.
 PAPER_IMBALANCE = "random:k=2,ms=320"
 
@@ -100,7 +118,7 @@ def parse_variants(text, ranks):
     Raises:
         ValueError: the message names the item and the accepted values.
     """
-    from wagma.algorithms import ALGORITHMS     # here: --help needs no torch
+    from wagma.algorithms import ALGORITHMS  # here: --help needs no torch
 
     from .options import build_parser, usage_problem
 
@@ -108,14 +126,18 @@ def parse_variants(text, ranks):
     for item in [i for i in text.split(",") if i]:
         algo, *options = item.split(":")
         if algo not in ALGORITHMS:
-            raise ValueError(f"--algos: unknown algorithm {algo!r} in {item!r}; accepted: "
-                             f"{', '.join(sorted(ALGORITHMS))}, each optionally followed by :OPTION=VALUE")
+            raise ValueError(
+                f"--algos: unknown algorithm {algo!r} in {item!r}; accepted: "
+                f"{', '.join(sorted(ALGORITHMS))}, each optionally followed by :OPTION=VALUE"
+            )
         flags = []
         for option in options:
             key, sep, value = option.partition("=")
             if not key:
-                raise ValueError(f"--algos: {item!r}: expected ALGO:OPTION=VALUE or ALGO:SWITCH "
-                                 f"(e.g. sgp:peers=2, wagma:fixed-groups)")
+                raise ValueError(
+                    f"--algos: {item!r}: expected ALGO:OPTION=VALUE or ALGO:SWITCH "
+                    f"(e.g. sgp:peers=2, wagma:fixed-groups)"
+                )
             flags += [f"--{key.replace('_', '-')}", *([value] if sep else [])]
         for p in [ranks] if isinstance(ranks, int) else ranks:
             said = io.StringIO()
@@ -159,54 +181,93 @@ def _table(out_dir, files, extra=()):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.campaign",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/python -m experiments.campaign", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="campaign", required=True)
-    m = sub.add_parser("main", help="8 ranks, digits, the paper's imbalance, every algorithm",
-                       formatter_class=HelpFormatter)
+    m = sub.add_parser(
+        "main", help="8 ranks, digits, the paper's imbalance, every algorithm", formatter_class=HelpFormatter
+    )
     m.add_argument("--ranks", type=int, default=8, help="ranks of every run")
     m.add_argument("--epochs", type=int, default=20, help="epochs of every run")
-    m.add_argument("--decay-epochs", default="",
-                   help="epochs of step decay of the learning rate, x0.1 at each [none]")
-    m.add_argument("--imbalance", default=PAPER_IMBALANCE,
-                   help="experiments.train's --imbalance (the WAGMA paper's: 2 random ranks, 320 ms)")
-    m.add_argument("--algos", default=",".join(MAIN_VARIANTS),
-                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
-    m.add_argument("--out-dir", default=None,
-                   help="run files, table.md and figures [a fresh runs/main-YYYYmmdd-HHMMSS]; "
-                        "results/main refreshes the committed reference results")
-    m.add_argument("--target-accuracy", type=float, default=0.95,
-                   help="accuracy (a fraction) of the table's time-to-accuracy column")
-    s = sub.add_parser("sweep", help="emulated-compute throughput sweep over rank counts",
-                       formatter_class=HelpFormatter)
+    m.add_argument("--decay-epochs", default="", help="epochs of step decay of the learning rate, x0.1 at each [none]")
+    m.add_argument(
+        "--imbalance",
+        default=PAPER_IMBALANCE,
+        help="experiments.train's --imbalance (the WAGMA paper's: 2 random ranks, 320 ms)",
+    )
+    m.add_argument(
+        "--algos",
+        default=",".join(MAIN_VARIANTS),
+        help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
+    )
+    m.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files, table.md and figures [a fresh runs/main-YYYYmmdd-HHMMSS]; "
+        "results/main refreshes the committed reference results",
+    )
+    m.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.95,
+        help="accuracy (a fraction) of the table's time-to-accuracy column",
+    )
+    s = sub.add_parser(
+        "sweep", help="emulated-compute throughput sweep over rank counts", formatter_class=HelpFormatter
+    )
     s.add_argument("--ranks", default="4,8,16,32", help="comma-separated rank counts")
     s.add_argument("--steps", type=int, default=50, help="steps of every run")
-    s.add_argument("--compute-ms", type=float, default=600.0,
-                   help="compute time of a step before delays (the paper, balanced: 1.52 steps/s "
-                        "for ResNet-50 at batch 128 per P100)")
+    s.add_argument(
+        "--compute-ms",
+        type=float,
+        default=600.0,
+        help="compute time of a step before delays (the paper, balanced: 1.52 steps/s "
+        "for ResNet-50 at batch 128 per P100)",
+    )
     s.add_argument("--imbalance", default=PAPER_IMBALANCE, help="experiments.train's --imbalance")
     s.add_argument("--model", default="resnet20", help="whose buffers are communicated")
-    s.add_argument("--algos", default=",".join(SWEEP_VARIANTS),
-                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
-    s.add_argument("--out-dir", default=None,
-                   help="run files, table.md and figures [a fresh runs/sweep-YYYYmmdd-HHMMSS]; "
-                        "results/sweep refreshes the committed reference results")
-    e = sub.add_parser("ensemblesync", help="EnsembleSync's Figures 4 and 5: Sync SGD, Async SGD and "
-                       "ensemble_sync with a rank stopped, slow, killed", formatter_class=HelpFormatter)
+    s.add_argument(
+        "--algos",
+        default=",".join(SWEEP_VARIANTS),
+        help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
+    )
+    s.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files, table.md and figures [a fresh runs/sweep-YYYYmmdd-HHMMSS]; "
+        "results/sweep refreshes the committed reference results",
+    )
+    e = sub.add_parser(
+        "ensemblesync",
+        help="EnsembleSync's Figures 4 and 5: Sync SGD, Async SGD and ensemble_sync with a rank stopped, slow, killed",
+        formatter_class=HelpFormatter,
+    )
     e.add_argument("--ranks", type=int, default=4, help="ranks of every run (even: adpsgd)")
     e.add_argument("--epochs", type=int, default=10, help="epochs of every run")
     e.add_argument("--compute-ms", type=float, default=20.0, help="each step's compute, padded to this")
     e.add_argument("--period", type=int, default=5, help="ensemble_sync's T")
     e.add_argument("--timeout-s", type=float, default=1.0, help="ensemble_sync's timeout")
     e.add_argument("--outage-s", type=float, default=4.0, help="how long the stopped rank stays stopped")
-    e.add_argument("--slow-ms", type=float, default=60.0, help="what the slow rank adds to each step "
-                   "(the paper: 0.5 s per step over epochs 5-15)")
-    e.add_argument("--out-dir", default=None,
-                   help="run files, table.md and figures [a fresh runs/ensemblesync-YYYYmmdd-HHMMSS]; "
-                        "results/ensemblesync refreshes the committed reference results")
+    e.add_argument(
+        "--slow-ms",
+        type=float,
+        default=60.0,
+        help="what the slow rank adds to each step (the paper: 0.5 s per step over epochs 5-15)",
+    )
+    e.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files, table.md and figures [a fresh runs/ensemblesync-YYYYmmdd-HHMMSS]; "
+        "results/ensemblesync refreshes the committed reference results",
+    )
     e.add_argument("--algos", default="allreduce_sgd,adpsgd,ensemble_sync", help="comma-separated algorithms")
-    d = sub.add_parser("seeds", help="each variant over seeds and repeats: the spread of its accuracy "
-                       "(default: eager-SGD's readings beside Allreduce-SGD)", formatter_class=HelpFormatter)
+    d = sub.add_parser(
+        "seeds",
+        help="each variant over seeds and repeats: the spread of its accuracy "
+        "(default: eager-SGD's readings beside Allreduce-SGD)",
+        formatter_class=HelpFormatter,
+    )
     d.add_argument("--ranks", type=int, default=2, help="ranks of every run")
     d.add_argument("--epochs", type=int, default=3, help="epochs of every run")
     d.add_argument("--dataset", default="digits", help="experiments.train's --dataset")
@@ -214,52 +275,79 @@ def main(argv=None):
     d.add_argument("--imbalance", default="random:k=1,ms=20", help="experiments.train's --imbalance")
     d.add_argument("--seeds", type=_seeds, default="11,23,37", help="comma-separated seeds")
     d.add_argument("--repeats", type=int, default=2, help="runs of each variant per seed")
-    d.add_argument("--eval-every", type=float, default=0.25,
-                   help="epochs between evaluations: the last epoch's mean averages several")
-    d.add_argument("--algos", default=",".join(EAGER_READINGS),
-                   help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)")
+    d.add_argument(
+        "--eval-every",
+        type=float,
+        default=0.25,
+        help="epochs between evaluations: the last epoch's mean averages several",
+    )
+    d.add_argument(
+        "--algos",
+        default=",".join(EAGER_READINGS),
+        help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
+    )
     d.add_argument("--out-dir", default=None, help="run files and table.md [a fresh runs/seeds-YYYYmmdd-HHMMSS]")
-    g = sub.add_parser("stragglersync", help="--sync stragglar against the allreduce under a persistent "
-                       "straggler and under random-k", formatter_class=HelpFormatter)
+    g = sub.add_parser(
+        "stragglersync",
+        help="--sync stragglar against the allreduce under a persistent straggler and under random-k",
+        formatter_class=HelpFormatter,
+    )
     g.add_argument("--ranks", type=int, default=8, help="ranks of every run")
     g.add_argument("--steps", type=int, default=80, help="steps of every run")
-    g.add_argument("--repeats", type=int, default=2,
-                   help="runs of each sync per algorithm and imbalance (the table averages them)")
+    g.add_argument(
+        "--repeats", type=int, default=2, help="runs of each sync per algorithm and imbalance (the table averages them)"
+    )
     g.add_argument("--compute-ms", type=float, default=50.0, help="each step's emulated compute")
-    g.add_argument("--delay-ms", type=float, default=100.0,
-                   help="the late rank's delay: about ring's allreduce time for ResNet-18's 42.6 MiB on "
-                        "8 ranks of 2 cores (82 ms at 32 MiB, 125 at 64: results/stragglar_sync)")
+    g.add_argument(
+        "--delay-ms",
+        type=float,
+        default=100.0,
+        help="the late rank's delay: about ring's allreduce time for ResNet-18's 42.6 MiB on "
+        "8 ranks of 2 cores (82 ms at 32 MiB, 125 at 64: results/stragglar_sync)",
+    )
     g.add_argument("--model", default="resnet18", help="whose buffers are communicated")
     g.add_argument("--imbalances", default="persistent,random-k", help="comma-separated: persistent, random-k")
     g.add_argument("--skip-steps", type=int, default=5, help="steps left out of the throughput")
-    g.add_argument("--algos", default="allreduce_sgd,local_sgd:1,local_sgd:10,wagma",
-                   help="comma-separated algorithms, ALGO:TAU for wagma's or local_sgd's period "
-                        "(local_sgd alone: tau 1, the WAGMA paper's baseline; wagma alone: its default 10)")
-    g.add_argument("--out-dir", default=None,
-                   help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
-                        "results/stragglersync refreshes the committed reference results")
+    g.add_argument(
+        "--algos",
+        default="allreduce_sgd,local_sgd:1,local_sgd:10,wagma",
+        help="comma-separated algorithms, ALGO:TAU for wagma's or local_sgd's period "
+        "(local_sgd alone: tau 1, the WAGMA paper's baseline; wagma alone: its default 10)",
+    )
+    g.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
+        "results/stragglersync refreshes the committed reference results",
+    )
     args = parser.parse_args(argv)
     configure_logging()
     if args.campaign == "stragglersync":
         if set(args.imbalances.split(",")) - {"persistent", "random-k"}:
             parser.error(f"--imbalances: accepted persistent, random-k; got {args.imbalances!r}")
-        args.variants, args.algos = [a.partition(":") for a in args.algos.split(",") if a], \
-            ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a))
-    from wagma.algorithms import ALGORITHMS     # after parsing: --help needs no torch
+        args.variants, args.algos = (
+            [a.partition(":") for a in args.algos.split(",") if a],
+            ",".join(dict.fromkeys(a.partition(":")[0] for a in args.algos.split(",") if a)),
+        )
+    from wagma.algorithms import ALGORITHMS  # after parsing: --help needs no torch
+
     algos = [a for a in args.algos.split(",") if a]
     if args.campaign == "seeds" and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.campaign in ("main", "sweep", "seeds"):
         try:
-            variants = parse_variants(args.algos, args.ranks if args.campaign in ("main", "seeds")
-                                      else [int(r) for r in args.ranks.split(",")])
+            variants = parse_variants(
+                args.algos,
+                args.ranks if args.campaign in ("main", "seeds") else [int(r) for r in args.ranks.split(",")],
+            )
         except ValueError as exc:
             parser.error(str(exc))
     else:
         unknown = sorted(set(algos) - set(ALGORITHMS))
         if unknown or not algos:
-            parser.error(f"--algos: unknown {', '.join(unknown) or 'nothing given'}; "
-                         f"accepted: {', '.join(sorted(ALGORITHMS))}")
+            parser.error(
+                f"--algos: unknown {', '.join(unknown) or 'nothing given'}; accepted: {', '.join(sorted(ALGORITHMS))}"
+            )
     mpiexec = find_mpiexec()
     if not mpiexec:
         parser.error("no mpiexec found next to this Python or on PATH; set MPIEXEC")
@@ -270,9 +358,25 @@ def main(argv=None):
         decay = ["--decay-epochs", args.decay_epochs] if args.decay_epochs else []
         for name, algo, flags in variants:
             out = os.path.join(out_dir, f"{name}_p{args.ranks}.h5")
-            _run(mpiexec, args.ranks, algo, out, ["--dataset", "digits", "--model", "mlp",
-                                                  "--epochs", str(args.epochs), *decay, *flags,
-                                                  "--imbalance", args.imbalance, "--no-progress"])
+            _run(
+                mpiexec,
+                args.ranks,
+                algo,
+                out,
+                [
+                    "--dataset",
+                    "digits",
+                    "--model",
+                    "mlp",
+                    "--epochs",
+                    str(args.epochs),
+                    *decay,
+                    *flags,
+                    "--imbalance",
+                    args.imbalance,
+                    "--no-progress",
+                ],
+            )
             files.append(out)
         _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
     elif args.campaign == "ensemblesync":
@@ -285,11 +389,32 @@ def main(argv=None):
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for name, algo, flags in variants:
                 out = os.path.join(out_dir, f"{name}_p{ranks}.h5")
-                _run(mpiexec, ranks, algo, out, [*flags, "--dataset", "synthetic", "--model", args.model,
-                                                 "--compute", "emulate", "--compute-ms", str(args.compute_ms),
-                                                 "--max-steps", str(args.steps), "--batch-size", "128",
-                                                 "--epochs", str(args.steps), "--imbalance", args.imbalance,
-                                                 "--no-progress"])
+                _run(
+                    mpiexec,
+                    ranks,
+                    algo,
+                    out,
+                    [
+                        *flags,
+                        "--dataset",
+                        "synthetic",
+                        "--model",
+                        args.model,
+                        "--compute",
+                        "emulate",
+                        "--compute-ms",
+                        str(args.compute_ms),
+                        "--max-steps",
+                        str(args.steps),
+                        "--batch-size",
+                        "128",
+                        "--epochs",
+                        str(args.steps),
+                        "--imbalance",
+                        args.imbalance,
+                        "--no-progress",
+                    ],
+                )
                 files.append(out)
         _table(out_dir, files, ["--skip-steps", "5"])
     figures = "" if args.campaign in ("stragglersync", "seeds") else " and the figures"
@@ -297,8 +422,11 @@ def main(argv=None):
     return 0
 
 
-ENSEMBLE_ALGORITHMS = {"allreduce_sgd": "Sync SGD (allreduce_sgd)", "adpsgd": "Async SGD (adpsgd)",
-                       "ensemble_sync": "EnsembleSync (ensemble_sync --reallocate)"}
+ENSEMBLE_ALGORITHMS = {
+    "allreduce_sgd": "Sync SGD (allreduce_sgd)",
+    "adpsgd": "Async SGD (adpsgd)",
+    "ensemble_sync": "EnsembleSync (ensemble_sync --reallocate)",
+}
 
 
 def _ensemblesync(args, mpiexec, out_dir, algos):
@@ -311,56 +439,109 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
 
     total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs
     victim = args.ranks - 1
-    faults = {"none": [],       # at 30 %, over 20-60 % and at 50 % of the run: epochs 3, 2-5 and 5 of 10
-              "stop": [f"stop:rank={victim},step={3 * total // 10},seconds={args.outage_s:g}"],
-              "slow": [f"slow:rank={victim},steps={2 * total // 10}-{6 * total // 10 - 1},ms={args.slow_ms:g}"],
-              "kill": [f"kill:rank={victim},step={total // 2}"]}
+    faults = {
+        "none": [],  # at 30 %, over 20-60 % and at 50 % of the run: epochs 3, 2-5 and 5 of 10
+        "stop": [f"stop:rank={victim},step={3 * total // 10},seconds={args.outage_s:g}"],
+        "slow": [f"slow:rank={victim},steps={2 * total // 10}-{6 * total // 10 - 1},ms={args.slow_ms:g}"],
+        "kill": [f"kill:rank={victim},step={total // 2}"],
+    }
     tolerant = launcher_library(mpiexec) == "openmpi"
-    common = ["--dataset", "digits", "--model", "mlp", "--epochs", str(args.epochs), "--compute-ms",
-              str(args.compute_ms), "--eval-every", "0", "--no-progress"]
+    common = [
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--epochs",
+        str(args.epochs),
+        "--compute-ms",
+        str(args.compute_ms),
+        "--eval-every",
+        "0",
+        "--no-progress",
+    ]
     runs = {}
     for fault, specs in faults.items():
         if fault == "kill" and not tolerant:
-            print(f"\nskipped the kill runs: they need a launcher with fault tolerance (Open MPI's ULFM; "
-                  f"run this campaign with .venv-openmpi/bin/python), and {_shown(mpiexec)} is "
-                  f"{launcher_library(mpiexec)}'s", flush=True)
+            print(
+                f"\nskipped the kill runs: they need a launcher with fault tolerance (Open MPI's ULFM; "
+                f"run this campaign with .venv-openmpi/bin/python), and {_shown(mpiexec)} is "
+                f"{launcher_library(mpiexec)}'s",
+                flush=True,
+            )
             continue
         for algo in algos:
-            extra = ["--period", str(args.period), "--timeout-s", str(args.timeout_s), "--reallocate"] \
-                if algo == "ensemble_sync" else []
+            extra = (
+                ["--period", str(args.period), "--timeout-s", str(args.timeout_s), "--reallocate"]
+                if algo == "ensemble_sync"
+                else []
+            )
             out = os.path.join(out_dir, f"{algo}_{fault}.h5")
             clear_run(out)
-            _run(mpiexec, args.ranks, algo, out, [*common, *extra, *(w for s in specs for w in ("--fault", s))],
-                 fault_tolerant=fault == "kill", may_fail=fault == "kill" and algo != "ensemble_sync")
+            _run(
+                mpiexec,
+                args.ranks,
+                algo,
+                out,
+                [*common, *extra, *(w for s in specs for w in ("--fault", s))],
+                fault_tolerant=fault == "kill",
+                may_fail=fault == "kill" and algo != "ensemble_sync",
+            )
             written = out if os.path.exists(out) else partial_path(out)
             runs[fault, algo] = load_run(written)
-    rows = [outage_row(runs[fault, algo], fault, runs.get(("none", algo)))
-            for fault, algo in runs]
+    rows = [outage_row(runs[fault, algo], fault, runs.get(("none", algo))) for fault, algo in runs]
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(format_outage_table(rows))
     print("\n" + format_outage_table(rows), flush=True)
     for fault in faults:
         shown = {ENSEMBLE_ALGORITHMS.get(a, a): runs[fault, a] for a in algos if (fault, a) in runs}
         if fault != "none" and shown:
-            plot_time_vs_epoch(shown, f"{args.ranks} ranks, rank {victim}: {faults[fault][0]}",
-                               os.path.join(out_dir, f"time_vs_epoch_{fault}.png"))
-    allocations = {f"ensemble_sync, {fault}": runs[fault, "ensemble_sync"]
-                   for fault in ("slow", "kill") if (fault, "ensemble_sync") in runs}
+            plot_time_vs_epoch(
+                shown,
+                f"{args.ranks} ranks, rank {victim}: {faults[fault][0]}",
+                os.path.join(out_dir, f"time_vs_epoch_{fault}.png"),
+            )
+    allocations = {
+        f"ensemble_sync, {fault}": runs[fault, "ensemble_sync"]
+        for fault in ("slow", "kill")
+        if (fault, "ensemble_sync") in runs
+    }
     if allocations:
-        plot_allocation(allocations, "samples per step of each rank (Lemma 1's reallocation)",
-                        os.path.join(out_dir, "allocation.png"))
+        plot_allocation(
+            allocations,
+            "samples per step of each rank (Lemma 1's reallocation)",
+            os.path.join(out_dir, "allocation.png"),
+        )
+
 
 def _stragglersync(args, mpiexec, out_dir):
     """Every algorithm variant with ``--sync allreduce`` and ``stragglar``,
     under a persistent straggler and under random-k; ``table.md``."""
     from wagma.results import load_run, summarize
 
-    known = {"persistent": f"straggler:rank={args.ranks - 1},ms={args.delay_ms:g}",
-             "random-k": f"random:k=2,ms={args.delay_ms:g}"}
+    known = {
+        "persistent": f"straggler:rank={args.ranks - 1},ms={args.delay_ms:g}",
+        "random-k": f"random:k=2,ms={args.delay_ms:g}",
+    }
     imbalances = {name: known[name] for name in args.imbalances.split(",")}
-    common = ["--dataset", "synthetic", "--model", args.model, "--compute", "emulate",
-              "--compute-ms", str(args.compute_ms), "--max-steps", str(args.steps), "--epochs", str(args.steps),
-              "--batch-size", "128", "--eval-every", "0", "--no-progress"]
+    common = [
+        "--dataset",
+        "synthetic",
+        "--model",
+        args.model,
+        "--compute",
+        "emulate",
+        "--compute-ms",
+        str(args.compute_ms),
+        "--max-steps",
+        str(args.steps),
+        "--epochs",
+        str(args.steps),
+        "--batch-size",
+        "128",
+        "--eval-every",
+        "0",
+        "--no-progress",
+    ]
     rows = []
     for imbalance, spec in imbalances.items():
         for algo, _, tau in args.variants:
@@ -371,8 +552,9 @@ def _stragglersync(args, mpiexec, out_dir):
             alternate = (("allreduce", "stragglar"), ("stragglar", "allreduce"))
             order = [s for r in range(args.repeats) for s in alternate[r % 2]]
             for r, sync in enumerate(order):
-                out = os.path.join(out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}"
-                                            f"{'' if r < 2 else f'_{r // 2}'}.h5")
+                out = os.path.join(
+                    out_dir, f"{algo}{tau and '_tau' + tau}_{imbalance}_{sync}{'' if r < 2 else f'_{r // 2}'}.h5"
+                )
                 period = [{"local_sgd": "--period"}.get(algo, "--tau"), tau] if tau else []
                 _run(mpiexec, args.ranks, algo, out, [*common, "--imbalance", spec, "--sync", sync, *period])
                 runs[sync].append(summarize(load_run(out), skip=args.skip_steps))
@@ -390,23 +572,34 @@ def _mean_summary(summaries):
     import numpy as np
 
     keys = dict.fromkeys(k for s in summaries for k in s)
-    return {k: float(np.nanmean([s.get(k, math.nan) for s in summaries]))
-            if any(math.isfinite(s.get(k, math.nan)) for s in summaries) else math.nan for k in keys}
+    return {
+        k: float(np.nanmean([s.get(k, math.nan) for s in summaries]))
+        if any(math.isfinite(s.get(k, math.nan)) for s in summaries)
+        else math.nan
+        for k in keys
+    }
 
 
 def _stragglersync_table(args, imbalances, rows):
-    lines = [f"{args.ranks} ranks, {os.cpu_count()} cores; emulated compute {args.compute_ms:g} ms per step, "
-             f"{args.model}'s buffers, batch 128; {args.steps} steps, the first {args.skip_steps} left out; "
-             f"each figure the mean of {args.repeats} runs; "
-             + "; ".join(f"{k}: `{v}`" for k, v in imbalances.items()) + ".", "",
-             "| imbalance | algorithm | samples/s, allreduce | samples/s, stragglar | gain | "
-             "syncs run as StragglAR | predictor's hit rate |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.ranks} ranks, {os.cpu_count()} cores; emulated compute {args.compute_ms:g} ms per step, "
+        f"{args.model}'s buffers, batch 128; {args.steps} steps, the first {args.skip_steps} left out; "
+        f"each figure the mean of {args.repeats} runs; "
+        + "; ".join(f"{k}: `{v}`" for k, v in imbalances.items())
+        + ".",
+        "",
+        "| imbalance | algorithm | samples/s, allreduce | samples/s, stragglar | gain | "
+        "syncs run as StragglAR | predictor's hit rate |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for imbalance, label, base, ours in rows:
         gain = ours["throughput"] / base["throughput"] - 1
         hits = ours.get("straggler_hit_rate", math.nan)
-        lines.append(f"| {imbalance} | {label} | {base['throughput']:.0f} | {ours['throughput']:.0f} | "
-                     f"{100 * gain:+.1f} % | {100 * ours.get('stragglar_fraction', 0):.0f} % | "
-                     f"{'-' if math.isnan(hits) else f'{100 * hits:.0f} %'} |")
+        lines.append(
+            f"| {imbalance} | {label} | {base['throughput']:.0f} | {ours['throughput']:.0f} | "
+            f"{100 * gain:+.1f} % | {100 * ours.get('stragglar_fraction', 0):.0f} % | "
+            f"{'-' if math.isnan(hits) else f'{100 * hits:.0f} %'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

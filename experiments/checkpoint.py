@@ -51,8 +51,10 @@ def latest_step(comm, directory):
         with open(path) as f:
             meta = json.load(f)
         if meta["ranks"] != comm.size:
-            problem = (f"--checkpoint-dir {directory} holds a checkpoint of {meta['ranks']} ranks; "
-                       f"this run has {comm.size} (resume with the same number of ranks)")
+            problem = (
+                f"--checkpoint-dir {directory} holds a checkpoint of {meta['ranks']} ranks; "
+                f"this run has {comm.size} (resume with the same number of ranks)"
+            )
         elif not os.path.exists(checkpoint_path(directory, comm.rank, meta["step"])):
             problem = f"--checkpoint-dir {directory}: rank {comm.rank}'s file of step {meta['step']} is missing"
         else:
@@ -91,13 +93,15 @@ def read_state(path) -> dict:
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:      # torch.load raises many kinds; each caller needs one, naming the file
+    except Exception as error:  # torch.load raises many kinds; each caller needs one, naming the file
         # A refusal names the global the file asked for (torch's message goes on to say how to
         # load it anyway: not repeated); any other failure is a file that is not a checkpoint.
         named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         if isinstance(error, pickle.UnpicklingError) and named:
-            raise ValueError(f"{path} holds more than tensors and plain data ({named[1]}), which no checkpoint "
-                             f"of this framework does: refused, not unpickled") from None
+            raise ValueError(
+                f"{path} holds more than tensors and plain data ({named[1]}), which no checkpoint "
+                f"of this framework does: refused, not unpickled"
+            ) from None
         unpickler = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(error))
         detail = unpickler[1] if unpickler else str(error).split(". ")[0]
         what = f"{type(error).__name__}: {detail}" if detail else type(error).__name__

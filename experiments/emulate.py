@@ -21,17 +21,18 @@ Exit status: 0, 1 when ``--checkpoints`` finds a replica that differs
 beyond the stated bound, 2 for a bad command line.
 """
 
-import logging
 import argparse
 import json
+import logging
 import math
 import os
 import sys
 
 import numpy as np
 
-from .options import build_parser, compute_ms, usage_problem
 from collectives.logs import configure_logging
+
+from .options import build_parser, compute_ms, usage_problem
 
 __all__ = ["main"]
 
@@ -43,12 +44,16 @@ EXIT_DIFFERS, EXIT_USAGE = 1, 2
 def _parser():
     p = build_parser()
     p.prog = ".venv/bin/python -m experiments.emulate"
-    p.description = ("Emulate experiments.train on P ranks in one process: each rank's replica trained as the "
-                     "run would train it, the order of the contributions from the simulator (a core or GPU per "
-                     "rank) or from a measured run's file (--replay).")
-    p.epilog = ("example (WAGMA-SGD on 4 emulated ranks, one of them 320 ms late at every step; seconds):\n"
-                "  .venv/bin/python -m experiments.emulate --ranks 4 --algo wagma --epochs 1 "
-                "--imbalance random:k=1,ms=320 --no-progress --out runs/wagma_p4_emulated.h5")
+    p.description = (
+        "Emulate experiments.train on P ranks in one process: each rank's replica trained as the "
+        "run would train it, the order of the contributions from the simulator (a core or GPU per "
+        "rank) or from a measured run's file (--replay)."
+    )
+    p.epilog = (
+        "example (WAGMA-SGD on 4 emulated ranks, one of them 320 ms late at every step; seconds):\n"
+        "  .venv/bin/python -m experiments.emulate --ranks 4 --algo wagma --epochs 1 "
+        "--imbalance random:k=1,ms=320 --no-progress --out runs/wagma_p4_emulated.h5"
+    )
     for action in p._actions:
         if action.dest == "algo":
             action.required = False
@@ -59,11 +64,19 @@ def _parser():
     g.add_argument("--ranks", type=int, default=8, help="P, the emulated ranks [8]")
     g.add_argument("--alpha-us", type=float, default=2.0, help="the simulated network's latency [2: Cray Aries]")
     g.add_argument("--beta-gbps", type=float, default=9.0, help="its bandwidth per rank, GB/s [9]")
-    g.add_argument("--replay", metavar="RUN", default=None,
-                   help="a measured run file: its command line and its logged contributions (the other flags "
-                        "but --out and --checkpoints are ignored)")
-    g.add_argument("--checkpoints", metavar="DIR", default=None,
-                   help="with --replay: the run's --checkpoint-dir, whose final models the replicas must equal")
+    g.add_argument(
+        "--replay",
+        metavar="RUN",
+        default=None,
+        help="a measured run file: its command line and its logged contributions (the other flags "
+        "but --out and --checkpoints are ignored)",
+    )
+    g.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        default=None,
+        help="with --replay: the run's --checkpoint-dir, whose final models the replicas must equal",
+    )
     return p
 
 
@@ -100,16 +113,27 @@ def _replayed_args(args):
     config = json.loads(run.attrs["config"])
     config.pop("algorithm_options", None)
     if "algo" not in config:
-        raise ValueError(f"--replay {args.replay}: not a run of experiments.train, whose task this command "
-                         f"rebuilds (a loop of one's own replays with wagma.emulate.logged_schedule)")
+        raise ValueError(
+            f"--replay {args.replay}: not a run of experiments.train, whose task this command "
+            f"rebuilds (a loop of one's own replays with wagma.emulate.logged_schedule)"
+        )
     for key, why in (("fault", "faults injected"), ("resume", "resumed from a checkpoint")):
         if config.get(key):
             raise ValueError(f"--replay {args.replay}: a run with {why} is not replayed")
     if config.get("compute") != "real":
-        raise ValueError(f"--replay {args.replay}: a run of --compute {config.get('compute')} has no "
-                         f"gradients to replay")
-    replayed = argparse.Namespace(**{**vars(args), **config, "replay": args.replay, "out": args.out,
-                                     "checkpoints": args.checkpoints, "ranks": int(run.attrs["ranks"])})
+        raise ValueError(
+            f"--replay {args.replay}: a run of --compute {config.get('compute')} has no gradients to replay"
+        )
+    replayed = argparse.Namespace(
+        **{
+            **vars(args),
+            **config,
+            "replay": args.replay,
+            "out": args.out,
+            "checkpoints": args.checkpoints,
+            "ranks": int(run.attrs["ranks"]),
+        }
+    )
     return replayed, logged_schedule(run), run
 
 
@@ -118,10 +142,17 @@ def _simulated(args, parameters):
     from wagma.options.cli import options_from_args
     from wagma.sim import Network, Scenario
 
-    scenario = Scenario(ranks=args.ranks, steps=args.total, parameters=parameters, imbalance=args.imbalance,
-                        network=Network(alpha=args.alpha_us * 1e-6, beta=1 / (args.beta_gbps * 1e9)),
-                        compute_ms=compute_ms(args), seed=args.seed, model=args.model,
-                        batch_size=args.batch_size)
+    scenario = Scenario(
+        ranks=args.ranks,
+        steps=args.total,
+        parameters=parameters,
+        imbalance=args.imbalance,
+        network=Network(alpha=args.alpha_us * 1e-6, beta=1 / (args.beta_gbps * 1e9)),
+        compute_ms=compute_ms(args),
+        seed=args.seed,
+        model=args.model,
+        batch_size=args.batch_size,
+    )
     return simulated_schedule(args.algo, scenario, **options_from_args(args, args.algo))
 
 
@@ -135,17 +166,28 @@ class _Task:
         from wagma.models import build_model
 
         self.args = args
-        self.datasets = [load_dataset(args.dataset, model=args.model, root=args.data_dir, seed=args.seed,
-                                      rank=r, ranks=ranks, synthetic_size=args.synthetic_size)
-                         for r in range(ranks)]
+        self.datasets = [
+            load_dataset(
+                args.dataset,
+                model=args.model,
+                root=args.data_dir,
+                seed=args.seed,
+                rank=r,
+                ranks=ranks,
+                synthetic_size=args.synthetic_size,
+            )
+            for r in range(ranks)
+        ]
         self.spec = self.datasets[0].spec
         torch.manual_seed(args.seed)
         model = build_model(args.model, self.spec)
-        state = torch.get_rng_state()        # each rank's, after the same seed and the same model
+        state = torch.get_rng_state()  # each rank's, after the same seed and the same model
         self.models = [model] + [_copy(model) for _ in range(ranks - 1)]
         self.rng = [state.clone() for _ in range(ranks)]
-        self.optimizers = [torch.optim.SGD(m.parameters(), lr=args.lr, momentum=args.momentum,
-                                           weight_decay=args.weight_decay) for m in self.models]
+        self.optimizers = [
+            torch.optim.SGD(m.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+            for m in self.models
+        ]
         self.steps_per_epoch = self.datasets[0].steps_per_epoch(args.batch_size)
         self._batches = [None] * ranks
 
@@ -170,6 +212,7 @@ class _Task:
 
 def _copy(model):
     import copy
+
     return copy.deepcopy(model)
 
 
@@ -181,8 +224,9 @@ def _emulate(args, schedule, task):
     from .evaluate import score
     from .schedule import LearningRate
 
-    lr = LearningRate(args.lr, task.steps_per_epoch, args.warmup_epochs, args.warmup_start,
-                      args.decay_epochs, args.decay_factor)
+    lr = LearningRate(
+        args.lr, task.steps_per_epoch, args.warmup_epochs, args.warmup_start, args.decay_epochs, args.decay_factor
+    )
     emulator = Emulator(schedule, task.models, task.optimizers)
     interval = max(1, round(args.eval_every * task.steps_per_epoch)) if args.eval_every else 0
     evals = {k: [] for k in ("step", "epoch", "clock", "accuracy", "loss")}
@@ -195,13 +239,21 @@ def _emulate(args, schedule, task):
             return
         average = averaged_replicas(task.models, into=average)
         loss_sum, correct, count = score(average, task.datasets[0], max(args.batch_size, 256))
-        for key, value in (("step", step), ("epoch", step / task.steps_per_epoch),
-                           ("clock", float(np.max(schedule.clock[:, t]))), ("accuracy", correct / max(count, 1)),
-                           ("loss", loss_sum / max(count, 1))):
+        for key, value in (
+            ("step", step),
+            ("epoch", step / task.steps_per_epoch),
+            ("clock", float(np.max(schedule.clock[:, t]))),
+            ("accuracy", correct / max(count, 1)),
+            ("loss", loss_sum / max(count, 1)),
+        ):
             evals[key].append(value)
         if not args.no_progress:
-            logger.info("step %d epoch %g: averaged model accuracy %.2f %%", step, step / task.steps_per_epoch,
-                        100 * evals["accuracy"][-1])
+            logger.info(
+                "step %d epoch %g: averaged model accuracy %.2f %%",
+                step,
+                step / task.steps_per_epoch,
+                100 * evals["accuracy"][-1],
+            )
 
     loss = emulator.run(task.gradient, lr=lr, after_step=evaluate)
     return emulator, loss, {k: np.array(v) for k, v in evals.items()}
@@ -213,8 +265,7 @@ def _steps(schedule, measured, loss):
     steps = {k: np.asarray(v, dtype=np.float64) for k, v in source.items()}
     steps["loss"], steps["stale"] = loss, schedule.stale
     contribution = schedule.arrays.get("source")
-    steps["contribution"] = (contribution.astype(np.float64) if contribution is not None
-                             else np.full_like(loss, np.nan))
+    steps["contribution"] = contribution.astype(np.float64) if contribution is not None else np.full_like(loss, np.nan)
     return steps
 
 
@@ -264,25 +315,44 @@ def main(argv=None) -> int:
         print(f"experiments.emulate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     emulator, loss, evals = _emulate(args, schedule, task)
-    out = args.out or os.path.join("runs", f"{args.algo}_p{args.ranks}_{args.model}_{args.dataset}_s{args.seed}"
-                                           f"_emulated.h5")
+    out = args.out or os.path.join(
+        "runs", f"{args.algo}_p{args.ranks}_{args.model}_{args.dataset}_s{args.seed}_emulated.h5"
+    )
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "total"}
-    attrs = {"schema": "wagma-run/1", "kind": "emulated", "status": "complete", "algorithm": args.algo,
-             "ranks": args.ranks, "group_size": schedule.options.get("group_size", 0),
-             "tau": schedule.options.get("tau", schedule.options.get("period", 0)), "imbalance": args.imbalance,
-             "compute": "real", "compute_ms": compute_ms(args), "model": args.model, "dataset": args.dataset,
-             "parameters": parameters, "batch_size": args.batch_size, "seed": args.seed,
-             "steps_planned": args.total, "steps_per_epoch": task.steps_per_epoch, "schedule": schedule.origin,
-             "config": json.dumps({**config, "algorithm_options": schedule.options}, default=str)}
+    attrs = {
+        "schema": "wagma-run/1",
+        "kind": "emulated",
+        "status": "complete",
+        "algorithm": args.algo,
+        "ranks": args.ranks,
+        "group_size": schedule.options.get("group_size", 0),
+        "tau": schedule.options.get("tau", schedule.options.get("period", 0)),
+        "imbalance": args.imbalance,
+        "compute": "real",
+        "compute_ms": compute_ms(args),
+        "model": args.model,
+        "dataset": args.dataset,
+        "parameters": parameters,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "steps_planned": args.total,
+        "steps_per_epoch": task.steps_per_epoch,
+        "schedule": schedule.origin,
+        "config": json.dumps({**config, "algorithm_options": schedule.options}, default=str),
+    }
     write_run(out, attrs, _steps(schedule, measured, loss), evals)
     accuracy = evals["accuracy"][-1] if len(evals["accuracy"]) else math.nan
-    print(f"wrote {out}: {args.algo} on {args.ranks} emulated ranks, final accuracy {100 * accuracy:.2f} %, "
-          f"stale {schedule.stale.mean():.1%}")
+    print(
+        f"wrote {out}: {args.algo} on {args.ranks} emulated ranks, final accuracy {100 * accuracy:.2f} %, "
+        f"stale {schedule.stale.mean():.1%}"
+    )
     if args.checkpoints:
         worst, equal = _compare(task, args.checkpoints)
-        print(f"against {args.checkpoints}: {'bitwise equal' if equal else 'differs'}; largest difference per "
-              f"rank {', '.join(f'{w:.3g}' for w in worst)}")
+        print(
+            f"against {args.checkpoints}: {'bitwise equal' if equal else 'differs'}; largest difference per "
+            f"rank {', '.join(f'{w:.3g}' for w in worst)}"
+        )
         if not equal:
             return EXIT_DIFFERS
     return 0

@@ -20,7 +20,7 @@ def shown(path):
 def clear_run(out):
     """Remove an earlier run file ``out`` and its partial file, so that what is
     read back after the job is the job's own."""
-    from wagma.results import partial_path     # here: the launching process need not load MPI
+    from wagma.results import partial_path  # here: the launching process need not load MPI
 
     for path in (out, partial_path(out)):
         if os.path.exists(path):
@@ -41,8 +41,14 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
     """``experiments.train --algo ALGO --out OUT EXTRA`` on ``ranks`` ranks;
     returns its exit status.  ``may_fail``: a job that ends with an error (a
     synchronous algorithm whose rank was killed) is reported, not raised."""
-    return _launch(mpiexec, ranks, ["-m", "experiments.train", "--algo", algo, "--out", out, *extra], algo,
-                   fault_tolerant=fault_tolerant, may_fail=may_fail)
+    return _launch(
+        mpiexec,
+        ranks,
+        ["-m", "experiments.train", "--algo", algo, "--out", out, *extra],
+        algo,
+        fault_tolerant=fault_tolerant,
+        may_fail=may_fail,
+    )
 
 
 def run_module(mpiexec, ranks, module, args):

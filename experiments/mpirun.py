@@ -39,8 +39,16 @@ import shutil
 import subprocess
 import sys
 
-__all__ = ["LAUNCHERS", "find_mpiexec", "launcher_flags", "launcher_library", "loaded_library",
-           "mpiexec_command", "main", "srun_mpi_plugin"]
+__all__ = [
+    "LAUNCHERS",
+    "find_mpiexec",
+    "launcher_flags",
+    "launcher_library",
+    "loaded_library",
+    "mpiexec_command",
+    "main",
+    "srun_mpi_plugin",
+]
 
 #: ``mpiexec --version`` marker -> the library's short name.
 LAUNCHERS = {"HYDRA": "mpich", "Open MPI": "openmpi"}
@@ -93,14 +101,19 @@ def launcher_flags(library: str, euid: int = None, fault_tolerant: bool = False)
             tolerance here (MPICH's wheel, an unrecognised launcher).
     """
     if fault_tolerant and library != "openmpi":
-        raise ValueError(f"--fault-tolerant needs Open MPI's ULFM (make venv MPI=openmpi, .venv-openmpi); "
-                         f"this launcher is {library}'s, and MPICH 5.0.2's wheel aborts in MPI_Init "
-                         f"with MPIR_CVAR_ENABLE_FT=1")
+        raise ValueError(
+            f"--fault-tolerant needs Open MPI's ULFM (make venv MPI=openmpi, .venv-openmpi); "
+            f"this launcher is {library}'s, and MPICH 5.0.2's wheel aborts in MPI_Init "
+            f"with MPIR_CVAR_ENABLE_FT=1"
+        )
     if library != "openmpi":
         return []
     euid = os.geteuid() if euid is None else euid
-    return (["--oversubscribe"] + (["--allow-run-as-root"] if euid == 0 else [])
-            + (["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "1"] if fault_tolerant else []))
+    return (
+        ["--oversubscribe"]
+        + (["--allow-run-as-root"] if euid == 0 else [])
+        + (["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "1"] if fault_tolerant else [])
+    )
 
 
 def mpiexec_command(ranks: int, mpiexec: str = None, fault_tolerant: bool = False) -> list:
@@ -112,17 +125,24 @@ def mpiexec_command(ranks: int, mpiexec: str = None, fault_tolerant: bool = Fals
     mpiexec = mpiexec or find_mpiexec()
     if not mpiexec:
         raise FileNotFoundError("no mpiexec next to this Python or on PATH; set MPIEXEC")
-    return [mpiexec, *launcher_flags(launcher_library(mpiexec), fault_tolerant=fault_tolerant),
-            *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")), "-n", str(ranks)]
+    return [
+        mpiexec,
+        *launcher_flags(launcher_library(mpiexec), fault_tolerant=fault_tolerant),
+        *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")),
+        "-n",
+        str(ranks),
+    ]
 
 
 def loaded_library() -> tuple:
     """``(short name, description)`` of the MPI library mpi4py loads, read
     without initializing MPI (safe in a batch script outside any launcher)."""
-    if "mpi4py.MPI" not in sys.modules:     # else MPI is loaded already, as its importer chose
+    if "mpi4py.MPI" not in sys.modules:  # else MPI is loaded already, as its importer chose
         import mpi4py
+
         mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from collectives.mpi_library import mpi_library
+
     name, version, description = mpi_library()
     return _VENDORS.get(name, "unknown"), f"{name} {version}: {description}"
 
@@ -139,22 +159,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.mpirun",
         description="Run a command on N MPI ranks with the mpiexec at hand and the flags its "
-                    "library needs (or print them).",
+        "library needs (or print them).",
         epilog="examples:\n"
-               "  .venv/bin/python -m experiments.mpirun -n 2 -- .venv/bin/python -m mpi4py -c "
-               "'from mpi4py import MPI; print(MPI.COMM_WORLD.rank)'\n"
-               "  .venv/bin/python -m experiments.mpirun --print -n 8\n"
-               "  .venv/bin/python -m experiments.mpirun --library",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  .venv/bin/python -m experiments.mpirun -n 2 -- .venv/bin/python -m mpi4py -c "
+        "'from mpi4py import MPI; print(MPI.COMM_WORLD.rank)'\n"
+        "  .venv/bin/python -m experiments.mpirun --print -n 8\n"
+        "  .venv/bin/python -m experiments.mpirun --library",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-n", type=int, metavar="RANKS", help="number of ranks")
-    parser.add_argument("--fault-tolerant", action="store_true",
-                        help="survivors go on when a rank dies (Open MPI's ULFM: --with-ft ulfm)")
+    parser.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="survivors go on when a rank dies (Open MPI's ULFM: --with-ft ulfm)",
+    )
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--print", action="store_true",
-                      help="print the launcher's words (shell-quoted) instead of running")
+    what.add_argument(
+        "--print", action="store_true", help="print the launcher's words (shell-quoted) instead of running"
+    )
     what.add_argument("--srun-mpi", action="store_true", help="print srun's --mpi plugin for the loaded library")
-    what.add_argument("--library", action="store_true",
-                      help="print the MPI library mpi4py loads and the mpiexec that would start it")
+    what.add_argument(
+        "--library", action="store_true", help="print the MPI library mpi4py loads and the mpiexec that would start it"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -26,8 +26,11 @@ class StepProgress:
         stream = stream or sys.stderr
         self.total, self.enabled = total, enabled
         terminal = enabled and stream.isatty()
-        self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0,
-                        file=stream) if terminal else None
+        self.bar = (
+            tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, mininterval=1.0, file=stream)
+            if terminal
+            else None
+        )
         self._every = max(1, total // 10)
         self._next_line = (start // self._every + 1) * self._every
 
@@ -42,8 +45,14 @@ class StepProgress:
             if self.bar.n % 10 == 0:
                 self.bar.set_postfix(loss=f"{loss:.3f}", samples_s=f"{samples_per_second:.0f}")
         elif self.enabled and (step >= self._next_line or step == self.total):
-            logger.info("step %d of %d (%.0f %%): loss %.4f, %.0f samples/s", step, self.total,
-                        100 * step / self.total, loss, samples_per_second)
+            logger.info(
+                "step %d of %d (%.0f %%): loss %.4f, %.0f samples/s",
+                step,
+                self.total,
+                100 * step / self.total,
+                loss,
+                samples_per_second,
+            )
             self._next_line = (step // self._every + 1) * self._every
 
     def close(self):

@@ -23,8 +23,7 @@ class LearningRate:
             ``decay_factor``.
     """
 
-    def __init__(self, lr, steps_per_epoch, warmup_epochs=0.0, warmup_start=0.1,
-                 decay_epochs=(), decay_factor=0.1):
+    def __init__(self, lr, steps_per_epoch, warmup_epochs=0.0, warmup_start=0.1, decay_epochs=(), decay_factor=0.1):
         self.lr, self.warmup_start, self.decay_factor = lr, warmup_start, decay_factor
         self.warmup_steps = round(warmup_epochs * steps_per_epoch)
         self.decay_steps = [round(e * steps_per_epoch) for e in decay_epochs]

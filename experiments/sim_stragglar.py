@@ -15,9 +15,9 @@ at 1024 ranks) are not kept; ``python -m wagma.sim --out-dir`` writes any
 of them again.
 """
 
-import logging
 import argparse
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -27,13 +27,13 @@ import time
 import h5py
 import numpy as np
 
+from collectives.logs import configure_logging
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
 from wagma.options import auto_group_size
 from wagma.sim import Network, Scenario, simulate
 from wagma.sim.cli import model_parameters
 from wagma.sim.engine import STRAGGLER_COLUMNS
-from collectives.logs import configure_logging
 
 __all__ = ["ALGORITHMS", "IMBALANCES", "SHORT_STEP_MS", "format_table", "main", "measure"]
 
@@ -62,8 +62,9 @@ RANKS = (64, 256, 1024)
 SHORT_STEP_MS = 150.0
 
 
-def measure(steps=1000, ranks=RANKS, compute_ms=600.0, seed=0, model="resnet50", alpha=2e-6, beta=1 / 9e9,
-            imbalances=IMBALANCES):
+def measure(
+    steps=1000, ranks=RANKS, compute_ms=600.0, seed=0, model="resnet50", alpha=2e-6, beta=1 / 9e9, imbalances=IMBALANCES
+):
     """One record per (imbalance, P, algorithm) with the three variants'
     throughput and the predictor's record; and the ``sync="stragglar"``
     runs' per-synchronization rows, by the same key."""
@@ -72,48 +73,81 @@ def measure(steps=1000, ranks=RANKS, compute_ms=600.0, seed=0, model="resnet50",
     records, syncs = [], {}
     for spec, _ in imbalances:
         for p in ranks:
-            common = dict(ranks=p, steps=steps, network=network, parameters=parameters, imbalance=spec,
-                          compute_ms=compute_ms, seed=seed, model=model)
+            common = dict(
+                ranks=p,
+                steps=steps,
+                network=network,
+                parameters=parameters,
+                imbalance=spec,
+                compute_ms=compute_ms,
+                seed=seed,
+                model=model,
+            )
             plain, oracle = Scenario(**common), Scenario(**common, collective="stragglar")
             for label, algorithm, options in ALGORITHMS:
                 start = time.perf_counter()
-                runs = {"allreduce": simulate(algorithm, plain, sync="allreduce", **options(p)),
-                        "stragglar": simulate(algorithm, plain, sync="stragglar", **options(p)),
-                        "oracle": simulate(algorithm, oracle, sync="allreduce", **options(p))}
+                runs = {
+                    "allreduce": simulate(algorithm, plain, sync="allreduce", **options(p)),
+                    "stragglar": simulate(algorithm, plain, sync="stragglar", **options(p)),
+                    "oracle": simulate(algorithm, oracle, sync="allreduce", **options(p)),
+                }
                 seconds = time.perf_counter() - start
                 predicted = runs["stragglar"]
                 summary = predicted.summary
                 key = f"{compute_ms:g}ms/{spec}/p{p}/{label}"
                 syncs[key] = predicted.tables["stragglers"]
-                records.append({
-                    "imbalance": spec, "compute_ms": compute_ms, "ranks": p, "label": label, "algorithm": algorithm,
-                    "options": options(p),
-                    **{f"throughput_{name}": run.summary["throughput"] for name, run in runs.items()},
-                    "syncs": summary["straggler_syncs"], "predicted_syncs": summary["straggler_predictions"],
-                    "hits": summary["straggler_hits"],
-                    "misses": summary["straggler_predictions"] - summary["straggler_hits"],
-                    "hit_rate": summary["straggler_hit_rate"] if summary["straggler_predictions"] else None,
-                    "simulation_seconds": seconds,
-                })
-    setting = {"steps": steps, "compute_ms": compute_ms, "seed": seed, "model": model, "parameters": parameters,
-               "alpha_s": alpha, "beta_s_per_byte": beta, "batch_size": Scenario.batch_size,
-               "predictor": {"decay": Scenario.decay, "confidence": Scenario.confidence,
-                             "min_lead_s": "the runtime's: break_even_lead(P) x the allreduce's time"}}
+                records.append(
+                    {
+                        "imbalance": spec,
+                        "compute_ms": compute_ms,
+                        "ranks": p,
+                        "label": label,
+                        "algorithm": algorithm,
+                        "options": options(p),
+                        **{f"throughput_{name}": run.summary["throughput"] for name, run in runs.items()},
+                        "syncs": summary["straggler_syncs"],
+                        "predicted_syncs": summary["straggler_predictions"],
+                        "hits": summary["straggler_hits"],
+                        "misses": summary["straggler_predictions"] - summary["straggler_hits"],
+                        "hit_rate": summary["straggler_hit_rate"] if summary["straggler_predictions"] else None,
+                        "simulation_seconds": seconds,
+                    }
+                )
+    setting = {
+        "steps": steps,
+        "compute_ms": compute_ms,
+        "seed": seed,
+        "model": model,
+        "parameters": parameters,
+        "alpha_s": alpha,
+        "beta_s_per_byte": beta,
+        "batch_size": Scenario.batch_size,
+        "predictor": {
+            "decay": Scenario.decay,
+            "confidence": Scenario.confidence,
+            "min_lead_s": "the runtime's: break_even_lead(P) x the allreduce's time",
+        },
+    }
     return setting, records, syncs
 
 
 def _costs(setting, ranks):
     network, nbytes = Network(setting["alpha_s"], setting["beta_s_per_byte"]), setting["parameters"] * 4
-    lines = ["| P | allreduce (RHD) | StragglAR: ReduceScatter of the n - 1 | its rounds after the straggler "
-             "| a right prediction saves | a wrong one costs | lead gate |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| P | allreduce (RHD) | StragglAR: ReduceScatter of the n - 1 | its rounds after the straggler "
+        "| a right prediction saves | a wrong one costs | lead gate |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in ranks:
         auto, planned = network.allreduce(p, nbytes), network.allreduce(p, nbytes, "stragglar")
         gate = break_even_lead(p, lower_bound(p)) * auto.after_last
-        lines.append(f"| {p} | {auto.after_last * 1e3:.2f} ms | {planned.reduce_scatter * 1e3:.2f} ms "
-                     f"| {planned.after_straggler * 1e3:.2f} ms "
-                     f"| {(auto.after_last - planned.after_straggler) * 1e3:.2f} ms "
-                     f"| {(planned.reduce_scatter + planned.after_straggler - auto.after_last) * 1e3:.2f} ms "
-                     f"| {gate * 1e3:.2f} ms |")
+        lines.append(
+            f"| {p} | {auto.after_last * 1e3:.2f} ms | {planned.reduce_scatter * 1e3:.2f} ms "
+            f"| {planned.after_straggler * 1e3:.2f} ms "
+            f"| {(auto.after_last - planned.after_straggler) * 1e3:.2f} ms "
+            f"| {(planned.reduce_scatter + planned.after_straggler - auto.after_last) * 1e3:.2f} ms "
+            f"| {gate * 1e3:.2f} ms |"
+        )
     return "\n".join(lines)
 
 
@@ -122,16 +156,20 @@ def _change(new, old):
 
 
 def _rows(rows):
-    out = ["| algorithm | P | allreduce samples/s | stragglar samples/s | change | oracle change "
-           "| syncs predicted | hits | hit rate |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| algorithm | P | allreduce samples/s | stragglar samples/s | change | oracle change "
+        "| syncs predicted | hits | hit rate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         rate = f"{r['hit_rate']:.3f}" if r["predicted_syncs"] else "-"
-        out.append(f"| {r['label']} | {r['ranks']} | {r['throughput_allreduce']:.1f} "
-                   f"| {r['throughput_stragglar']:.1f} "
-                   f"| {_change(r['throughput_stragglar'], r['throughput_allreduce'])} "
-                   f"| {_change(r['throughput_oracle'], r['throughput_allreduce'])} "
-                   f"| {r['predicted_syncs']}/{r['syncs']} | {r['hits']} | {rate} |")
+        out.append(
+            f"| {r['label']} | {r['ranks']} | {r['throughput_allreduce']:.1f} "
+            f"| {r['throughput_stragglar']:.1f} "
+            f"| {_change(r['throughput_stragglar'], r['throughput_allreduce'])} "
+            f"| {_change(r['throughput_oracle'], r['throughput_allreduce'])} "
+            f"| {r['predicted_syncs']}/{r['syncs']} | {r['hits']} | {rate} |"
+        )
     return out + [""]
 
 
@@ -186,13 +224,22 @@ def format_table(setting, records):
         "late ranks are late by the same delay: no rank leads, the lead gate names none, and `sync=stragglar` "
         "is the allreduce to the last digit; the oracle, planned for one of the two, has the other in its "
         "ReduceScatter, hides nothing and pays ReduceScatter + rounds instead of the allreduce (up to 0.6 % at "
-        "1024 ranks, where that costs 4.2 ms more per synchronization).", ""]
+        "1024 ranks, where that costs 4.2 ms more per synchronization).",
+        "",
+    ]
     if short:
-        out += [f"## `{short[0]['imbalance']}` with {short[0]['compute_ms']:g} ms steps", "",
-                "The same saving per synchronization over a shorter step (a current GPU's ResNet-50 step at "
-                "batch 128), everything else as above:", "", *_rows(short)]
-    out.append(f"Simulated at commit {setting.get('git_commit', 'unknown')[:12]} in {setting.get('seconds', 0):.1f} s "
-               f"({total} simulations).")
+        out += [
+            f"## `{short[0]['imbalance']}` with {short[0]['compute_ms']:g} ms steps",
+            "",
+            "The same saving per synchronization over a shorter step (a current GPU's ResNet-50 step at "
+            "batch 128), everything else as above:",
+            "",
+            *_rows(short),
+        ]
+    out.append(
+        f"Simulated at commit {setting.get('git_commit', 'unknown')[:12]} in {setting.get('seconds', 0):.1f} s "
+        f"({total} simulations)."
+    )
     return "\n".join(out)
 
 
@@ -204,8 +251,9 @@ def _git_commit():
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.sim_stragglar",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog=".venv/bin/python -m experiments.sim_stragglar", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--out", default=os.path.join("results", "sim_stragglar"), help="folder [%(default)s]")
     p.add_argument("--steps", type=int, default=1000, help="steps per rank [%(default)s]")
     p.add_argument("--ranks", default=",".join(map(str, RANKS)), help="comma-separated P [%(default)s]")
@@ -216,8 +264,9 @@ def main(argv=None) -> int:
     setting, records, syncs = measure(steps=args.steps, ranks=ranks)
     _, short, short_syncs = measure(steps=args.steps, ranks=ranks, compute_ms=SHORT_STEP_MS, imbalances=IMBALANCES[:1])
     records, syncs = records + short, {**syncs, **short_syncs}
-    setting.update({"git_commit": _git_commit(), "python": platform.python_version(),
-                    "seconds": time.perf_counter() - start})
+    setting.update(
+        {"git_commit": _git_commit(), "python": platform.python_version(), "seconds": time.perf_counter() - start}
+    )
     os.makedirs(args.out, exist_ok=True)
     table = format_table(setting, records)
     with open(os.path.join(args.out, "table.md"), "w") as f:
@@ -226,10 +275,12 @@ def main(argv=None) -> int:
         json.dump({"setting": setting, "runs": records}, f, indent=1, default=float)
     with h5py.File(os.path.join(args.out, "syncs.h5"), "w") as f:
         f.attrs["columns"] = json.dumps(list(STRAGGLER_COLUMNS))
-        f.attrs["meaning"] = ("per sync=stragglar run (COMPUTE_MS/imbalance/pP/algorithm), its sync/stragglers log: "
-                              "one row per global synchronization: its number, the rank predicted to arrive last "
-                              "(-1: none), the rank that did, by how many seconds (lead_s), the lead the next "
-                              "prediction required")
+        f.attrs["meaning"] = (
+            "per sync=stragglar run (COMPUTE_MS/imbalance/pP/algorithm), its sync/stragglers log: "
+            "one row per global synchronization: its number, the rank predicted to arrive last "
+            "(-1: none), the rank that did, by how many seconds (lead_s), the lead the next "
+            "prediction required"
+        )
         f.attrs["setting"] = json.dumps(setting)
         for key, rows in syncs.items():
             f.create_dataset(key, data=rows.astype(np.float32), compression="gzip")

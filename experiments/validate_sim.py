@@ -36,8 +36,8 @@ measured ones for ``wagma.analysis``), the tables (``OUT/validation.md``,
 1 is off by more than 15 %.
 """
 
-import logging
 import argparse
+import logging
 import os
 import sys
 from dataclasses import replace
@@ -46,20 +46,34 @@ import h5py
 import numpy as np
 
 from collectives.backoff import Backoff
+from collectives.logs import configure_logging
 from wagma.analysis.files import read_runs
 from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import Network, Scenario, save, simulate
-from collectives.logs import configure_logging
 
-__all__ = ["ABLATIONS", "FIGURE10_VARIATIONS", "PAPER", "PINGPONG", "REPEATS", "SETTINGS", "SYNCHRONIZATION",
-           "after_last_arrival", "figure10_sensitivity", "main", "measured_networks", "paper_throughput",
-           "pingpong_network", "synchronization_cost", "validate"]
+__all__ = [
+    "ABLATIONS",
+    "FIGURE10_VARIATIONS",
+    "PAPER",
+    "PINGPONG",
+    "REPEATS",
+    "SETTINGS",
+    "SYNCHRONIZATION",
+    "after_last_arrival",
+    "figure10_sensitivity",
+    "main",
+    "measured_networks",
+    "paper_throughput",
+    "pingpong_network",
+    "synchronization_cost",
+    "validate",
+]
 
 logger = logging.getLogger(__name__)
 
-SKIP = 5                 # the sweep's table leaves out its first 5 steps
-TOLERANCE = 0.15         # the issue's bound on |simulated / measured - 1|
+SKIP = 5  # the sweep's table leaves out its first 5 steps
+TOLERANCE = 0.15  # the issue's bound on |simulated / measured - 1|
 #: Seconds an activation waits per level of the tree, beyond its message, on
 #: this machine: a progress thread idle while its rank computes polls every
 #: 4 ms (the cap of collectives.backoff.Backoff), so a control message waits
@@ -70,17 +84,27 @@ ARIES = Network(2e-6, 1 / 9e9)
 #: The paper's throughput claims (WAGMA-SGD's speedup over each algorithm),
 #: section 5.2 (Figure 4, 64 nodes; "up to 1.37x" at 256) and 5.4 (Figure 10, 1,024 nodes).
 PAPER = {
-    "figure4": {64: {"local_sgd": 1.25, "allreduce_sgd": 1.26, "dpsgd": 1.23, "sgp": 1.25, "eager_sgd": 1.13},
-                256: {"up to": 1.37}},     # its largest speedup over the baselines AD-PSGD excluded
+    "figure4": {
+        64: {"local_sgd": 1.25, "allreduce_sgd": 1.26, "dpsgd": 1.23, "sgp": 1.25, "eager_sgd": 1.13},
+        256: {"up to": 1.37},
+    },  # its largest speedup over the baselines AD-PSGD excluded
     "figure10": {1024: {"local_sgd": 2.33, "dpsgd": 1.88, "sgp": 2.10}},
 }
 
 
 def _scenario(run, network):
     a = run.attrs
-    return Scenario(ranks=int(a["ranks"]), steps=int(a["steps_planned"]), network=network,
-                    parameters=int(a["parameters"]), imbalance=a["imbalance"], compute_ms=float(a["compute_ms"]),
-                    seed=int(a["seed"]), model=a["model"], batch_size=int(a["batch_size"]))
+    return Scenario(
+        ranks=int(a["ranks"]),
+        steps=int(a["steps_planned"]),
+        network=network,
+        parameters=int(a["parameters"]),
+        imbalance=a["imbalance"],
+        compute_ms=float(a["compute_ms"]),
+        seed=int(a["seed"]),
+        model=a["model"],
+        batch_size=int(a["batch_size"]),
+    )
 
 
 def _options(run):
@@ -107,8 +131,10 @@ def pingpong_network(folder, ranks, waits):
     :data:`POLL` (until the receiving thread next polls)."""
     path = os.path.join(folder, f"pingpong_p{ranks}_{waits}.h5")
     if not os.path.exists(path):
-        raise SystemExit(f"no ping-pong measurement {path}: run `.venv/bin/mpiexec -n {ranks} .venv/bin/python "
-                         f"-m mpi4py -m collectives.bench pingpong --waits {waits}` first")
+        raise SystemExit(
+            f"no ping-pong measurement {path}: run `.venv/bin/mpiexec -n {ranks} .venv/bin/python "
+            f"-m mpi4py -m collectives.bench pingpong --waits {waits}` first"
+        )
     with h5py.File(path, "r") as f:
         alpha = float(f.attrs["alpha_s"])
         return Network(alpha, float(f.attrs["beta_s_per_byte"]), alpha + POLL)
@@ -145,9 +171,11 @@ def _synchronization_runs(folder, sizes):
     for ranks in sizes:
         path = os.path.join(folder, f"allreduce_sgd_p{ranks}.h5")
         if not os.path.exists(path):
-            raise SystemExit(f"no synchronization measurement {path}: run `.venv/bin/python -m experiments.campaign "
-                             f"sweep --algos allreduce_sgd --ranks {ranks} --compute-ms 100 --imbalance none "
-                             f"--steps 40 --out-dir {folder}` first")
+            raise SystemExit(
+                f"no synchronization measurement {path}: run `.venv/bin/python -m experiments.campaign "
+                f"sweep --algos allreduce_sgd --ranks {ranks} --compute-ms 100 --imbalance none "
+                f"--steps 40 --out-dir {folder}` first"
+            )
         runs[ranks] = load_run(path)
     return runs
 
@@ -164,8 +192,11 @@ def measured_networks(sizes, pingpong_dir=PINGPONG, synchronization_dir=SYNCHRON
     runs that measured that cost, by P."""
     alone = _synchronization_runs(synchronization_dir, sizes)
     cost = {p: synchronization_cost(alone[p], pingpong_network(pingpong_dir, p, "spin")) for p in sizes}
-    networks = {(p, w): replace(pingpong_network(pingpong_dir, p, w), synchronization=cost[p])
-                for p in sizes for w in ("spin", "yield")}
+    networks = {
+        (p, w): replace(pingpong_network(pingpong_dir, p, w), synchronization=cost[p])
+        for p in sizes
+        for w in ("spin", "yield")
+    }
     return networks, alone
 
 
@@ -178,8 +209,13 @@ REPEATS = os.path.join("results", "sweep-repeats")
 def _simulate(run, networks, traced=True, **change):
     """``run`` simulated on its network (``change``: Network fields replaced)
     and on its own compute times (``traced``) or the drawn ones."""
-    return simulate(run.attrs["algorithm"], _scenario(run, replace(_network(networks, run), **change)), skip=SKIP,
-                    compute=run.steps["compute_time"] if traced else None, **_options(run))
+    return simulate(
+        run.attrs["algorithm"],
+        _scenario(run, replace(_network(networks, run), **change)),
+        skip=SKIP,
+        compute=run.steps["compute_time"] if traced else None,
+        **_options(run),
+    )
 
 
 def _throughput_rows(measured_rows, simulated):
@@ -188,9 +224,16 @@ def _throughput_rows(measured_rows, simulated):
     :func:`~wagma.analysis.table.compare` of the measured runs, ``simulated``
     the runs that predict them."""
     simulated_rows = {(row["algorithm"], row["ranks"]): row for row in compare(simulated, skip=SKIP)}
-    return [(key, m, simulated_rows[key], simulated_rows[key]["throughput"] / m["throughput"] - 1,
-             simulated_rows[key]["speedup"] / m["speedup"] - 1)
-            for key, m in sorted(measured_rows.items())]
+    return [
+        (
+            key,
+            m,
+            simulated_rows[key],
+            simulated_rows[key]["throughput"] / m["throughput"] - 1,
+            simulated_rows[key]["speedup"] / m["speedup"] - 1,
+        )
+        for key, m in sorted(measured_rows.items())
+    ]
 
 
 def _group_steps(run):
@@ -221,8 +264,9 @@ def _predict(runs, wagma, measured_rows, networks, traced=True, **change):
     in both), set beside ``measured_rows``."""
     simulated = [_simulate(r, networks, traced, **change) for r in runs]
     of = {id(r): sim for r, sim in zip(runs, simulated)}
-    stale = _stale_rows(wagma, [of[id(r)] if id(r) in of else _simulate(r, networks, traced, **change)
-                                for _, r in wagma])
+    stale = _stale_rows(
+        wagma, [of[id(r)] if id(r) in of else _simulate(r, networks, traced, **change) for _, r in wagma]
+    )
     return simulated, _throughput_rows(measured_rows, simulated), stale
 
 
@@ -233,11 +277,20 @@ def _repeats(folder):
     if not os.path.isdir(folder):
         raise SystemExit(f"--repeats: no folder {folder} (pass '' for none)")
     runs, skipped = read_runs([folder])
-    wrong = [r.path for r in runs if not (r.attrs.get("algorithm") == "wagma" and r.attrs.get("status") == "complete"
-                                          and r.attrs.get("compute") == "emulate")]
+    wrong = [
+        r.path
+        for r in runs
+        if not (
+            r.attrs.get("algorithm") == "wagma"
+            and r.attrs.get("status") == "complete"
+            and r.attrs.get("compute") == "emulate"
+        )
+    ]
     if skipped or wrong or not runs:
-        raise SystemExit(f"--repeats {folder}: expected complete emulated WAGMA-SGD runs; unreadable: "
-                         f"{[path for path, _ in skipped]}, not such runs: {wrong}")
+        raise SystemExit(
+            f"--repeats {folder}: expected complete emulated WAGMA-SGD runs; unreadable: "
+            f"{[path for path, _ in skipped]}, not such runs: {wrong}"
+        )
     return runs
 
 
@@ -263,26 +316,38 @@ def _worst(rows, value):
 def _network_lines(networks, alone, runs, synchronization_dir):
     """The measured parameters: the ping-pong's networks and the synchronization cost, by P."""
     sweep = {int(r.attrs["ranks"]): after_last_arrival(r) for r in runs if r.attrs["algorithm"] == "allreduce_sgd"}
-    lines = ["Nothing fitted: each run simulated on its own measured compute times, with alpha and beta "
-             "from `collectives.bench pingpong` at its rank count (every pair at once, waiting as its "
-             f"algorithm's messages wait: yielding for {', '.join(sorted(YIELDING))}, spinning for the "
-             f"others), activations taking that alpha plus {POLL * 1e3:.0f} ms (the poll's wait) per tree "
-             "level, and what a collective over all ranks costs beyond its messages once every rank is "
-             "there (the ranks' arithmetic, threads, updates and Python at once on the node's cores), "
-             "measured without imbalance: Allreduce-SGD with 100 ms of compute and no delays, from the last "
-             "rank's arrival to the step's end, less the allreduce's alpha-beta time "
-             f"(`{synchronization_dir}`). The sweep's own figure, beside it, is not used.", "",
-             "| P | waits | alpha (us) | 1/beta (GB/s) | activation hop (ms) |", "|---:|---|---:|---:|---:|"]
+    lines = [
+        "Nothing fitted: each run simulated on its own measured compute times, with alpha and beta "
+        "from `collectives.bench pingpong` at its rank count (every pair at once, waiting as its "
+        f"algorithm's messages wait: yielding for {', '.join(sorted(YIELDING))}, spinning for the "
+        f"others), activations taking that alpha plus {POLL * 1e3:.0f} ms (the poll's wait) per tree "
+        "level, and what a collective over all ranks costs beyond its messages once every rank is "
+        "there (the ranks' arithmetic, threads, updates and Python at once on the node's cores), "
+        "measured without imbalance: Allreduce-SGD with 100 ms of compute and no delays, from the last "
+        "rank's arrival to the step's end, less the allreduce's alpha-beta time "
+        f"(`{synchronization_dir}`). The sweep's own figure, beside it, is not used.",
+        "",
+        "| P | waits | alpha (us) | 1/beta (GB/s) | activation hop (ms) |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for (p, w), net in sorted(networks.items()):
-        lines.append(f"| {p} | {w} | {net.alpha * 1e6:.1f} | "
-                     f"{1 / net.beta / 1e9 if net.beta else float('inf'):.2f} | {net.hop * 1e3:.2f} |")
-    lines += ["", "| P | after the last arrival, no imbalance (ms) | allreduce's messages (ms) | "
-              "synchronization (ms) | after the last arrival in the sweep (ms) |", "|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {p} | {w} | {net.alpha * 1e6:.1f} | "
+            f"{1 / net.beta / 1e9 if net.beta else float('inf'):.2f} | {net.hop * 1e3:.2f} |"
+        )
+    lines += [
+        "",
+        "| P | after the last arrival, no imbalance (ms) | allreduce's messages (ms) | "
+        "synchronization (ms) | after the last arrival in the sweep (ms) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for p in sorted(alone):
         in_sweep = f"{sweep[p] * 1e3:.1f}" if p in sweep else "-"
-        lines.append(f"| {p} | {after_last_arrival(alone[p]) * 1e3:.1f} | "
-                     f"{_messages(alone[p], networks[p, 'spin']) * 1e3:.1f} | "
-                     f"{networks[p, 'spin'].synchronization * 1e3:.1f} | {in_sweep} |")
+        lines.append(
+            f"| {p} | {after_last_arrival(alone[p]) * 1e3:.1f} | "
+            f"{_messages(alone[p], networks[p, 'spin']) * 1e3:.1f} | "
+            f"{networks[p, 'spin'].synchronization * 1e3:.1f} | {in_sweep} |"
+        )
     return lines
 
 
@@ -297,47 +362,76 @@ def validate(measured_dir, out_dir, pingpong_dir=PINGPONG, synchronization_dir=S
     runs = [r for r in runs if r.attrs.get("status") == "complete" and r.attrs.get("compute") == "emulate"]
     if skipped or not runs:
         raise SystemExit(f"no complete emulated runs in {measured_dir} ({len(skipped)} unreadable)")
-    wagma = sorted(((str(r.attrs["ranks"]), r) for r in runs if r.attrs["algorithm"] == "wagma"
-                    and _options(r).get("wait_avoiding", True)), key=lambda pair: int(pair[0]))
+    wagma = sorted(
+        (
+            (str(r.attrs["ranks"]), r)
+            for r in runs
+            if r.attrs["algorithm"] == "wagma" and _options(r).get("wait_avoiding", True)
+        ),
+        key=lambda pair: int(pair[0]),
+    )
     wagma += [(f"{r.attrs['ranks']} ({os.path.basename(r.path)})", r) for r in _repeats(repeats_dir)]
-    networks, alone = measured_networks(sorted({int(r.attrs["ranks"]) for r in runs}), pingpong_dir,
-                                        synchronization_dir)
+    networks, alone = measured_networks(
+        sorted({int(r.attrs["ranks"]) for r in runs}), pingpong_dir, synchronization_dir
+    )
     measured_rows = {(row["algorithm"], row["ranks"]): row for row in compare(runs, skip=SKIP)}
-    predictions = {label: _predict(runs, wagma, measured_rows, networks, traced, **change)
-                   for label, traced, change in ABLATIONS}
+    predictions = {
+        label: _predict(runs, wagma, measured_rows, networks, traced, **change) for label, traced, change in ABLATIONS
+    }
     simulated, throughput, stale = predictions[ABLATIONS[0][0]]
     drawn = next(predictions[label][2] for label, traced, _ in ABLATIONS if not traced)
     for r, sim in zip(runs, simulated):
         save(sim, os.path.join(out_dir, "validation", f"{r.attrs['algorithm']}_p{r.attrs['ranks']}.h5"))
     worst = max(max(max(abs(row[3]), abs(row[4])) for row in throughput), max(abs(row[3]) for row in stale))
     lines = _network_lines(networks, alone, runs, synchronization_dir)
-    lines += ["", "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
-              "simulated ratio | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| algorithm | P | measured samples/s | simulated samples/s | error | measured ratio | "
+        "simulated ratio | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for key, m, s, absolute, ratio in throughput:
-        lines.append(f"| {key[0]} | {key[1]} | {m['throughput']:.0f} | {s['throughput']:.0f} | "
-                     f"{100 * absolute:+.1f} % | {m['speedup']:.2f} | {s['speedup']:.2f} | {100 * ratio:+.1f} % |")
-    lines += ["", "WAGMA-SGD's stale fraction over its group steps (a rank is stale when the first rank's "
-              "activation reaches it before it arrives): measured; simulated on the run's measured compute "
-              "times (the prediction); simulated on the drawn compute, which has no jitter: every undelayed "
-              "rank arrives at once, and only the delayed ranks and those behind them are stale.", "",
-              "| P | measured | simulated | error | simulated, drawn compute |", "|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {m['throughput']:.0f} | {s['throughput']:.0f} | "
+            f"{100 * absolute:+.1f} % | {m['speedup']:.2f} | {s['speedup']:.2f} | {100 * ratio:+.1f} % |"
+        )
+    lines += [
+        "",
+        "WAGMA-SGD's stale fraction over its group steps (a rank is stale when the first rank's "
+        "activation reaches it before it arrives): measured; simulated on the run's measured compute "
+        "times (the prediction); simulated on the drawn compute, which has no jitter: every undelayed "
+        "rank arrives at once, and only the delayed ranks and those behind them are stale.",
+        "",
+        "| P | measured | simulated | error | simulated, drawn compute |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for (label, measured, predicted, error), (*_, without_jitter, _) in zip(stale, drawn):
         lines.append(f"| {label} | {measured:.3f} | {predicted:.3f} | {100 * error:+.1f} % | {without_jitter:.3f} |")
-    lines += ["", f"Largest |error| of a throughput, a ratio or a stale fraction: {100 * worst:.1f} % "
-              f"(bound {100 * TOLERANCE:.0f} %).", ""] + _ablation_lines(predictions)
+    lines += [
+        "",
+        f"Largest |error| of a throughput, a ratio or a stale fraction: {100 * worst:.1f} % "
+        f"(bound {100 * TOLERANCE:.0f} %).",
+        "",
+    ] + _ablation_lines(predictions)
     return "\n".join(lines), worst, networks
 
 
 def _ablation_lines(predictions):
     """The ablation table: the largest errors of :func:`_predict`'s
     ``predictions`` (by label) with each of :data:`ABLATIONS` applied alone."""
-    lines = ["What each measured term does: the largest |error| with one of them changed, the rest as measured.",
-             "", "| change | throughput | ratio to Allreduce-SGD | stale fraction |", "|---|---:|---:|---:|"]
+    lines = [
+        "What each measured term does: the largest |error| with one of them changed, the rest as measured.",
+        "",
+        "| change | throughput | ratio to Allreduce-SGD | stale fraction |",
+        "|---|---:|---:|---:|",
+    ]
     for label, _, _ in ABLATIONS:
         _, throughput, stale = predictions[label]
-        cells = [_worst([(f"{k[0]} at {k[1]}", a) for k, _, _, a, _ in throughput], lambda r: r[1]),
-                 _worst([(f"{k[0]} at {k[1]}", q) for k, _, _, _, q in throughput], lambda r: r[1]),
-                 _worst([(f"P = {row[0]}", row[3]) for row in stale], lambda r: r[1])]
+        cells = [
+            _worst([(f"{k[0]} at {k[1]}", a) for k, _, _, a, _ in throughput], lambda r: r[1]),
+            _worst([(f"{k[0]} at {k[1]}", q) for k, _, _, _, q in throughput], lambda r: r[1]),
+            _worst([(f"P = {row[0]}", row[3]) for row in stale], lambda r: r[1]),
+        ]
         lines.append(f"| {label} | " + " | ".join(f"{100 * v:.1f} % ({where})" for v, where in cells) + " |")
     return lines
 
@@ -347,18 +441,39 @@ def _ablation_lines(predictions):
 #: figure10-light is the same with a lighter tail (sigma 0.5), to show how
 #: much the speedups depend on how often an episode is long.
 SETTINGS = {
-    "figure4": (dict(imbalance="random:k=2,ms=320", compute_ms=600.0, parameters=25_559_081, model="resnet50-v1"),
-                {"wagma": {"tau": 10}, "allreduce_sgd": {"bucket_cap_mb": 25.0}, "local_sgd": {"period": 1},
-                 # eager-SGD as the authors' code runs it: a random activator per version
-                 "dpsgd": {}, "sgp": {"peers": 2}, "eager_sgd": {"quorum": "majority"},
-                 "adpsgd": {}}),
-    "figure10": (dict(imbalance="lognormal:median_ms=2000,sigma=1,min_ms=1700,max_ms=43500", compute_ms=0.0,
-                      parameters=8_476_421, model="resnet18-lstm", batch_size=256),
-                 {"wagma": {"tau": 8}, "local_sgd": {"period": 1}, "dpsgd": {}, "sgp": {"peers": 4}, "adpsgd": {}}),
-    "figure10-light": (dict(imbalance="lognormal:median_ms=2000,sigma=0.5,min_ms=1700,max_ms=43500",
-                            compute_ms=0.0, parameters=8_476_421, model="resnet18-lstm", batch_size=256),
-                       {"wagma": {"tau": 8}, "local_sgd": {"period": 1}, "dpsgd": {}, "sgp": {"peers": 4},
-                        "adpsgd": {}}),
+    "figure4": (
+        dict(imbalance="random:k=2,ms=320", compute_ms=600.0, parameters=25_559_081, model="resnet50-v1"),
+        {
+            "wagma": {"tau": 10},
+            "allreduce_sgd": {"bucket_cap_mb": 25.0},
+            "local_sgd": {"period": 1},
+            # eager-SGD as the authors' code runs it: a random activator per version
+            "dpsgd": {},
+            "sgp": {"peers": 2},
+            "eager_sgd": {"quorum": "majority"},
+            "adpsgd": {},
+        },
+    ),
+    "figure10": (
+        dict(
+            imbalance="lognormal:median_ms=2000,sigma=1,min_ms=1700,max_ms=43500",
+            compute_ms=0.0,
+            parameters=8_476_421,
+            model="resnet18-lstm",
+            batch_size=256,
+        ),
+        {"wagma": {"tau": 8}, "local_sgd": {"period": 1}, "dpsgd": {}, "sgp": {"peers": 4}, "adpsgd": {}},
+    ),
+    "figure10-light": (
+        dict(
+            imbalance="lognormal:median_ms=2000,sigma=0.5,min_ms=1700,max_ms=43500",
+            compute_ms=0.0,
+            parameters=8_476_421,
+            model="resnet18-lstm",
+            batch_size=256,
+        ),
+        {"wagma": {"tau": 8}, "local_sgd": {"period": 1}, "dpsgd": {}, "sgp": {"peers": 4}, "adpsgd": {}},
+    ),
 }
 
 
@@ -403,9 +518,13 @@ def figure10_sensitivity(ranks=1024):
     then what the rows show (:func:`_figure10_reading`)."""
     common, algos = SETTINGS["figure10"]
     baselines = ("local_sgd", "dpsgd", "sgp")
-    lines = [f"Figure 10 at {ranks} ranks, one assumption changed at a time: WAGMA-SGD's speedup over",
-             "", "| variation | local SGD | D-PSGD | SGP (4 peers) |", "|---|---:|---:|---:|",
-             "| paper | " + " | ".join(f"{PAPER['figure10'][1024][a]:.2f}x" for a in baselines) + " |"]
+    lines = [
+        f"Figure 10 at {ranks} ranks, one assumption changed at a time: WAGMA-SGD's speedup over",
+        "",
+        "| variation | local SGD | D-PSGD | SGP (4 peers) |",
+        "|---|---:|---:|---:|",
+        "| paper | " + " | ".join(f"{PAPER['figure10'][1024][a]:.2f}x" for a in baselines) + " |",
+    ]
     speedups = {}
     for label, changes in FIGURE10_VARIATIONS:
         changes = dict(changes)
@@ -464,8 +583,9 @@ def paper():
             speedups = {algo: throughput["wagma"] / t for algo, t in throughput.items() if algo != "wagma"}
             for algo in sorted(speedups):
                 claim = claims.get(algo)
-                lines.append(f"| {setting} | {ranks} | {algo} | {f'{claim:.2f}x' if claim else '-'} | "
-                             f"{speedups[algo]:.2f}x |")
+                lines.append(
+                    f"| {setting} | {ranks} | {algo} | {f'{claim:.2f}x' if claim else '-'} | {speedups[algo]:.2f}x |"
+                )
             if "up to" in claims:
                 best = max(v for algo, v in speedups.items() if algo != "adpsgd")
                 lines.append(f"| {setting} | {ranks} | up to (all but adpsgd) | {claims['up to']:.2f}x | {best:.2f}x |")
@@ -476,19 +596,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.validate_sim",
         description="Validate the scale simulator (wagma.sim) against measured runs and set it beside the paper.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--measured", default=os.path.join("results", "sweep"),
-                        help="folder of the measured sweep's run files")
-    parser.add_argument("--pingpong", default=PINGPONG,
-                        help="folder of collectives.bench pingpong's files, one per rank count and waits")
-    parser.add_argument("--synchronization", default=SYNCHRONIZATION,
-                        help="folder of the Allreduce-SGD runs without imbalance that measure a global "
-                             "synchronization's cost, one per rank count")
-    parser.add_argument("--repeats", default=REPEATS,
-                        help="folder of more WAGMA-SGD runs of the sweep whose stale fractions are predicted too "
-                             "('': none)")
-    parser.add_argument("--out", default=os.path.join("results", "sim"),
-                        help="folder for validation.md, paper.md and the simulated runs")
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--measured", default=os.path.join("results", "sweep"), help="folder of the measured sweep's run files"
+    )
+    parser.add_argument(
+        "--pingpong",
+        default=PINGPONG,
+        help="folder of collectives.bench pingpong's files, one per rank count and waits",
+    )
+    parser.add_argument(
+        "--synchronization",
+        default=SYNCHRONIZATION,
+        help="folder of the Allreduce-SGD runs without imbalance that measure a global "
+        "synchronization's cost, one per rank count",
+    )
+    parser.add_argument(
+        "--repeats",
+        default=REPEATS,
+        help="folder of more WAGMA-SGD runs of the sweep whose stale fractions are predicted too ('': none)",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join("results", "sim"),
+        help="folder for validation.md, paper.md and the simulated runs",
+    )
     args = parser.parse_args(argv)
     configure_logging()
     table, worst, _ = validate(args.measured, args.out, args.pingpong, args.synchronization, args.repeats or None)

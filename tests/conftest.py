@@ -17,6 +17,7 @@ def shared_dir():
     """For MPI tests: a folder every rank of COMM_WORLD sees, removed by rank 0
     once every rank is done with it."""
     from mpi4py import MPI
+
     world = MPI.COMM_WORLD
     path = world.bcast(tempfile.mkdtemp(prefix="wagma-train-") if world.rank == 0 else None)
     yield path
@@ -37,9 +38,21 @@ def record_measurement(request):
 
     def record(name, value, bound, above=False):
         from mpi4py import MPI
+
         if path and MPI.COMM_WORLD.rank == 0:
             with open(path, "a") as out:
-                out.write(json.dumps({"test": request.node.nodeid, "name": name,
-                                      "ranks": MPI.COMM_WORLD.size, "value": float(value),
-                                      "bound": float(bound), "above": bool(above)}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "test": request.node.nodeid,
+                            "name": name,
+                            "ranks": MPI.COMM_WORLD.size,
+                            "value": float(value),
+                            "bound": float(bound),
+                            "above": bool(above),
+                        }
+                    )
+                    + "\n"
+                )
+
     return record

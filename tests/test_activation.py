@@ -10,7 +10,7 @@ from collectives.wait_avoiding.activation import ActivationState, version_from_t
 def test_root_sends_along_every_dimension():
     state = ActivationState(5, 16)
     assert state.activate(3) == [(4, 3, 0), (7, 3, 1), (1, 3, 2), (13, 3, 3)]
-    assert state.activate(3) == []          # a second activator: nothing new
+    assert state.activate(3) == []  # a second activator: nothing new
 
 
 def test_paper_figure_1():
@@ -22,9 +22,9 @@ def test_paper_figure_1():
 
 def test_old_versions_are_dropped_and_skipped_dimensions_resent():
     state = ActivationState(0, 8)
-    assert state.receive(4, 2) == []        # through the top dimension: a leaf
-    assert state.receive(3, 2) == []        # older: dropped
-    assert state.receive(2, 0) == [(2, 4, 1), (4, 4, 2)]   # skipped dims, newest version
+    assert state.receive(4, 2) == []  # through the top dimension: a leaf
+    assert state.receive(3, 2) == []  # older: dropped
+    assert state.receive(2, 0) == [(2, 4, 1), (4, 4, 2)]  # skipped dims, newest version
     assert state.receive(4, 1) == []
 
 

@@ -42,16 +42,14 @@ def comm():
 
 
 def _mlp(seed=0):
-    torch.manual_seed(seed)   # the same initial model on every rank
-    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 3))
+    torch.manual_seed(seed)  # the same initial model on every rank
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 
 def _batches(steps, seed=1):
     """This rank's own data: different on every rank, the same for both runs."""
     g = torch.Generator().manual_seed(seed * 1000 + WORLD.rank)
-    return [(torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g))
-            for _ in range(steps)]
+    return [(torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(steps)]
 
 
 def _train_step(model, x, y):
@@ -95,7 +93,7 @@ def test_allreduce_sgd_matches_ddp(torch_distributed, comm, bucket_cap_mb):
         for step, (x, y) in enumerate(_batches(6)):
             algo.zero_grad()
             ref_opt.zero_grad()
-            if step % 2:   # gradient accumulation: two micro-batches, one allreduce
+            if step % 2:  # gradient accumulation: two micro-batches, one allreduce
                 with algo.no_sync():
                     _train_step(ours, x[:4], y[:4])
                 with ddp.no_sync():
@@ -126,9 +124,11 @@ def _resumable_run(comm, make, batches, state=None):
         _train_step(model, x, y)
         algo.step()
     algo.close()
-    return model, {"model": copy.deepcopy(model.state_dict()),
-                   "optimizer": copy.deepcopy(opt.state_dict()),
-                   "algorithm": algo.state_dict()}
+    return model, {
+        "model": copy.deepcopy(model.state_dict()),
+        "optimizer": copy.deepcopy(opt.state_dict()),
+        "algorithm": algo.state_dict(),
+    }
 
 
 def test_state_dict_round_trip_continues_identically(comm):
@@ -137,7 +137,7 @@ def test_state_dict_round_trip_continues_identically(comm):
 
     batches = _batches(10)
     straight, _ = _resumable_run(comm, make, batches)
-    _, halfway = _resumable_run(comm, make, batches[:4])   # between two averagings
+    _, halfway = _resumable_run(comm, make, batches[:4])  # between two averagings
     assert halfway["algorithm"]["steps"] == 4
     resumed, _ = _resumable_run(comm, make, batches[4:], halfway)
     for p, q in zip(straight.parameters(), resumed.parameters()):
@@ -148,9 +148,12 @@ def test_bad_arguments_raise_on_every_rank(comm):
     last = WORLD.rank == WORLD.size - 1
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
-                                         "'eager_sgd', 'ensemble_sync', 'hierarchical_sgd', 'local_sgd', "
-                                         "'sgp', 'wagma'"):
+    with pytest.raises(
+        ValueError,
+        match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
+        "'eager_sgd', 'ensemble_sync', 'hierarchical_sgd', 'local_sgd', "
+        "'sgp', 'wagma'",
+    ):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
         create("local_sgd", model, opt, comm, period=0 if last else 1)
@@ -162,12 +165,26 @@ def test_bad_arguments_raise_on_every_rank(comm):
     if WORLD.size > 1:
         wider = torch.nn.Sequential(torch.nn.Linear(12, 17 if last else 16))
         last_shape = f"rank {WORLD.size - 1}: 0.weight (17, 12) float32"
-        with pytest.raises(ValueError, match=re.escape("the model's parameters differ across ranks; parameter 0 "
-                                                       "is rank 0: 0.weight (16, 12) float32") + ".*" +
-                           re.escape(last_shape)):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "the model's parameters differ across ranks; parameter 0 is rank 0: 0.weight (16, 12) float32"
+            )
+            + ".*"
+            + re.escape(last_shape),
+        ):
             create("local_sgd", wider, torch.optim.SGD(wider.parameters(), lr=0.1), comm)
-    assert set(ALGORITHMS) == {"adpsgd", "allreduce_sgd", "dpsgd", "eager_sgd", "ensemble_sync",
-                               "hierarchical_sgd", "local_sgd", "sgp", "wagma"}
+    assert set(ALGORITHMS) == {
+        "adpsgd",
+        "allreduce_sgd",
+        "dpsgd",
+        "eager_sgd",
+        "ensemble_sync",
+        "hierarchical_sgd",
+        "local_sgd",
+        "sgp",
+        "wagma",
+    }
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
@@ -187,8 +204,10 @@ def test_allreduce_sgd_and_local_sgd_with_period_1_agree_within_rounding(comm):
     steps = 24
     models = [_mlp(), _mlp()]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4) for m in models]
-    algos = [create("allreduce_sgd", models[0], optimizers[0], comm),
-             create("local_sgd", models[1], optimizers[1], comm, period=1)]
+    algos = [
+        create("allreduce_sgd", models[0], optimizers[0], comm),
+        create("local_sgd", models[1], optimizers[1], comm, period=1),
+    ]
     for x, y in _batches(steps):
         for algo, model in zip(algos, models):
             algo.zero_grad()
@@ -206,8 +225,7 @@ def test_wagma_with_both_switches_off_equals_local_sgd(comm):
     ours, reference = _mlp(), _mlp()
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    wagma = create("wagma", ours, opt, comm, group_size=WORLD.size, tau=3,
-                   wait_avoiding=False, group_averaging=False)
+    wagma = create("wagma", ours, opt, comm, group_size=WORLD.size, tau=3, wait_avoiding=False, group_averaging=False)
     local = create("local_sgd", reference, ref_opt, comm, period=3)
     for x, y in _batches(8):
         for algo, model in ((wagma, ours), (local, reference)):
@@ -220,21 +238,24 @@ def test_wagma_with_both_switches_off_equals_local_sgd(comm):
 @needs_pow2
 @pytest.mark.parametrize("switch", ["group_averaging", pytest.param("wait_avoiding", marks=pytest.mark.timing)])
 def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_measurement):
-    model = _mlp(seed=WORLD.rank)   # a different initial model on every rank
+    model = _mlp(seed=WORLD.rank)  # a different initial model on every rank
     initial = WORLD.allgather(_flat_params(model))
     average = torch.stack(initial).mean(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    options = dict(group_size=max(1, WORLD.size // 2), tau=5,
-                   wait_avoiding=switch == "wait_avoiding",
-                   group_averaging=switch == "group_averaging")
+    options = dict(
+        group_size=max(1, WORLD.size // 2),
+        tau=5,
+        wait_avoiding=switch == "wait_avoiding",
+        group_averaging=switch == "group_averaging",
+    )
     with create("wagma", model, opt, comm, init_sync=False, **options) as algo:
-        for x, y in _batches(10):           # steps 4 and 9 are sync steps
+        for x, y in _batches(10):  # steps 4 and 9 are sync steps
             algo.zero_grad()
             _train_step(model, x, y)
             algo.step()
     final = WORLD.allgather(_flat_params(model))
-    assert all(torch.equal(f, final[0]) for f in final)     # consensus
-    if switch == "group_averaging":          # mass-conserving: exactly the average
+    assert all(torch.equal(f, final[0]) for f in final)  # consensus
+    if switch == "group_averaging":  # mass-conserving: exactly the average
         torch.testing.assert_close(final[0], average, rtol=1e-6, atol=1e-6)
     else:
         # A stale step, (sum + W'_t) / (S + 1), mixes convexly but does not keep
@@ -264,14 +285,23 @@ def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
     first = WORLD.rank // S * S
     model = _mlp()
     with torch.no_grad():
-        for i, p in enumerate(model.parameters()):     # small integers: exact means
+        for i, p in enumerate(model.parameters()):  # small integers: exact means
             p.copy_(torch.arange(p.numel()).reshape(p.shape) % 7 + 8 * WORLD.rank + i)
     initial = WORLD.allgather(_flat_params(model))
-    group = torch.stack(initial[first:first + S])
+    group = torch.stack(initial[first : first + S])
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    with create("wagma", model, opt, comm, group_size=S, tau=100, fixed_groups=True, init_sync=False,
-                wait_avoiding=switch == "wait_avoiding",
-                group_averaging=switch == "group_averaging") as algo:
+    with create(
+        "wagma",
+        model,
+        opt,
+        comm,
+        group_size=S,
+        tau=100,
+        fixed_groups=True,
+        init_sync=False,
+        wait_avoiding=switch == "wait_avoiding",
+        group_averaging=switch == "group_averaging",
+    ) as algo:
         x, y = _batches(1)[0]
         for _ in range(6):
             algo.zero_grad()
@@ -282,14 +312,15 @@ def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
                 assert torch.equal(final, group.mean(0))
             else:
                 low, high = group.min(0).values, group.max(0).values
-                assert bool(((final >= low - 1e-4) & (final <= high + 1e-4)).all())   # float32 rounding
+                assert bool(((final >= low - 1e-4) & (final <= high + 1e-4)).all())  # float32 rounding
 
 
 @needs_pow2
 def test_wagma_resumes_its_schedule(comm):
     def make(model, opt):
-        return create("wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4,
-                      wait_avoiding=False, group_averaging=True)
+        return create(
+            "wagma", model, opt, comm, group_size=min(2, WORLD.size), tau=4, wait_avoiding=False, group_averaging=True
+        )
 
     batches = _batches(9)
     straight, _ = _resumable_run(comm, make, batches)
@@ -302,8 +333,15 @@ def test_wagma_resumes_its_schedule(comm):
 def test_wagma_refuses_both_switches(comm):
     model = _mlp()
     with pytest.raises(ValueError, match="wait_avoiding and group_averaging cannot both be on"):
-        create("wagma", model, torch.optim.SGD(model.parameters(), lr=0.1), comm,
-               group_size=1, wait_avoiding=True, group_averaging=True)
+        create(
+            "wagma",
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            comm,
+            group_size=1,
+            wait_avoiding=True,
+            group_averaging=True,
+        )
 
 
 def _averaging_only(comm, name, steps, **options):
@@ -344,8 +382,14 @@ def test_dpsgd_mixes_with_the_two_ring_neighbours(comm):
     assert torch.allclose(_flat_params(model), torch.full((3,), float(expected)))
 
 
-@pytest.mark.parametrize("peers", [1, 2, pytest.param(3, marks=pytest.mark.skipif(
-    WORLD.size < 5, reason="three distinct out-peers 2**k need P >= 5"))])
+@pytest.mark.parametrize(
+    "peers",
+    [
+        1,
+        2,
+        pytest.param(3, marks=pytest.mark.skipif(WORLD.size < 5, reason="three distinct out-peers 2**k need P >= 5")),
+    ],
+)
 def test_sgp_conserves_mass_and_reaches_the_initial_average(comm, peers):
     model = _mlp(seed=WORLD.rank)
     total = torch.stack(WORLD.allgather(_flat_params(model))).sum(0)
@@ -353,7 +397,7 @@ def test_sgp_conserves_mass_and_reaches_the_initial_average(comm, peers):
     algo = create("sgp", model, opt, comm, peers=peers, init_sync=False)
     x, y = _batches(1)[0]
     rounds = max(1, (WORLD.size - 1).bit_length())
-    for step in range(30):   # two peers on 2 or 4 ranks contract by 1/3 a step
+    for step in range(30):  # two peers on 2 or 4 ranks contract by 1/3 a step
         algo.zero_grad()
         _train_step(model, x, y)
         algo.step()
@@ -364,7 +408,7 @@ def test_sgp_conserves_mass_and_reaches_the_initial_average(comm, peers):
             # d steps of the one-peer exponential graph average exactly.
             for z in WORLD.allgather(_flat_params(model)):
                 torch.testing.assert_close(z, total / WORLD.size, rtol=1e-5, atol=1e-6)
-    assert algo.weight.item() == 1.0          # a regular graph keeps w = 1
+    assert algo.weight.item() == 1.0  # a regular graph keeps w = 1
     for z in WORLD.allgather(_flat_params(model)):
         torch.testing.assert_close(z, total / WORLD.size, rtol=1e-5, atol=1e-5)
 
@@ -377,15 +421,16 @@ def test_hierarchical_sgd_matches_hierarchical_model_averager(torch_distributed,
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     averager = HierarchicalModelAverager(levels, warmup_steps=3)
-    with create("hierarchical_sgd", ours, opt, comm, period_group_size_dict=levels,
-                warmup_steps=3, init_sync=False) as algo:     # the reference's different starts
+    with create(
+        "hierarchical_sgd", ours, opt, comm, period_group_size_dict=levels, warmup_steps=3, init_sync=False
+    ) as algo:  # the reference's different starts
         for step, (x, y) in enumerate(_batches(13)):
             algo.zero_grad()
             _train_step(ours, x, y)
             algo.step()
             ref_opt.zero_grad()
             _train_step(reference, x, y)
-            if step < 3:                      # warm-up: synchronous gradient averaging
+            if step < 3:  # warm-up: synchronous gradient averaging
                 for p in reference.parameters():
                     dist.all_reduce(p.grad)
                     p.grad /= P
@@ -398,24 +443,25 @@ def test_hierarchical_sgd_matches_hierarchical_model_averager(torch_distributed,
 def test_hierarchical_sgd_refuses_bad_levels(comm):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=re.escape("the last group size in period_group_size_dict "
-                                                   f"must be all {WORLD.size} ranks ('P')")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"the last group size in period_group_size_dict must be all {WORLD.size} ranks ('P')"),
+    ):
         create("hierarchical_sgd", model, opt, comm, period_group_size_dict={2: WORLD.size + 1})
     with pytest.raises(ValueError, match="periods must be increasing"):
-        create("hierarchical_sgd", model, opt, comm,
-               period_group_size_dict={4: 1, 2: WORLD.size})
+        create("hierarchical_sgd", model, opt, comm, period_group_size_dict={4: 1, 2: WORLD.size})
 
 
 EVEN = WORLD.size == 1 or WORLD.size % 2 == 0
 
 
-@pytest.mark.timing     # its communication thread meets the neighbours in the OS's order
+@pytest.mark.timing  # its communication thread meets the neighbours in the OS's order
 @pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
 def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
     # 200 steps: 100 rounds of right-left exchanges on the ring.
     model, algo, initial = _averaging_only(comm, "adpsgd", 200)
     total = torch.stack(initial).sum(0)
-    algo.close()           # every requested exchange done, on every rank
+    algo.close()  # every requested exchange done, on every rank
     final = WORLD.allgather(_flat_params(model))
     torch.testing.assert_close(torch.stack(final).sum(0), total, rtol=1e-5, atol=1e-5)
     for f in final:
@@ -455,18 +501,18 @@ def test_adpsgd_refuses_an_odd_world(comm):
 @needs_pow2
 @pytest.mark.parametrize("quorum", ["solo", "majority", "half"])
 def test_eager_sgd_keeps_replicas_identical(comm, quorum):
-    model = _mlp(seed=WORLD.rank)   # different on every rank: rank 0's is broadcast
+    model = _mlp(seed=WORLD.rank)  # different on every rank: rank 0's is broadcast
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with create("eager_sgd", model, opt, comm, quorum=quorum, limiter=4) as algo:
         for step, (x, y) in enumerate(_batches(12)):
             algo.zero_grad()
             _train_step(model, x, y)
             if WORLD.rank == step % WORLD.size:
-                time.sleep(0.02)    # a different late rank at every step
+                time.sleep(0.02)  # a different late rank at every step
             algo.step()
     final = WORLD.allgather(_flat_params(model))
     assert all(torch.equal(f, final[0]) for f in final)
-    assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))   # it trained
+    assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))  # it trained
 
 
 @pytest.mark.timing
@@ -492,7 +538,7 @@ def test_eager_sgd_applies_the_gradients_its_reading_promises(comm, late, record
             algo.zero_grad()
             _train_step(model, x.double(), y)
             grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-            time.sleep(delays[step])   # injected imbalance
+            time.sleep(delays[step])  # injected imbalance
             stale_before = algo.stale_steps
             algo.step()
             if late == "accumulate" or algo.stale_steps == stale_before:
@@ -508,25 +554,32 @@ def test_eager_sgd_applies_the_gradients_its_reading_promises(comm, late, record
     if WORLD.size > 1:
         late_steps = WORLD.allreduce(stale)
         record_measurement("stale steps over all ranks", late_steps, 1, above=True)
-        assert late_steps > 0   # some gradient was late
+        assert late_steps > 0  # some gradient was late
 
 
 def test_parameters_on_two_devices_are_refused_on_every_rank(comm):
     model = _mlp()
     if WORLD.rank == WORLD.size - 1:
         model[2].bias = torch.nn.Parameter(torch.zeros(3, device="meta"))
-    with pytest.raises(ValueError, match="model parameters must all be on one device, "
-                                         "got cpu, meta"):
+    with pytest.raises(ValueError, match="model parameters must all be on one device, got cpu, meta"):
         create("local_sgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name, options", [
-    ("allreduce_sgd", {}), ("local_sgd", {"period": 2}), ("dpsgd", {}), ("sgp", {}),
-    ("wagma", {"group_size": 1, "tau": 2}), ("eager_sgd", {}), ("adpsgd", {}),
-    ("hierarchical_sgd", {"period_group_size_dict": {2: WORLD.size}}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("allreduce_sgd", {}),
+        ("local_sgd", {"period": 2}),
+        ("dpsgd", {}),
+        ("sgp", {}),
+        ("wagma", {"group_size": 1, "tau": 2}),
+        ("eager_sgd", {}),
+        ("adpsgd", {}),
+        ("hierarchical_sgd", {"period_group_size_dict": {2: WORLD.size}}),
+    ],
+)
 def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
     if (name in ("wagma", "eager_sgd") and not POW2) or (name == "adpsgd" and not EVEN):
         pytest.skip(f"{name} does not run on {WORLD.size} ranks")
@@ -542,13 +595,18 @@ def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
 
 
 @needs_pow2
-@pytest.mark.parametrize("options, text", [
-    ({"group_size": 3}, "group_size must be a power of two"),
-    ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
-    ({"group_size": 1, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
-    ({"group_size": 1, "wait_avoiding": False, "fixed_groups": True},
-     "fixed_groups needs wait_avoiding or group_averaging"),
-])
+@pytest.mark.parametrize(
+    "options, text",
+    [
+        ({"group_size": 3}, "group_size must be a power of two"),
+        ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
+        ({"group_size": 1, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
+        (
+            {"group_size": 1, "wait_avoiding": False, "fixed_groups": True},
+            "fixed_groups needs wait_avoiding or group_averaging",
+        ),
+    ],
+)
 def test_wagma_bad_options_raise_on_every_rank(comm, options, text):
     model = _mlp()
     with pytest.raises(ValueError, match=text):

@@ -11,9 +11,17 @@ import h5py
 import numpy as np
 import pytest
 
-from wagma.analysis import (ROW_FIELDS, compare, format_table, mean_throughput, read_runs, run_label,
-                            to_dataframe, write_csv)
-from wagma.analysis import plots
+from wagma.analysis import (
+    ROW_FIELDS,
+    compare,
+    format_table,
+    mean_throughput,
+    plots,
+    read_runs,
+    run_label,
+    to_dataframe,
+    write_csv,
+)
 from wagma.analysis.plots import _binned
 from wagma.results import Run, write_run
 
@@ -21,31 +29,69 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, STEPS = 32, 20
 
 
-def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, imbalance="none",
-           evals=None, status="complete", steps_planned=STEPS, wait=None, stale=None, options=None,
-           epochs=None):
+def _write(
+    folder,
+    name,
+    algorithm,
+    ranks,
+    durations,
+    *,
+    group_size=0,
+    tau=0,
+    imbalance="none",
+    evals=None,
+    status="complete",
+    steps_planned=STEPS,
+    wait=None,
+    stale=None,
+    options=None,
+    epochs=None,
+):
     """A run file whose latest rank (rank 0) ends step t at sum(durations[:t + 1]);
     ``options``: the algorithm options its config records, as experiments.train's;
     ``evals``: (clocks, accuracies) at epochs ``epochs`` (default 0, 1, 2, ...)."""
     durations = np.broadcast_to(np.asarray(durations, dtype=float), (STEPS,))
     clock = np.cumsum(durations)[None, :] - 0.001 * np.arange(ranks)[:, None]
     shape = (ranks, STEPS)
-    steps = {"step_time": np.broadcast_to(durations, shape), "compute_time": np.full(shape, 0.1),
-             "delay": np.zeros(shape), "comm_time": np.full(shape, 0.05),
-             "wait_time": np.zeros(shape) if wait is None else wait, "loss": np.full(shape, np.nan),
-             "stale": np.zeros(shape) if stale is None else stale, "clock": clock}
+    steps = {
+        "step_time": np.broadcast_to(durations, shape),
+        "compute_time": np.full(shape, 0.1),
+        "delay": np.zeros(shape),
+        "comm_time": np.full(shape, 0.05),
+        "wait_time": np.zeros(shape) if wait is None else wait,
+        "loss": np.full(shape, np.nan),
+        "stale": np.zeros(shape) if stale is None else stale,
+        "clock": clock,
+    }
     config = {"algorithm": algorithm, "ranks": ranks}
     if options is not None:
         config["algorithm_options"] = options
-    attrs = {"config": json.dumps(config), "kind": "measured", "algorithm": algorithm, "ranks": ranks,
-             "group_size": group_size, "tau": tau, "imbalance": imbalance, "compute": "emulate",
-             "model": "mlp", "dataset": "synthetic", "batch_size": BATCH, "seed": 0,
-             "steps_planned": steps_planned, "steps_per_epoch": 10}
+    attrs = {
+        "config": json.dumps(config),
+        "kind": "measured",
+        "algorithm": algorithm,
+        "ranks": ranks,
+        "group_size": group_size,
+        "tau": tau,
+        "imbalance": imbalance,
+        "compute": "emulate",
+        "model": "mlp",
+        "dataset": "synthetic",
+        "batch_size": BATCH,
+        "seed": 0,
+        "steps_planned": steps_planned,
+        "steps_per_epoch": 10,
+    }
     if evals is not None:
         clocks, accuracy = (np.asarray(v, dtype=float) for v in evals)
         epoch = np.arange(len(clocks), dtype=float) if epochs is None else np.asarray(epochs, dtype=float)
-        evals = {"step": np.arange(len(clocks)), "epoch": epoch, "clock": clocks,
-                 "accuracy": accuracy, "loss": 1 - accuracy}
+        evals = {
+            "step": np.arange(len(clocks)),
+            "epoch": epoch,
+            "clock": clocks,
+            "accuracy": accuracy,
+            "loss": 1 - accuracy,
+        }
     path = os.path.join(folder, name)
     write_run(path, attrs, steps, evals, status=status)
     return path
@@ -55,23 +101,31 @@ def _write(folder, name, algorithm, ranks, durations, *, group_size=0, tau=0, im
 def results(tmp_path_factory):
     """Eight runs, a file of another schema, a file that is not HDF5 and one that is not .h5."""
     folder = str(tmp_path_factory.mktemp("results"))
-    wait = np.broadcast_to(0.01 * np.arange(4)[:, None], (4, STEPS))     # mean 15 ms
+    wait = np.broadcast_to(0.01 * np.arange(4)[:, None], (4, STEPS))  # mean 15 ms
     stale = np.zeros((4, STEPS))
-    stale[1, ::4] = 1                                                    # 5 of 80
-    warmup = [1.0] * 5 + [0.25] * 15                                     # 5 s, then 3.75 s
-    _write(folder, "allreduce_p4.h5", "allreduce_sgd", 4, 0.5,
-           evals=([2.5, 5, 7.5, 10], [0.5, 0.8, 0.91, 0.93]))
-    _write(folder, "wagma_p4.h5", "wagma", 4, warmup, group_size=2, tau=10, wait=wait, stale=stale,
-           evals=([2, 4, 6, 8.75], [0.6, 0.92, 0.88, 0.90]))
+    stale[1, ::4] = 1  # 5 of 80
+    warmup = [1.0] * 5 + [0.25] * 15  # 5 s, then 3.75 s
+    _write(folder, "allreduce_p4.h5", "allreduce_sgd", 4, 0.5, evals=([2.5, 5, 7.5, 10], [0.5, 0.8, 0.91, 0.93]))
+    _write(
+        folder,
+        "wagma_p4.h5",
+        "wagma",
+        4,
+        warmup,
+        group_size=2,
+        tau=10,
+        wait=wait,
+        stale=stale,
+        evals=([2, 4, 6, 8.75], [0.6, 0.92, 0.88, 0.90]),
+    )
     _write(folder, "allreduce_p8.h5", "allreduce_sgd", 8, 0.5, evals=([5, 10], [0.3, 0.5]))
-    _write(folder, "allreduce_p8_stopped.partial.h5", "allreduce_sgd", 8, 1.0, status="stopped",
-           steps_planned=100)
+    _write(folder, "allreduce_p8_stopped.partial.h5", "allreduce_sgd", 8, 1.0, status="stopped", steps_planned=100)
     _write(folder, "wagma_p8.h5", "wagma", 8, 0.2, group_size=4, tau=10)
-    _write(folder, "wagma_p8_run2.partial.h5", "wagma", 8, 0.25, group_size=4, tau=10,
-           status="running", steps_planned=100)
+    _write(
+        folder, "wagma_p8_run2.partial.h5", "wagma", 8, 0.25, group_size=4, tau=10, status="running", steps_planned=100
+    )
     _write(folder, "local_p16.h5", "local_sgd", 16, 0.5, tau=10)
-    _write(folder, "wagma_p4_random.h5", "wagma", 4, 0.5, group_size=2, tau=10,
-           imbalance="random:k=2,ms=320")
+    _write(folder, "wagma_p4_random.h5", "wagma", 4, 0.5, group_size=2, tau=10, imbalance="random:k=2,ms=320")
     with h5py.File(os.path.join(folder, "not_a_run.h5"), "w") as f:
         f["x"] = np.arange(3)
         f.attrs["schema"] = "bench/1"
@@ -87,8 +141,9 @@ def _by_file(rows):
 
 
 def test_read_runs_skips_what_is_not_a_run(results):
-    runs, skipped = read_runs([results, os.path.join(results, "missing.h5"),
-                               os.path.join(results, "wagma_p8.h5")])     # named twice: read once
+    runs, skipped = read_runs(
+        [results, os.path.join(results, "missing.h5"), os.path.join(results, "wagma_p8.h5")]
+    )  # named twice: read once
     assert len(runs) == 8
     reasons = {os.path.basename(path): reason for path, reason in skipped}
     assert set(reasons) == {"garbage.h5", "not_a_run.h5", "missing.h5"}
@@ -101,10 +156,16 @@ def test_rows_throughput_speedup_accuracy(results):
     runs, _ = read_runs([results])
     rows = _by_file(compare(runs, baseline="allreduce_sgd", target_accuracy=0.9))
     # samples / time: P * 32 * 20 over the last clock
-    expected = {"allreduce_p4.h5": (2560 / 10, 1.0), "wagma_p4.h5": (2560 / 8.75, 10 / 8.75),
-                "allreduce_p8.h5": (5120 / 10, 1.0), "allreduce_p8_stopped.partial.h5": (5120 / 20, 0.5),
-                "wagma_p8.h5": (5120 / 4, 2.5), "wagma_p8_run2.partial.h5": (5120 / 5, 2.0),
-                "local_p16.h5": (10240 / 10, None), "wagma_p4_random.h5": (2560 / 10, None)}
+    expected = {
+        "allreduce_p4.h5": (2560 / 10, 1.0),
+        "wagma_p4.h5": (2560 / 8.75, 10 / 8.75),
+        "allreduce_p8.h5": (5120 / 10, 1.0),
+        "allreduce_p8_stopped.partial.h5": (5120 / 20, 0.5),
+        "wagma_p8.h5": (5120 / 4, 2.5),
+        "wagma_p8_run2.partial.h5": (5120 / 5, 2.0),
+        "local_p16.h5": (10240 / 10, None),
+        "wagma_p4_random.h5": (2560 / 10, None),
+    }
     for name, (throughput, speedup) in expected.items():
         assert rows[name]["throughput"] == pytest.approx(throughput, rel=1e-12), name
         if speedup is None:
@@ -131,21 +192,23 @@ def test_rows_throughput_speedup_accuracy(results):
     later = _by_file(compare(runs, target_accuracy=0.925))
     assert later["allreduce_p4.h5"]["time_to_target"] == 10.0
     assert later["wagma_p4.h5"]["time_to_target"] is None
-    reached = _by_file(compare(runs, target_accuracy=0.92))    # reaching means >=
+    reached = _by_file(compare(runs, target_accuracy=0.92))  # reaching means >=
     assert reached["wagma_p4.h5"]["time_to_target"] == 4.0
 
 
 def test_rows_sorted_by_imbalance_compute_ranks_algorithm(results):
     runs, _ = read_runs([results])
     order = [(r["imbalance"], r["ranks"], r["algorithm"], os.path.basename(r["file"])) for r in compare(runs)]
-    assert order == [("none", 4, "allreduce_sgd", "allreduce_p4.h5"),
-                     ("none", 4, "wagma", "wagma_p4.h5"),
-                     ("none", 8, "allreduce_sgd", "allreduce_p8.h5"),
-                     ("none", 8, "allreduce_sgd", "allreduce_p8_stopped.partial.h5"),
-                     ("none", 8, "wagma", "wagma_p8.h5"),
-                     ("none", 8, "wagma", "wagma_p8_run2.partial.h5"),
-                     ("none", 16, "local_sgd", "local_p16.h5"),
-                     ("random:k=2,ms=320", 4, "wagma", "wagma_p4_random.h5")]
+    assert order == [
+        ("none", 4, "allreduce_sgd", "allreduce_p4.h5"),
+        ("none", 4, "wagma", "wagma_p4.h5"),
+        ("none", 8, "allreduce_sgd", "allreduce_p8.h5"),
+        ("none", 8, "allreduce_sgd", "allreduce_p8_stopped.partial.h5"),
+        ("none", 8, "wagma", "wagma_p8.h5"),
+        ("none", 8, "wagma", "wagma_p8_run2.partial.h5"),
+        ("none", 16, "local_sgd", "local_p16.h5"),
+        ("random:k=2,ms=320", 4, "wagma", "wagma_p4_random.h5"),
+    ]
 
 
 def test_skip_steps_recomputes_throughput(results):
@@ -224,8 +287,12 @@ def test_csv(results, tmp_path):
 
 
 def test_mean_throughput_prefers_complete_runs():
-    rows = [{"throughput": 100.0, "status": "complete"}, {"throughput": 300.0, "status": "complete"},
-            {"throughput": 1000.0, "status": "partial"}, {"throughput": None, "status": "complete"}]
+    rows = [
+        {"throughput": 100.0, "status": "complete"},
+        {"throughput": 300.0, "status": "complete"},
+        {"throughput": 1000.0, "status": "partial"},
+        {"throughput": None, "status": "complete"},
+    ]
     assert mean_throughput(rows) == 200.0
     assert mean_throughput(rows[2:]) == 1000.0
     assert mean_throughput(rows[3:]) is None
@@ -252,8 +319,9 @@ def test_to_dataframe(results):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "wagma.analysis", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "wagma.analysis", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_table_and_csv(results, tmp_path):
@@ -268,7 +336,7 @@ def test_cli_table_and_csv(results, tmp_path):
     text, wrote = done.stdout.split("\nwrote ")
     assert len(text.splitlines()) == 2 + 8
     rows = _by_algorithm_ranks(_parse_text_table(text))
-    assert len(rows) == 6    # 8 rows; (algorithm, P, imbalance) repeats at P = 8
+    assert len(rows) == 6  # 8 rows; (algorithm, P, imbalance) repeats at P = 8
     assert rows["wagma", "8", "none"]["speedup vs allreduce_sgd"] == "2.50"
     assert rows["allreduce_sgd", "4", "none"]["time to 90% (s)"] == "7.5"
     assert wrote.strip() == str(table)
@@ -280,7 +348,7 @@ def test_cli_plots(results, tmp_path):
     names = ("allreduce_p4.h5", "wagma_p4.h5", "wagma_p8_run2.partial.h5", "wagma_p4_random.h5")
     done = _cli(*(os.path.join(results, name) for name in names), "--plot", str(figures))
     assert done.returncode == 0, done.stderr
-    wrote = [line[len("wrote "):] for line in done.stdout.splitlines() if line.startswith("wrote ")]
+    wrote = [line[len("wrote ") :] for line in done.stdout.splitlines() if line.startswith("wrote ")]
     expected = {"throughput.png", "accuracy_vs_time.png", *(f"waits_{name[:-3]}.png" for name in names)}
     assert {os.path.basename(p) for p in wrote} == expected
     assert {p.name for p in figures.iterdir()} == expected
@@ -291,8 +359,15 @@ def test_cli_plots(results, tmp_path):
 
 
 def test_cli_markdown_and_skip(results):
-    done = _cli(os.path.join(results, "wagma_p4.h5"), os.path.join(results, "allreduce_p4.h5"),
-                "--markdown", "--skip-steps", "5", "--target-accuracy", "0.8")
+    done = _cli(
+        os.path.join(results, "wagma_p4.h5"),
+        os.path.join(results, "allreduce_p4.h5"),
+        "--markdown",
+        "--skip-steps",
+        "5",
+        "--target-accuracy",
+        "0.8",
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 4 and lines[0].startswith("| algorithm |")
@@ -300,8 +375,7 @@ def test_cli_markdown_and_skip(results):
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     wagma = dict(zip(header, cells))
     assert wagma["algorithm"] == "wagma"
-    assert (wagma["samples/s"], wagma["speedup vs allreduce_sgd"], wagma["time to 80% (s)"]) == \
-        ("512.0", "2.00", "4.0")
+    assert (wagma["samples/s"], wagma["speedup vs allreduce_sgd"], wagma["time to 80% (s)"]) == ("512.0", "2.00", "4.0")
 
 
 def test_cli_nothing_readable(results):
@@ -324,18 +398,32 @@ def variants(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("variants"))
     _write(folder, "sgp_1n.h5", "sgp", 4, 0.4, options={"peers": 1}, evals=([4, 8], [0.5, 0.7]))
     _write(folder, "sgp_2n.h5", "sgp", 4, 0.5, options={"peers": 2}, evals=([5, 10], [0.6, 0.8]))
-    wagma = {"group_size": 2, "tau": 10, "wait_avoiding": True, "group_averaging": False,
-             "fixed_groups": False, "reallocate": False, "sync": "allreduce"}
+    wagma = {
+        "group_size": 2,
+        "tau": 10,
+        "wait_avoiding": True,
+        "group_averaging": False,
+        "fixed_groups": False,
+        "reallocate": False,
+        "sync": "allreduce",
+    }
     _write(folder, "wagma.h5", "wagma", 4, 0.25, group_size=2, tau=10, options=wagma)
-    _write(folder, "wagma_fixed.h5", "wagma", 4, 0.25, group_size=2, tau=10,
-           options={**wagma, "fixed_groups": True})
-    _write(folder, "wagma_beta.h5", "wagma", 4, 0.3, group_size=2, tau=10,
-           options={**wagma, "wait_avoiding": False, "group_averaging": True})
-    _write(folder, "wagma_none.h5", "wagma", 4, 0.2, group_size=2, tau=10,
-           options={**wagma, "wait_avoiding": False})
+    _write(folder, "wagma_fixed.h5", "wagma", 4, 0.25, group_size=2, tau=10, options={**wagma, "fixed_groups": True})
+    _write(
+        folder,
+        "wagma_beta.h5",
+        "wagma",
+        4,
+        0.3,
+        group_size=2,
+        tau=10,
+        options={**wagma, "wait_avoiding": False, "group_averaging": True},
+    )
+    _write(folder, "wagma_none.h5", "wagma", 4, 0.2, group_size=2, tau=10, options={**wagma, "wait_avoiding": False})
     _write(folder, "allreduce.h5", "allreduce_sgd", 4, 1.0, options={"bucket_cap_mb": 25.0, "sync": "allreduce"})
-    _write(folder, "allreduce_stragglar.h5", "allreduce_sgd", 4, 0.5,
-           options={"bucket_cap_mb": 25.0, "sync": "stragglar"})
+    _write(
+        folder, "allreduce_stragglar.h5", "allreduce_sgd", 4, 0.5, options={"bucket_cap_mb": 25.0, "sync": "stragglar"}
+    )
     return folder
 
 
@@ -357,10 +445,16 @@ def test_labels_of_wagmas_ablations_and_of_a_stragglar_sync(variants):
     runs, _ = read_runs([variants])
     rows = _by_file(compare(runs))
     labels = {name: row["label"] for name, row in rows.items()}
-    assert labels == {"sgp_1n.h5": "sgp (1n)", "sgp_2n.h5": "sgp (2n)", "wagma.h5": "wagma",
-                      "wagma_fixed.h5": "wagma (fixed groups)", "wagma_beta.h5": "wagma (group averaging)",
-                      "wagma_none.h5": "wagma (no group collectives)", "allreduce.h5": "allreduce_sgd",
-                      "allreduce_stragglar.h5": "allreduce_sgd (stragglar sync)"}
+    assert labels == {
+        "sgp_1n.h5": "sgp (1n)",
+        "sgp_2n.h5": "sgp (2n)",
+        "wagma.h5": "wagma",
+        "wagma_fixed.h5": "wagma (fixed groups)",
+        "wagma_beta.h5": "wagma (group averaging)",
+        "wagma_none.h5": "wagma (no group collectives)",
+        "allreduce.h5": "allreduce_sgd",
+        "allreduce_stragglar.h5": "allreduce_sgd (stragglar sync)",
+    }
     assert {row["algorithm"] for name, row in rows.items() if name.startswith("wagma")} == {"wagma"}
     assert {row["algorithm"] for name, row in rows.items() if name.startswith("allreduce")} == {"allreduce_sgd"}
     # The plain allreduce_sgd is the baseline; its StragglAR variant is a run like the others.
@@ -383,27 +477,35 @@ def test_label_column_in_csv_and_markdown(variants, tmp_path):
 
 def test_label_of_a_simulated_run_and_of_a_file_without_options():
     """Simulated runs record their options under ``options``; an old file none."""
+
     def run(algorithm, config):
         return Run("x.h5", {"algorithm": algorithm, "config": json.dumps(config)})
 
-    assert run_label(run("wagma", {"options": {"wait_avoiding": True, "fixed_groups": True}})) == \
-        "wagma (fixed groups)"
-    assert run_label(run("wagma", {"options": {"wait_avoiding": False, "group_averaging": True,
-                                               "fixed_groups": True}})) == "wagma (group averaging, fixed groups)"
+    assert run_label(run("wagma", {"options": {"wait_avoiding": True, "fixed_groups": True}})) == "wagma (fixed groups)"
+    assert (
+        run_label(run("wagma", {"options": {"wait_avoiding": False, "group_averaging": True, "fixed_groups": True}}))
+        == "wagma (group averaging, fixed groups)"
+    )
     eager = {"quorum": "majority", "late": "drop", "limiter": 0, "activator_seed": 0}
     assert run_label(run("eager_sgd", {"options": eager})) == "eager_sgd"
     assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "solo", "limiter": 32}})) == "eager_sgd (solo)"
-    assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "solo", "limiter": 0}})) == \
-        "eager_sgd (solo, limiter 0)"
-    assert run_label(run("eager_sgd", {"options": {**eager, "quorum": "half", "late": "accumulate"}})) == \
-        "eager_sgd (half, accumulate)"
+    assert (
+        run_label(run("eager_sgd", {"options": {**eager, "quorum": "solo", "limiter": 0}}))
+        == "eager_sgd (solo, limiter 0)"
+    )
+    assert (
+        run_label(run("eager_sgd", {"options": {**eager, "quorum": "half", "late": "accumulate"}}))
+        == "eager_sgd (half, accumulate)"
+    )
     # Files from before the late reading was an option carried late gradients over, with no limiter, and
     # their majority started a version at the first ceil(P/2) arrivals.
     assert run_label(run("eager_sgd", {"options": {"quorum": "solo"}})) == "eager_sgd (solo, accumulate, limiter 0)"
     assert run_label(run("eager_sgd", {"options": {"quorum": "majority"}})) == "eager_sgd (half, accumulate)"
     assert run_label(run("local_sgd", {"algorithm_options": {"period": 10, "reallocate": False}})) == "local_sgd"
-    assert run_label(run("local_sgd", {"algorithm_options": {"period": 1, "reallocate": True}})) == \
-        "local_sgd (reallocate)"
+    assert (
+        run_label(run("local_sgd", {"algorithm_options": {"period": 1, "reallocate": True}}))
+        == "local_sgd (reallocate)"
+    )
     assert run_label(run("sgp", {})) == "sgp"
     assert run_label(Run("x.h5", {"algorithm": "sgp", "config": "not json"})) == "sgp"
 
@@ -421,14 +523,20 @@ def _figure_lines(monkeypatch):
 
 
 def test_plots_draw_each_variant_as_its_own_line(variants, tmp_path, monkeypatch):
-    runs, _ = read_runs([os.path.join(variants, "sgp_1n.h5"), os.path.join(variants, "sgp_2n.h5"),
-                         os.path.join(variants, "wagma.h5"), os.path.join(variants, "wagma_fixed.h5")])
+    runs, _ = read_runs(
+        [
+            os.path.join(variants, "sgp_1n.h5"),
+            os.path.join(variants, "sgp_2n.h5"),
+            os.path.join(variants, "wagma.h5"),
+            os.path.join(variants, "wagma_fixed.h5"),
+        ]
+    )
     lines = _figure_lines(monkeypatch)
     assert plots.plot_throughput(compare(runs), str(tmp_path / "throughput.png"))
     assert [label for label, _ in lines] == ["sgp (1n)", "sgp (2n)", "wagma", "wagma (fixed groups)"]
     assert len({color for _, color in lines}) == 4
     lines.clear()
-    assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))     # the sgp runs have evaluations
+    assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))  # the sgp runs have evaluations
     assert [label for label, _ in lines] == ["sgp (1n), P=4", "sgp (2n), P=4"]
     assert len({color for _, color in lines}) == 2
 
@@ -436,9 +544,19 @@ def test_plots_draw_each_variant_as_its_own_line(variants, tmp_path, monkeypatch
 def test_the_accuracy_plot_tells_runs_of_one_label_and_different_tau_apart(tmp_path, monkeypatch):
     # The main job's local SGD with period 1 (the paper's baseline) and 10 (ablation 1): one label,
     # whose tau column tells them apart in the table; in the figure each needs its own line and colour.
-    paths = [_write(str(tmp_path), f"local_tau{tau}.h5", "local_sgd", 4, 0.5, tau=tau,
-                    options={"period": tau, "reallocate": False}, evals=([5, 10], [0.6, 0.1 * tau]))
-             for tau in (1, 10)]
+    paths = [
+        _write(
+            str(tmp_path),
+            f"local_tau{tau}.h5",
+            "local_sgd",
+            4,
+            0.5,
+            tau=tau,
+            options={"period": tau, "reallocate": False},
+            evals=([5, 10], [0.6, 0.1 * tau]),
+        )
+        for tau in (1, 10)
+    ]
     runs, _ = read_runs(paths)
     lines = _figure_lines(monkeypatch)
     assert plots.plot_accuracy(runs, str(tmp_path / "accuracy.png"))
@@ -450,8 +568,9 @@ def test_the_last_epochs_mean_accuracy_averages_its_evaluations(tmp_path):
     """Four evaluations an epoch (``--eval-every 0.25``) over two epochs: the
     last epoch's mean takes the four of epoch (1, 2], not the final one alone."""
     accuracy = [0.2, 0.4, 0.5, 0.6, 0.7, 0.9, 0.6, 0.8]
-    path = _write(str(tmp_path), "eager.h5", "eager_sgd", 4, 0.5, evals=(np.arange(1, 9), accuracy),
-                  epochs=np.arange(1, 9) / 4)
+    path = _write(
+        str(tmp_path), "eager.h5", "eager_sgd", 4, 0.5, evals=(np.arange(1, 9), accuracy), epochs=np.arange(1, 9) / 4
+    )
     (row,) = compare([path])
     assert row["final_accuracy"] == 0.8
     assert row["last_epoch_accuracy"] == pytest.approx((0.7 + 0.9 + 0.6 + 0.8) / 4)
@@ -465,8 +584,10 @@ def test_spread_groups_repeated_runs_by_variant_and_ranks(tmp_path):
     from wagma.analysis.spread import format_spread, spread_rows
 
     folder = str(tmp_path)
-    paths = [_write(folder, f"wagma_{k}.h5", "wagma", 4, 0.5, group_size=2, tau=10,
-                    evals=([1, 2], [0.5, final])) for k, final in enumerate((0.8, 0.9, 0.7))]
+    paths = [
+        _write(folder, f"wagma_{k}.h5", "wagma", 4, 0.5, group_size=2, tau=10, evals=([1, 2], [0.5, final]))
+        for k, final in enumerate((0.8, 0.9, 0.7))
+    ]
     paths.append(_write(folder, "local.h5", "local_sgd", 4, 0.5, tau=10, evals=([1, 2], [0.4, 0.6])))
     order = {p: i for i, p in enumerate(paths)}
     rows = spread_rows(sorted(compare(paths), key=lambda r: order[r["file"]]))

@@ -16,8 +16,7 @@ pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 LAST = WORLD.size - 1
-POW2_WORLD = pytest.mark.skipif(WORLD.size & (WORLD.size - 1) != 0,
-                                reason="butterfly groups need a power-of-two world")
+POW2_WORLD = pytest.mark.skipif(WORLD.size & (WORLD.size - 1) != 0, reason="butterfly groups need a power-of-two world")
 
 
 @pytest.fixture
@@ -37,8 +36,11 @@ def _on_last(bad, good):
 @pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
 def test_different_sizes(comm):
     x = np.zeros(_on_last(11, 10))
-    with pytest.raises(ValueError, match=rf"numel must be the same on every "
-                                         rf"rank, got rank 0: 10, .*rank {LAST}: 11"):
+    with pytest.raises(
+        ValueError,
+        match=rf"numel must be the same on every "
+        rf"rank, got rank 0: 10, .*rank {LAST}: 11",
+    ):
         allreduce(x, comm=comm)
 
 
@@ -56,8 +58,11 @@ def test_non_contiguous_buffer(comm):
 
 
 def test_unsupported_type(comm):
-    with pytest.raises(TypeError, match=rf"rank {LAST}: buffer must be a numpy.ndarray "
-                                        rf"or torch.Tensor, got list"):
+    with pytest.raises(
+        TypeError,
+        match=rf"rank {LAST}: buffer must be a numpy.ndarray "
+        rf"or torch.Tensor, got list",
+    ):
         allreduce(_on_last([0.0] * 4, np.zeros(4)), comm=comm)
 
 
@@ -67,8 +72,11 @@ def test_unsupported_dtype(comm):
 
 
 def test_unknown_algorithm(comm):
-    with pytest.raises(ValueError, match=rf"rank {LAST}: algorithm must be one of "
-                                         rf"'ring', 'rhd', 'recursive_doubling', 'mpi', got 'tree'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"rank {LAST}: algorithm must be one of "
+        rf"'ring', 'rhd', 'recursive_doubling', 'mpi', got 'tree'",
+    ):
         allreduce(np.zeros(4), comm=comm, algorithm=_on_last("tree", "ring"))
 
 
@@ -96,8 +104,11 @@ def test_group_size_not_power_of_two(comm):
 
 @POW2_WORLD
 def test_group_size_larger_than_world(comm):
-    with pytest.raises(ValueError, match=rf"group_size must be a power of two <= world "
-                                         rf"size {WORLD.size}, got {2 * WORLD.size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"group_size must be a power of two <= world "
+        rf"size {WORLD.size}, got {2 * WORLD.size}",
+    ):
         group_allreduce(np.zeros(4), comm=comm, group_size=2 * WORLD.size, t=0)
 
 
@@ -125,5 +136,6 @@ def test_world_not_power_of_two():
 @pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks to disagree")
 def test_neighbor_offsets_differ(comm):
     from collectives.neighbors import neighbor_sum
+
     with pytest.raises(ValueError, match="offsets must be the same on every rank"):
         neighbor_sum(np.zeros(4), comm=comm, offsets=_on_last((1,), (-1,)))

@@ -7,7 +7,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from launcher import mpiexec, mpiexec_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,16 +15,19 @@ pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason
 
 
 def _bench(ranks, *args):
-    return subprocess.run([*mpiexec_command(ranks), sys.executable, "-m", "mpi4py", "-m",
-                           "collectives.bench", "pingpong", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*mpiexec_command(ranks), sys.executable, "-m", "mpi4py", "-m", "collectives.bench", "pingpong", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("ranks, waits", [(2, "spin"), (4, "yield")])
 def test_every_pair_times_its_round_trips_and_the_file_holds_alpha_and_beta(tmp_path, ranks, waits):
     out = tmp_path / "pingpong.h5"
-    job = _bench(ranks, "--waits", waits, "--mib", "0.25", "--reps", "6", "--warmup", "1",
-                 "--out", str(out))
+    job = _bench(ranks, "--waits", waits, "--mib", "0.25", "--reps", "6", "--warmup", "1", "--out", str(out))
     assert job.returncode == 0, job.stdout + job.stderr
     assert f"| {ranks} |" in job.stdout and f"| {waits} |" in job.stdout
     with h5py.File(out) as f:

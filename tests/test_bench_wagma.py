@@ -2,17 +2,17 @@
 
 import os
 import subprocess
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-
-from collectives.provenance import tuning_environment
-from collectives.bench.wagma import ratio_spread, round_order
 from launcher import mpiexec, mpiexec_command
+
+from collectives.bench.wagma import ratio_spread, round_order
+from collectives.provenance import tuning_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLEMENTATIONS = ["wait_avoiding", "group_blocking", "global_allreduce"]
@@ -21,17 +21,35 @@ pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason
 
 
 def _bench(*args, env=None):
-    return subprocess.run([*mpiexec_command(2), sys.executable, "-m", "mpi4py", "-m",
-                           "collectives.bench", "wagma", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [*mpiexec_command(2), sys.executable, "-m", "mpi4py", "-m", "collectives.bench", "wagma", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
-@pytest.mark.timing     # delayed steps by sleeps, CPU time against wall time
+@pytest.mark.timing  # delayed steps by sleeps, CPU time against wall time
 def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds(tmp_path, record_measurement):
     out = tmp_path / "wagma.h5"
-    job = _bench("--size-mib", "0.25", "--iterations", "7", "--rounds", "3",
-                 "--warmup", "1", "--delay-ms", "2", "--idle-seconds", "0.1",
-                 "--out", str(out))
+    job = _bench(
+        "--size-mib",
+        "0.25",
+        "--iterations",
+        "7",
+        "--rounds",
+        "3",
+        "--warmup",
+        "1",
+        "--delay-ms",
+        "2",
+        "--idle-seconds",
+        "0.1",
+        "--out",
+        str(out),
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     assert "WA/blocking" in job.stdout and "idle progress thread" in job.stdout
     assert "round by round" in job.stdout and "CPU ms per rank and step" in job.stdout
@@ -47,8 +65,7 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
             group = f[scenario]
             delayed = group["delayed"][:]
             assert delayed.shape == (7, 2)
-            assert delayed.sum(axis=1).tolist() == {
-                "none": [0] * 7, "random2": [2] * 7, "straggler": [1] * 7}[scenario]
+            assert delayed.sum(axis=1).tolist() == {"none": [0] * 7, "random2": [2] * 7, "straggler": [1] * 7}[scenario]
             for implementation in IMPLEMENTATIONS:
                 seconds = group[implementation][:]
                 assert seconds.shape == (2, 7) and (seconds > 0).all()
@@ -59,11 +76,15 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                 main_thread = group[f"{implementation}_main_thread_cpu"][:]
                 assert process.shape == main_thread.shape == (2, 7)
                 assert (process >= 0).all() and (main_thread >= 0).all()
-                record_measurement(f"{scenario} {implementation}: process CPU / wall time of a delayed step",
-                                   (process.T[delayed] / seconds.T[delayed]).max(initial=0.0), 1.0)
+                record_measurement(
+                    f"{scenario} {implementation}: process CPU / wall time of a delayed step",
+                    (process.T[delayed] / seconds.T[delayed]).max(initial=0.0),
+                    1.0,
+                )
                 assert (process.T[delayed] < seconds.T[delayed]).all()
-                assert group[f"{implementation}_process_cpu"].attrs[
-                    "ms_per_step"] == pytest.approx(process[:, kept].mean() * 1e3)
+                assert group[f"{implementation}_process_cpu"].attrs["ms_per_step"] == pytest.approx(
+                    process[:, kept].mean() * 1e3
+                )
             assert group["wait_avoiding_fresh"].shape == (2, 7)
             # Per round, over the same kept steps: 1, 2 and 1 of them (no
             # rank delayed), so their weighted mean is the overall figure.
@@ -72,8 +93,7 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
                     attrs = group[implementation].attrs
                     rounds = attrs["fast_rank_ms_per_round"]
                     assert rounds.shape == (3,)
-                    assert np.average(rounds, weights=[1, 2, 1]) == pytest.approx(
-                        attrs["fast_rank_ms_per_iteration"])
+                    assert np.average(rounds, weights=[1, 2, 1]) == pytest.approx(attrs["fast_rank_ms_per_iteration"])
         assert np.isnan(f["random2/wait_avoiding"].attrs["fast_rank_ms_per_round"]).all()
         fast = f["straggler/wait_avoiding"].attrs["fast_rank_ms_per_iteration"]
         assert np.isfinite(fast) and fast > 0
@@ -83,11 +103,25 @@ def test_the_file_holds_every_step_of_every_implementation_in_interleaved_rounds
 
 def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
     out = tmp_path / "pair.h5"
-    job = _bench("--size-mib", "0.25", "--iterations", "8", "--rounds", "4",
-                 "--warmup", "1", "--scenarios", "none",
-                 "--implementations", "group_blocking,global_allreduce",
-                 "--idle-seconds", "0.1", "--out", str(out),
-                 env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+    job = _bench(
+        "--size-mib",
+        "0.25",
+        "--iterations",
+        "8",
+        "--rounds",
+        "4",
+        "--warmup",
+        "1",
+        "--scenarios",
+        "none",
+        "--implementations",
+        "group_blocking,global_allreduce",
+        "--idle-seconds",
+        "0.1",
+        "--out",
+        str(out),
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     # Neither ratio has both of its members here.
     assert "WA/blocking" not in job.stdout and "global/WA" not in job.stdout
@@ -95,22 +129,33 @@ def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
         assert f.attrs["implementations"] == "group_blocking,global_allreduce"
         assert "MALLOC_MMAP_THRESHOLD_=131072" in f.attrs["tuning_environment"].split(";")
         assert f["round_order"][:].tolist() == [[0, 1], [1, 0], [1, 0], [0, 1]]
-        assert sorted(f["none"]) == sorted([
-            "delayed", "group_blocking", "global_allreduce",
-            "group_blocking_process_cpu", "group_blocking_main_thread_cpu",
-            "global_allreduce_process_cpu", "global_allreduce_main_thread_cpu"])
+        assert sorted(f["none"]) == sorted(
+            [
+                "delayed",
+                "group_blocking",
+                "global_allreduce",
+                "group_blocking_process_cpu",
+                "group_blocking_main_thread_cpu",
+                "global_allreduce_process_cpu",
+                "global_allreduce_main_thread_cpu",
+            ]
+        )
         assert f["none/group_blocking"].shape == (2, 8)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--rounds", "9", "--iterations", "6"], "--rounds must be in 1..--iterations (6)"),
-    (["--iterations", "6", "--rounds", "3", "--warmup", "2"], "--warmup must be in 0..1"),
-    (["--scenarios", "none,slow"], "--scenarios must be from none, random2, straggler"),
-    (["--implementations", "wait_avoiding,wait_avoiding"],
-     "--implementations must be distinct names from wait_avoiding, group_blocking, "
-     "global_allreduce"),
-    (["--implementations", "ring"], "--implementations must be distinct names"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--rounds", "9", "--iterations", "6"], "--rounds must be in 1..--iterations (6)"),
+        (["--iterations", "6", "--rounds", "3", "--warmup", "2"], "--warmup must be in 0..1"),
+        (["--scenarios", "none,slow"], "--scenarios must be from none, random2, straggler"),
+        (
+            ["--implementations", "wait_avoiding,wait_avoiding"],
+            "--implementations must be distinct names from wait_avoiding, group_blocking, global_allreduce",
+        ),
+        (["--implementations", "ring"], "--implementations must be distinct names"),
+    ],
+)
 def test_bad_arguments_name_the_parameter_and_nothing_is_written(tmp_path, args, words):
     out = tmp_path / "wagma.h5"
     job = _bench(*args, "--out", str(out))
@@ -142,8 +187,12 @@ def test_any_number_of_implementations_is_balanced_over_twice_as_many_rounds():
 
 
 def test_the_tuning_environment_names_only_the_variables_that_tune():
-    environ = {"MALLOC_ARENA_MAX": "2", "HOME": "/root", "MPIR_CVAR_CH4_SHM": "1",
-               "PATH": "/bin", "OMP_NUM_THREADS": "1"}
-    assert tuning_environment(environ) == (
-        "MALLOC_ARENA_MAX=2;MPIR_CVAR_CH4_SHM=1;OMP_NUM_THREADS=1")
+    environ = {
+        "MALLOC_ARENA_MAX": "2",
+        "HOME": "/root",
+        "MPIR_CVAR_CH4_SHM": "1",
+        "PATH": "/bin",
+        "OMP_NUM_THREADS": "1",
+    }
+    assert tuning_environment(environ) == ("MALLOC_ARENA_MAX=2;MPIR_CVAR_CH4_SHM=1;OMP_NUM_THREADS=1")
     assert tuning_environment({"HOME": "/root"}) == ""

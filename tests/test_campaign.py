@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from experiments.options import build_parser
 from launcher import mpiexec, mpiexec_command
 from straggler_log import replayed_predictions
+
+from experiments.options import build_parser
 from wagma.results import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.launcher
 @pytest.mark.timing
-@pytest.mark.timeout(360)      # as its job's: 23 s alone, 51 s beside a 4-rank ResNet-20 job, on 2 cores
+@pytest.mark.timeout(360)  # as its job's: 23 s alone, 51 s beside a 4-rank ResNet-20 job, on 2 cores
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_commands(tmp_path):
     """Run from an empty working directory, as a fresh clone's `make main` would
@@ -28,32 +28,41 @@ def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_com
     each job's printed command line names an existing launcher and interpreter and
     parses back to the options the job ran with."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
-    job = subprocess.run([sys.executable, "-m", "experiments.campaign", "main", "--ranks", "2", "--epochs", "1",
-                          "--algos", "local_sgd"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=330)
+    job = subprocess.run(
+        [sys.executable, "-m", "experiments.campaign", "main", "--ranks", "2", "--epochs", "1", "--algos", "local_sgd"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=330,
+    )
     assert job.returncode == 0, job.stderr
     (out_dir,) = (tmp_path / "runs").iterdir()
     assert out_dir.name.startswith("main-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]      # nothing outside runs/
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing outside runs/
     written = sorted(p.name for p in out_dir.iterdir())
-    assert written == ["accuracy_vs_time.png", "local_sgd_p2.h5", "table.md", "throughput.png",
-                       "waits_local_sgd_p2.png"], written
+    assert written == [
+        "accuracy_vs_time.png",
+        "local_sgd_p2.h5",
+        "table.md",
+        "throughput.png",
+        "waits_local_sgd_p2.png",
+    ], written
     assert load_run(str(out_dir / "local_sgd_p2.h5")).attrs["status"] == "complete"
     assert job.stdout.rstrip().endswith(f"to {os.path.join('runs', out_dir.name)}")
     (shown,) = [line[2:] for line in job.stdout.splitlines() if line.startswith("$ ")]
     words = shlex.split(shown)
-    launch = mpiexec_command(2)                 # with the flags its library needs
-    assert words[:len(launch)] == launch and os.access(words[0], os.X_OK)
-    words = words[len(launch):]
+    launch = mpiexec_command(2)  # with the flags its library needs
+    assert words[: len(launch)] == launch and os.access(words[0], os.X_OK)
+    words = words[len(launch) :]
     assert words[0] == sys.executable and words[1:3] == ["-m", "experiments.train"]
     args = build_parser().parse_args(words[3:])
-    assert (args.algo, args.epochs, args.out) == ("local_sgd", 1, os.path.join("runs", out_dir.name,
-                                                                               "local_sgd_p2.h5"))
+    assert (args.algo, args.epochs, args.out) == ("local_sgd", 1, os.path.join("runs", out_dir.name, "local_sgd_p2.h5"))
 
 
 @pytest.mark.launcher
 @pytest.mark.timing
-@pytest.mark.timeout(480)      # four jobs: 42 s under MPICH, 53 s under Open MPI, 209 s beside a 4-rank ResNet-20 job
+@pytest.mark.timeout(480)  # four jobs: 42 s under MPICH, 53 s under Open MPI, 209 s beside a 4-rank ResNet-20 job
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files(tmp_path, record_measurement):
     """ensemble_sync alone, 3 epochs: the fault-free, stopped and slow runs
@@ -62,12 +71,26 @@ def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files
     from experiments.mpirun import launcher_library
     from wagma.analysis.outages import outage_row
 
-    command = [sys.executable, "-m", "experiments.campaign", "ensemblesync", "--epochs", "3", "--algos",
-               "ensemble_sync", "--outage-s", "2", "--timeout-s", "0.5", "--out-dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.campaign",
+        "ensemblesync",
+        "--epochs",
+        "3",
+        "--algos",
+        "ensemble_sync",
+        "--outage-s",
+        "2",
+        "--timeout-s",
+        "0.5",
+        "--out-dir",
+        str(tmp_path),
+    ]
     try:
         job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=420)
-    except subprocess.TimeoutExpired as late:      # say which job hung: the campaign prints each as it goes
-        so_far = b"".join(part or b"" for part in (late.stdout, late.stderr))     # bytes, whatever text=
+    except subprocess.TimeoutExpired as late:  # say which job hung: the campaign prints each as it goes
+        so_far = b"".join(part or b"" for part in (late.stdout, late.stderr))  # bytes, whatever text=
         pytest.fail(f"the campaign ran past 420 s; its output so far:\n{so_far.decode(errors='replace')}")
     assert job.returncode == 0, job.stderr
     tolerant = launcher_library(mpiexec()) == "openmpi"
@@ -76,7 +99,8 @@ def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files
         assert "skipped the kill runs: they need a launcher with fault tolerance" in job.stdout
     figures = [f"time_vs_epoch_{f}.png" for f in faults if f != "none"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["allocation.png", "table.md", *figures, *(f"ensemble_sync_{f}.h5" for f in faults)])
+        ["allocation.png", "table.md", *figures, *(f"ensemble_sync_{f}.h5" for f in faults)]
+    )
     table = (tmp_path / "table.md").read_text().splitlines()[2:]
     assert len(table) == len(faults)
     free = load_run(str(tmp_path / "ensemble_sync_none.h5"))
@@ -90,32 +114,61 @@ def test_ensemblesync_campaign_tabulates_what_each_fault_cost_from_the_run_files
     # The others stood still for one timeout (0.5 s), not the 2 s outage: the
     # longest step less the median step, so give or take a step's spread (50 ms).
     record_measurement("others' longest wait in the stop run, s", stop["others_longest_wait_s"], 1.5)
-    record_measurement("others' longest wait in the stop run, s (low side)", stop["others_longest_wait_s"], 0.45,
-                       above=True)
+    record_measurement(
+        "others' longest wait in the stop run, s (low side)", stop["others_longest_wait_s"], 0.45, above=True
+    )
     assert 0.45 <= stop["others_longest_wait_s"] < 1.5 and stop["skipped_steps"] > 0
 
 
 @pytest.mark.launcher
 @pytest.mark.timing
-@pytest.mark.timeout(300)      # as its job's: 18-33 s alone, 80 s beside a 4-rank ResNet-20 job, on 2 cores
+@pytest.mark.timeout(300)  # as its job's: 18-33 s alone, 80 s beside a 4-rank ResNet-20 job, on 2 cores
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_stragglersync_campaign_tabulates_both_syncs_from_the_run_files(tmp_path):
     """local SGD (tau 2) on 4 ranks with a persistent straggler: one run per
     sync, the table's throughput and the predictor's columns from the files."""
     from wagma.results import summarize
 
-    command = [sys.executable, "-m", "experiments.campaign", "stragglersync", "--ranks", "4", "--steps", "16",
-               "--skip-steps", "2", "--model", "mlp", "--compute-ms", "5", "--delay-ms", "30",
-               "--algos", "local_sgd:2", "--imbalances", "persistent", "--repeats", "1", "--out-dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.campaign",
+        "stragglersync",
+        "--ranks",
+        "4",
+        "--steps",
+        "16",
+        "--skip-steps",
+        "2",
+        "--model",
+        "mlp",
+        "--compute-ms",
+        "5",
+        "--delay-ms",
+        "30",
+        "--algos",
+        "local_sgd:2",
+        "--imbalances",
+        "persistent",
+        "--repeats",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+    ]
     job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=270)
     assert job.returncode == 0, job.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "local_sgd_tau2_persistent_allreduce.h5", "local_sgd_tau2_persistent_stragglar.h5", "table.md"]
+        "local_sgd_tau2_persistent_allreduce.h5",
+        "local_sgd_tau2_persistent_stragglar.h5",
+        "table.md",
+    ]
     line = (tmp_path / "table.md").read_text().splitlines()[4]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:2] == ["persistent", "local_sgd (tau 2)"]
-    base, ours = (summarize(load_run(str(tmp_path / f"local_sgd_tau2_persistent_{s}.h5")), skip=2)
-                  for s in ("allreduce", "stragglar"))
+    base, ours = (
+        summarize(load_run(str(tmp_path / f"local_sgd_tau2_persistent_{s}.h5")), skip=2)
+        for s in ("allreduce", "stragglar")
+    )
     assert float(cells[2]) == pytest.approx(base["throughput"], abs=0.5)
     assert float(cells[3]) == pytest.approx(ours["throughput"], abs=0.5)
     # 8 syncs, the last rank 2 x 30 ms late at each.  What the timing cannot
@@ -138,48 +191,89 @@ def test_variants_name_their_runs_and_flags_and_bad_ones_stop_before_any_job():
     from experiments.campaign import MAIN_VARIANTS, parse_variants
 
     variants = parse_variants(",".join(MAIN_VARIANTS), 8)
-    assert [name for name, _, _ in variants] == ["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "adpsgd",
-                                                 "sgp_peers1", "sgp_peers2", "eager_sgd", "local_sgd_period10"]
+    assert [name for name, _, _ in variants] == [
+        "allreduce_sgd",
+        "local_sgd",
+        "wagma",
+        "dpsgd",
+        "adpsgd",
+        "sgp_peers1",
+        "sgp_peers2",
+        "eager_sgd",
+        "local_sgd_period10",
+    ]
     assert variants[-1] == ("local_sgd_period10", "local_sgd", ["--period", "10"])
-    for bad, message in (("sgp:peers=4", "'sgp:peers=4' on 8 ranks: --algo sgp: --peers must be an int from 1 to "
-                                         "max(2, ceil(log2 P)) = 3"),
-                         ("foo", "unknown algorithm 'foo'"), ("wagma:nope=1", "--nope 1 is not an option"),
-                         ("sgp:peers", "argument --peers: expected one argument"), ("", "nothing given")):
+    for bad, message in (
+        (
+            "sgp:peers=4",
+            "'sgp:peers=4' on 8 ranks: --algo sgp: --peers must be an int from 1 to max(2, ceil(log2 P)) = 3",
+        ),
+        ("foo", "unknown algorithm 'foo'"),
+        ("wagma:nope=1", "--nope 1 is not an option"),
+        ("sgp:peers", "argument --peers: expected one argument"),
+        ("", "nothing given"),
+    ):
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_variants(bad, 8)
-    with pytest.raises(ValueError, match="on 6 ranks"):         # wagma needs a power of two
+    with pytest.raises(ValueError, match="on 6 ranks"):  # wagma needs a power of two
         parse_variants("wagma", [4, 6])
 
 
 @pytest.mark.launcher
-@pytest.mark.timeout(240)      # two 1-epoch jobs of 2 ranks: 17 s alone on 2 cores
+@pytest.mark.timeout(240)  # two 1-epoch jobs of 2 ranks: 17 s alone on 2 cores
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_seeds_campaign_runs_every_seed_and_tabulates_the_spread(tmp_path):
     """Each variant once per seed (and repeat), each run with its own seed;
     the table's range and mean are those of the run files' accuracies."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
-    job = subprocess.run([sys.executable, "-m", "experiments.campaign", "seeds", "--epochs", "1", "--seeds", "3,4",
-                          "--repeats", "1", "--eval-every", "0.5", "--algos", "local_sgd", "--out-dir", "out"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.campaign",
+            "seeds",
+            "--epochs",
+            "1",
+            "--seeds",
+            "3,4",
+            "--repeats",
+            "1",
+            "--eval-every",
+            "0.5",
+            "--algos",
+            "local_sgd",
+            "--out-dir",
+            "out",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert job.returncode == 0, job.stderr
     files = [tmp_path / "out" / f"local_sgd_p2_seed{seed}_run1.h5" for seed in (3, 4)]
     runs = [load_run(str(f)) for f in files]
     assert [r.attrs["seed"] for r in runs] == [3, 4]
     final = [100 * r.summary["final_accuracy"] for r in runs]
     last = [100 * r.summary["last_epoch_accuracy"] for r in runs]
-    assert all(len(r.eval["accuracy"]) == 2 for r in runs)     # two evaluations in the one epoch
+    assert all(len(r.eval["accuracy"]) == 2 for r in runs)  # two evaluations in the one epoch
     table = (tmp_path / "out" / "table.md").read_text()
-    row = f"| local_sgd | 2 | 2 | {min(final):.1f}-{max(final):.1f} | {np.mean(final):.1f} | " \
-          f"{min(last):.1f}-{max(last):.1f} | {np.mean(last):.1f} | 0.00 |"
+    row = (
+        f"| local_sgd | 2 | 2 | {min(final):.1f}-{max(final):.1f} | {np.mean(final):.1f} | "
+        f"{min(last):.1f}-{max(last):.1f} | {np.mean(last):.1f} | 0.00 |"
+    )
     assert row in table, table
 
 
 def test_seeds_campaign_refuses_bad_seeds_and_repeats(capsys):
     from experiments.campaign import main
 
-    for argv, words in ((["--seeds", "1,x"], "expected comma-separated non-negative integers, got '1,x'"),
-                        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
-                        (["--algos", "eager_sgd:late=keep"], "--late must be one of 'drop', 'newest', 'accumulate'")):
+    for argv, words in (
+        (["--seeds", "1,x"], "expected comma-separated non-negative integers, got '1,x'"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--algos", "eager_sgd:late=keep"], "--late must be one of 'drop', 'newest', 'accumulate'"),
+    ):
         with pytest.raises(SystemExit):
             main(["seeds", *argv])
         assert words in capsys.readouterr().err

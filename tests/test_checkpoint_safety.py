@@ -12,14 +12,25 @@ import sys
 
 import pytest
 import torch
+from launcher import mpiexec, mpiexec_command
 
 from experiments.checkpoint import read_state
-from launcher import mpiexec, mpiexec_command
 from wagma.results import load_run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-COMMAND = ["--algo", "local_sgd", "--dataset", "digits", "--epochs", "1", "--max-steps", "4", "--eval-every", "0",
-           "--no-progress"]
+COMMAND = [
+    "--algo",
+    "local_sgd",
+    "--dataset",
+    "digits",
+    "--epochs",
+    "1",
+    "--max-steps",
+    "4",
+    "--eval-every",
+    "0",
+    "--no-progress",
+]
 
 
 class _RunsCode:
@@ -47,7 +58,7 @@ def test_reading_a_checkpoint_that_would_run_code_refuses_it_by_name(tmp_path):
     with pytest.raises(ValueError, match=f"{path} holds more than tensors and plain data \\(getattr\\)"):
         read_state(path)
     assert not marker.exists()
-    torch.load(path, weights_only=False)        # the same file, read as before: it runs the code
+    torch.load(path, weights_only=False)  # the same file, read as before: it runs the code
     assert marker.exists()
 
 
@@ -55,14 +66,24 @@ def test_reading_a_checkpoint_that_would_run_code_refuses_it_by_name(tmp_path):
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_a_resume_refuses_a_checkpoint_that_would_run_code_on_every_rank(tmp_path):
     checkpoints, marker = tmp_path / "ck", tmp_path / "ran"
-    run = [*mpiexec_command(2), sys.executable, "-m", "experiments.train", *COMMAND, "--out", str(tmp_path / "r.h5"),
-           "--checkpoint-dir", str(checkpoints)]
+    run = [
+        *mpiexec_command(2),
+        sys.executable,
+        "-m",
+        "experiments.train",
+        *COMMAND,
+        "--out",
+        str(tmp_path / "r.h5"),
+        "--checkpoint-dir",
+        str(checkpoints),
+    ]
     first = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     hostile = checkpoints / "rank00001.step000000004.pt"
     _hostile_copy(hostile, marker)
-    resumed = subprocess.run([*run, "--resume", "--max-steps", "8"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
+    resumed = subprocess.run(
+        [*run, "--resume", "--max-steps", "8"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert resumed.returncode != 0
     assert not marker.exists()
     # Every rank raises this error (collectives.agreement), naming rank 1's file; whether each
@@ -76,8 +97,11 @@ def test_a_file_that_is_no_checkpoint_is_named_whatever_torch_raises(tmp_path):
     good = tmp_path / "good.pt"
     torch.save({"model": {"w": torch.ones(3)}, "step": 1}, good)
     whole = good.read_bytes()
-    for name, data in {"text.pt": b"not a checkpoint at all\n", "empty.pt": b"",
-                       "cut.pt": whole[:len(whole) // 2]}.items():
+    for name, data in {
+        "text.pt": b"not a checkpoint at all\n",
+        "empty.pt": b"",
+        "cut.pt": whole[: len(whole) // 2],
+    }.items():
         path = tmp_path / name
         path.write_bytes(data)
         with pytest.raises(ValueError, match=f"{path} is not a readable checkpoint: [A-Za-z]+Error"):

@@ -25,7 +25,7 @@ def test_clock_stands_still_while_paused():
     clock.pause()
     at_pause = clock()
     _busy(0.05)
-    assert clock() == at_pause          # exactly: a paused clock reads its value at the pause
+    assert clock() == at_pause  # exactly: a paused clock reads its value at the pause
     before = time.perf_counter()
     clock.resume()
     resumed = clock()
@@ -49,7 +49,7 @@ def test_slow_first_evaluation_cannot_make_a_later_stamp_earlier():
         evaluation = time.perf_counter()
         _busy(eval_s)
         stamps.append(clock())
-        evaluations += time.perf_counter() - evaluation     # inside the pause
+        evaluations += time.perf_counter() - evaluation  # inside the pause
         clock.resume()
     assert stamps == sorted(stamps) and len(set(stamps)) == 3, stamps
     # Only the training is on the clock: 3 x 10 ms and what surrounds it, never

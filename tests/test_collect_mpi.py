@@ -41,7 +41,7 @@ def test_posting_does_not_wait_for_the_root():
     if WORLD.rank:
         for i in range(200):
             collector.post([[i]])
-    WORLD.Barrier()      # reached by the senders only after all their posts returned
+    WORLD.Barrier()  # reached by the senders only after all their posts returned
     got = collector.finish()
     collector.close()
     if WORLD.rank == 0:
@@ -52,7 +52,7 @@ def test_lagged_vote_answers_every_rank_at_the_same_step():
     vote = LaggedVote(WORLD, period=5)
     answers = []
     for step in range(1, 41):
-        flag = WORLD.rank == WORLD.size - 1 and step >= 12   # one rank, from step 12 on
+        flag = WORLD.rank == WORLD.size - 1 and step >= 12  # one rank, from step 12 on
         answers.append(vote.vote(step, flag))
     vote.close()
     # Asked at step 15 (the first multiple of 5 with the flag up), answered at 20

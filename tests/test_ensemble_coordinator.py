@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS, TAG_DECISION, TAG_REPORT, Coordinator, Decision, \
-    fault_events
+from wagma.ensemble_coordinator import (
+    ROUND_FIELDS,
+    STATUS,
+    TAG_DECISION,
+    TAG_REPORT,
+    Coordinator,
+    Decision,
+    fault_events,
+)
 
 
 def _decision(answers, deadline_s=10.0):
@@ -52,8 +59,13 @@ def test_a_decision_not_yet_received_is_not_taken_for_the_next_report():
 def test_fault_events_read_a_late_rank_and_a_dead_one_from_the_round_log():
     ranks, width = 3, len(ROUND_FIELDS)
     member, late, joiner, dead = STATUS["member"], STATUS["late"], STATUS["joiner"], STATUS["dead"]
-    statuses = [(member, member, member), (member, late, dead), (member, late, dead), (member, joiner, dead),
-                (member, member, dead)]
+    statuses = [
+        (member, member, member),
+        (member, late, dead),
+        (member, late, dead),
+        (member, joiner, dead),
+        (member, member, dead),
+    ]
     rows = []
     for r, status in enumerate(statuses):
         waited = 1.0 if r == 1 else 0.01
@@ -61,6 +73,14 @@ def test_fault_events_read_a_late_rank_and_a_dead_one_from_the_round_log():
     rows = np.array(rows, dtype=float)
     assert rows.shape[1] == width + 2 * ranks
     assert fault_events(rows, ranks) == [
-        {"rank": 1, "kind": "late", "missed_round": 1, "missed_step": 10, "others_waited_s": 1.0,
-         "rejoined_round": 3, "rejoined_step": 20},
-        {"rank": 2, "kind": "dead", "missed_round": 1, "missed_step": 10, "others_waited_s": pytest.approx(1.0)}]
+        {
+            "rank": 1,
+            "kind": "late",
+            "missed_round": 1,
+            "missed_step": 10,
+            "others_waited_s": 1.0,
+            "rejoined_round": 3,
+            "rejoined_step": 20,
+        },
+        {"rank": 2, "kind": "dead", "missed_round": 1, "missed_step": 10, "others_waited_s": pytest.approx(1.0)},
+    ]

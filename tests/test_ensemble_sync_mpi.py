@@ -17,9 +17,9 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.member_allreduce import member_allreduce
 from experiments.train import EXIT_USAGE, main
-from wagma.options import auto_group_size
 from wagma.algorithms import create
 from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS, Decision
+from wagma.options import auto_group_size
 from wagma.reallocation import lemma1_shares
 from wagma.results import load_run
 
@@ -46,10 +46,10 @@ def test_member_allreduce_sums_over_the_members_alone_bitwise_equal_everywhere(m
         if WORLD.rank in members:
             total = member_allreduce(values.copy(), comm, members, tag=7)
             exact = sum(np.random.default_rng(r).standard_normal(1000) for r in sorted(members))
-            np.testing.assert_allclose(total, exact, rtol=1e-12, atol=1e-12)    # reassociation only
+            np.testing.assert_allclose(total, exact, rtol=1e-12, atol=1e-12)  # reassociation only
             everyone = comm.allgather(total if WORLD.rank in members else None)
             for other in members:
-                np.testing.assert_array_equal(everyone[other], total)           # the root's bytes
+                np.testing.assert_array_equal(everyone[other], total)  # the root's bytes
         else:
             comm.allgather(None)
     finally:
@@ -61,14 +61,36 @@ STOP_AT, PERIOD, TIMEOUT, OUTAGE, STEPS = 10, 5, 1.0, 2.0, 150
 
 @pytest.mark.timing
 @pytest.mark.mpi(min_size=2)
-def test_the_others_do_not_wait_for_a_stopped_rank_which_rejoins_by_skipping_forward(shared_dir,
-                                                                                      record_measurement):
+def test_the_others_do_not_wait_for_a_stopped_rank_which_rejoins_by_skipping_forward(shared_dir, record_measurement):
     out = os.path.join(shared_dir, "ensemble-stop.h5")
     victim = P - 1
-    rc = main(["--algo", "ensemble_sync", "--period", str(PERIOD), "--timeout-s", str(TIMEOUT),
-               "--dataset", "digits", "--model", "mlp", "--epochs", "100", "--max-steps", str(STEPS),
-               "--compute-ms", "15", "--eval-every", "0", "--out", out, "--no-progress",
-               "--fault", f"stop:rank={victim},step={STOP_AT},seconds={OUTAGE}"])
+    rc = main(
+        [
+            "--algo",
+            "ensemble_sync",
+            "--period",
+            str(PERIOD),
+            "--timeout-s",
+            str(TIMEOUT),
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            "100",
+            "--max-steps",
+            str(STEPS),
+            "--compute-ms",
+            "15",
+            "--eval-every",
+            "0",
+            "--out",
+            out,
+            "--no-progress",
+            "--fault",
+            f"stop:rank={victim},step={STOP_AT},seconds={OUTAGE}",
+        ]
+    )
     assert rc == 0
     WORLD.Barrier()
     if WORLD.rank:
@@ -78,7 +100,7 @@ def test_the_others_do_not_wait_for_a_stopped_rank_which_rejoins_by_skipping_for
     steps, rounds = run.steps, run.tables["rounds"]
     fields = {name: i for i, name in enumerate(ROUND_FIELDS)}
     status = rounds[:, len(ROUND_FIELDS) + victim]
-    assert np.all(np.isfinite(steps["clock"]))             # every rank has a row for every step
+    assert np.all(np.isfinite(steps["clock"]))  # every rank has a row for every step
     # The round the victim was stopped in closed at the timeout, without it.
     missed = int(np.flatnonzero(status == STATUS["late"])[0])
     assert rounds[missed, fields["end_step"]] == (STOP_AT // PERIOD + 1) * PERIOD
@@ -107,11 +129,19 @@ def test_the_others_do_not_wait_for_a_stopped_rank_which_rejoins_by_skipping_for
     np.testing.assert_array_equal(skipped, np.arange(first, stop))
     assert np.all(steps["samples"][victim, first:stop] == 0)
     assert np.all(steps["skipped"][others] == 0)
-    assert np.all(status[joined + 1:] == STATUS["member"])
+    assert np.all(status[joined + 1 :] == STATUS["member"])
     events = json.loads(run.attrs["fault_events"])
-    assert events == [{"rank": victim, "kind": "late", "missed_round": missed, "missed_step": first,
-                       "others_waited_s": pytest.approx(rounds[missed, fields["waited"]]),
-                       "rejoined_round": joined, "rejoined_step": stop}]
+    assert events == [
+        {
+            "rank": victim,
+            "kind": "late",
+            "missed_round": missed,
+            "missed_step": first,
+            "others_waited_s": pytest.approx(rounds[missed, fields["waited"]]),
+            "rejoined_round": joined,
+            "rejoined_step": stop,
+        }
+    ]
     # No other round timed out: only the stopped rank was ever a timeout late
     # (with 15 ms steps and 5-step rounds the others stay within ~0.1 s).
     others_rounds = [i for i in range(len(rounds)) if i != missed]
@@ -130,8 +160,10 @@ def test_the_average_is_weighted_by_the_samples_each_member_processed():
     members = list(range(P - 1)) if P > 2 else list(range(P))
     weights = np.array([float(r + 1) if r in members else -1.0 for r in range(P)])
     decision = Decision(np.concatenate([[0, 1, 0], weights, np.ones(P)]), P)
-    with Communicator(WORLD) as comm, create("ensemble_sync", model, optimizer, comm, period=1,
-                                                   init_sync=False) as algo:
+    with (
+        Communicator(WORLD) as comm,
+        create("ensemble_sync", model, optimizer, comm, period=1, init_sync=False) as algo,
+    ):
         if WORLD.rank in members:
             algo._average(decision)
             expected = sum((r + 1) * r for r in members) / sum(r + 1 for r in members)
@@ -139,7 +171,7 @@ def test_the_average_is_weighted_by_the_samples_each_member_processed():
                 torch.testing.assert_close(p, torch.full_like(p, expected), rtol=1e-6, atol=1e-6)
         else:
             for p in model.parameters():
-                assert torch.all(p == WORLD.rank)     # not a member: untouched
+                assert torch.all(p == WORLD.rank)  # not a member: untouched
         WORLD.Barrier()
 
 
@@ -163,14 +195,14 @@ def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorit
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    options = {"local_sgd": {"period": period},
-               "wagma": {"tau": period, "group_size": auto_group_size(P), "wait_avoiding": False,
-                         "group_averaging": False},
-               "ensemble_sync": {"period": period, "timeout_s": 60.0}}[algorithm]
+    options = {
+        "local_sgd": {"period": period},
+        "wagma": {"tau": period, "group_size": auto_group_size(P), "wait_avoiding": False, "group_averaging": False},
+        "ensemble_sync": {"period": period, "timeout_s": 60.0},
+    }[algorithm]
     per_sample = 3 * (1 + WORLD.rank) / 1e3
     shares, work, returned = [], [], None
-    with Communicator(WORLD) as comm, create(algorithm, model, optimizer, comm, reallocate=True,
-                                               **options) as algo:
+    with Communicator(WORLD) as comm, create(algorithm, model, optimizer, comm, reallocate=True, **options) as algo:
         algo.plan(period * periods, batch)
         for _ in range(period * periods):
             shares.append(algo.samples_per_step)
@@ -183,16 +215,16 @@ def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorit
             algo.step()
             returned = time.perf_counter()
         measured = algo.work_measured
-    shares = np.array(WORLD.allgather(shares))          # [rank, step]
-    work = np.array(WORLD.allgather(work)).reshape(P, periods, period).sum(axis=2)   # [rank, period]
-    measured = np.array(WORLD.allgather(measured))      # [rank, period, (samples, seconds)]
-    assert measured.shape == (P, periods, 2)            # one measurement per global synchronization
+    shares = np.array(WORLD.allgather(shares))  # [rank, step]
+    work = np.array(WORLD.allgather(work)).reshape(P, periods, period).sum(axis=2)  # [rank, period]
+    measured = np.array(WORLD.allgather(measured))  # [rank, period, (samples, seconds)]
+    assert measured.shape == (P, periods, 2)  # one measurement per global synchronization
     samples, seconds = measured[:, :, 0], measured[:, :, 1]
-    assert np.all(shares.sum(axis=0) == P * batch)      # the global batch never changes
-    assert np.all(shares[:, :period] == batch)          # nothing measured yet: the run's batch
+    assert np.all(shares.sum(axis=0) == P * batch)  # the global batch never changes
+    assert np.all(shares[:, :period] == batch)  # nothing measured yet: the run's batch
     for k in range(periods - 1):
         rule = lemma1_shares(P * batch, samples[:, k] / seconds[:, k])
-        assert np.all(shares[:, (k + 1) * period:(k + 2) * period] == rule[:, None]), k
+        assert np.all(shares[:, (k + 1) * period : (k + 2) * period] == rule[:, None]), k
     # The algorithm's clock reads enclose the test's: it counts every second
     # of the work (same clock, read before and after the test's reads).
     assert np.all(seconds >= work)
@@ -206,27 +238,44 @@ def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorit
     others = np.arange(P) != np.argmax(work[:, 0])
     excess = (seconds - work).sum(axis=1)[others]
     waited = work[:, 0].max() - work[others, 0]
-    record_measurement("seconds over the test's work in the run / half the first wait, worst rank",
-                       (excess / (waited / 2)).max(), 1)
+    record_measurement(
+        "seconds over the test's work in the run / half the first wait, worst rank", (excess / (waited / 2)).max(), 1
+    )
     assert np.all(excess < waited / 2), (excess, waited)
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--algo", "ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number above 0"),
-    (["--algo", "ensemble_sync", "--period", "0"], "--period must be an int >= 1"),
-    (["--algo", "ensemble_sync", "--fault", "stop:rank=0,step=2,seconds=1"], "rank 0 runs ensemble_sync's"),
-    (["--algo", "ensemble_sync", "--fault", f"kill:rank={P},step=2"], "rank must be an integer in"),
-    (["--algo", "ensemble_sync", "--fault", "kill:rank=0,step=99"], "steps must lie in [0, 9]"),
-    # mpi-pytest starts no job with fault tolerance: a kill would end it.
-    (["--algo", "ensemble_sync", "--fault", f"kill:rank={P - 1},step=2"], "survivors need MPI fault tolerance"),
-    (["--algo", "adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--algo", "ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number above 0"),
+        (["--algo", "ensemble_sync", "--period", "0"], "--period must be an int >= 1"),
+        (["--algo", "ensemble_sync", "--fault", "stop:rank=0,step=2,seconds=1"], "rank 0 runs ensemble_sync's"),
+        (["--algo", "ensemble_sync", "--fault", f"kill:rank={P},step=2"], "rank must be an integer in"),
+        (["--algo", "ensemble_sync", "--fault", "kill:rank=0,step=99"], "steps must lie in [0, 9]"),
+        # mpi-pytest starts no job with fault tolerance: a kill would end it.
+        (["--algo", "ensemble_sync", "--fault", f"kill:rank={P - 1},step=2"], "survivors need MPI fault tolerance"),
+        (["--algo", "adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma"),
+    ],
+)
 def test_bad_ensemble_sync_input_fails_every_rank_before_training(shared_dir, argv, words, capsys):
     out = os.path.join(shared_dir, "bad-ensemble.h5")
-    rc = main([*argv, "--dataset", "digits", "--model", "mlp", "--epochs", "1", "--max-steps", "10",
-               "--out", out, "--no-progress"])
+    rc = main(
+        [
+            *argv,
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1",
+            "--max-steps",
+            "10",
+            "--out",
+            out,
+            "--no-progress",
+        ]
+    )
     assert rc == EXIT_USAGE
     if WORLD.rank == 0:
         assert words in capsys.readouterr().err
     assert not os.path.exists(out)
-

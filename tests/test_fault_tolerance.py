@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launcher import mpiexec, mpiexec_command
 
 from experiments.mpirun import launcher_library
-from launcher import mpiexec, mpiexec_command
 from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS
 from wagma.results import load_run
 
@@ -32,18 +32,29 @@ def _library():
 @pytest.mark.timing
 @pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
 def test_the_survivors_of_a_killed_rank_shrink_and_finish(tmp_path):
-    job = subprocess.run([*mpiexec_command(RANKS, fault_tolerant=True), sys.executable, str(PROGRAM),
-                          str(tmp_path), str(VICTIM), str(KILL_AT), str(STEPS)],
-                         capture_output=True, text=True, timeout=120)
-    assert job.returncode == 0, job.stdout + job.stderr       # the launcher lets the survivors finish
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS, fault_tolerant=True),
+            sys.executable,
+            str(PROGRAM),
+            str(tmp_path),
+            str(VICTIM),
+            str(KILL_AT),
+            str(STEPS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr  # the launcher lets the survivors finish
     reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("rank-*.json")}
-    assert sorted(reports) == [r for r in range(RANKS) if r != VICTIM]     # every survivor, not the victim
+    assert sorted(reports) == [r for r in range(RANKS) if r != VICTIM]  # every survivor, not the victim
     for report in reports.values():
         classes = report["error_classes"]
         # One failed collective each: the dead rank's (PROC_FAILED) or a peer's revoke (REVOKED).
         assert len(report["errors"]) == 1 and report["errors"][0] in classes.values(), report
         assert report["sizes"] == [RANKS] * KILL_AT + [RANKS - 1] * (STEPS - KILL_AT)
-        assert report["sums"] == [float(s) for s in report["sizes"]]      # each step's sum is over who was alive
+        assert report["sums"] == [float(s) for s in report["sizes"]]  # each step's sum is over who was alive
         assert 0 <= report["detected_after_s"] < 30, report
 
 
@@ -61,19 +72,48 @@ TRAIN_KILL_AT, TRAIN_STEPS, TRAIN_TIMEOUT = 30, 120, 1.0
 @pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
 def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_file(tmp_path, record_measurement):
     out = tmp_path / "killed.h5"
-    job = subprocess.run([*mpiexec_command(RANKS, fault_tolerant=True), sys.executable, "-m", "experiments.train",
-                          "--algo", "ensemble_sync", "--period", "5", "--timeout-s", str(TRAIN_TIMEOUT),
-                          "--dataset", "digits", "--model", "mlp", "--epochs", "100",
-                          "--max-steps", str(TRAIN_STEPS), "--compute-ms", "15", "--eval-every", "0",
-                          "--no-progress", "--out", str(out), "--fault", f"kill:rank={VICTIM},step={TRAIN_KILL_AT}"],
-                         capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parent.parent)
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS, fault_tolerant=True),
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--algo",
+            "ensemble_sync",
+            "--period",
+            "5",
+            "--timeout-s",
+            str(TRAIN_TIMEOUT),
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            "100",
+            "--max-steps",
+            str(TRAIN_STEPS),
+            "--compute-ms",
+            "15",
+            "--eval-every",
+            "0",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--fault",
+            f"kill:rank={VICTIM},step={TRAIN_KILL_AT}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     run = load_run(str(out))
     assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [VICTIM]
     clock = run.steps["clock"]
     assert clock.shape == (RANKS, TRAIN_STEPS)
     survivors = [r for r in range(RANKS) if r != VICTIM]
-    assert np.all(np.isfinite(clock[survivors]))                        # the survivors' run is complete
+    assert np.all(np.isfinite(clock[survivors]))  # the survivors' run is complete
     # Nothing lost: every step the victim finished before it died (rows leave
     # at once when faults are planned), and none after.
     assert np.all(np.isfinite(clock[VICTIM, :TRAIN_KILL_AT])) and np.all(np.isnan(clock[VICTIM, TRAIN_KILL_AT:]))
@@ -85,10 +125,16 @@ def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_fil
     # ULFM names it dead once its detector has told rank 0 (tens of ms here;
     # "late" first if that came after the round's timeout), and it is never
     # waited for again.
-    assert status[missed] in (STATUS["late"], STATUS["dead"]) and np.all(status[missed + 1:] == STATUS["dead"])
-    assert rounds[missed, fields["timed_out"]] == 1 and np.all(rounds[missed + 1:, fields["timed_out"]] == 0)
+    assert status[missed] in (STATUS["late"], STATUS["dead"]) and np.all(status[missed + 1 :] == STATUS["dead"])
+    assert rounds[missed, fields["timed_out"]] == 1 and np.all(rounds[missed + 1 :, fields["timed_out"]] == 0)
     record_measurement("waited beyond the timeout, s", rounds[missed, fields["waited"]] - TRAIN_TIMEOUT, 0.5)
-    assert TRAIN_TIMEOUT <= rounds[missed, fields["waited"]] < TRAIN_TIMEOUT + 0.5     # + polling and 2 cores
+    assert TRAIN_TIMEOUT <= rounds[missed, fields["waited"]] < TRAIN_TIMEOUT + 0.5  # + polling and 2 cores
     assert json.loads(run.attrs["fault_events"]) == [
-        {"rank": VICTIM, "kind": "dead", "missed_round": missed, "missed_step": int(rounds[missed, 1]),
-         "others_waited_s": pytest.approx(rounds[missed, fields["waited"]])}]
+        {
+            "rank": VICTIM,
+            "kind": "dead",
+            "missed_round": missed,
+            "missed_step": int(rounds[missed, 1]),
+            "others_waited_s": pytest.approx(rounds[missed, fields["waited"]]),
+        }
+    ]

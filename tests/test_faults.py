@@ -9,29 +9,35 @@ import pytest
 from wagma.faults import Fault, FaultInjector, _continue_after_stop, parse_fault, parse_faults
 
 
-@pytest.mark.parametrize("spec, fault", [
-    ("slow:rank=1,steps=5-15,ms=500", Fault("slow", 1, 5, 15, 0.5)),
-    ("slow:rank=0,steps=7,ms=20", Fault("slow", 0, 7, 7, 0.02)),
-    ("stop:rank=3,step=40,seconds=6", Fault("stop", 3, 40, 40, 6.0)),
-    ("kill:rank=2,step=99", Fault("kill", 2, 99, 99, 0.0)),
-])
+@pytest.mark.parametrize(
+    "spec, fault",
+    [
+        ("slow:rank=1,steps=5-15,ms=500", Fault("slow", 1, 5, 15, 0.5)),
+        ("slow:rank=0,steps=7,ms=20", Fault("slow", 0, 7, 7, 0.02)),
+        ("stop:rank=3,step=40,seconds=6", Fault("stop", 3, 40, 40, 6.0)),
+        ("kill:rank=2,step=99", Fault("kill", 2, 99, 99, 0.0)),
+    ],
+)
 def test_accepted_specs(spec, fault):
     assert parse_fault(spec, 4, 100) == fault
 
 
-@pytest.mark.parametrize("spec, why", [
-    ("hang:rank=0,step=1", "unknown kind 'hang'"),
-    ("kill:rank=4,step=1", r"rank must be an integer in \[0, 3\] \(the ranks of this run\), got '4'"),
-    ("kill:rank=-1,step=1", r"rank must be an integer in \[0, 3\]"),
-    ("stop:rank=0,step=100,seconds=1", r"steps must lie in \[0, 99\] \(this run has 100 steps\), got 100"),
-    ("slow:rank=0,steps=9-3,ms=5", r"steps must lie in \[0, 99\]"),
-    ("stop:rank=0,step=1-3,seconds=1", "step must be an integer"),
-    ("stop:rank=0,step=1,seconds=0", "the duration must be above zero"),
-    ("slow:rank=0,steps=1-2,ms=-5", "the duration must be above zero"),
-    ("stop:rank=0,step=1,seconds=soon", "the duration must be a number"),
-    ("kill:rank=0,step=1,seconds=2", "kill takes exactly the fields rank, step"),
-    ("slow:rank=0,ms=5", "slow takes exactly the fields rank, steps, ms"),
-])
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("hang:rank=0,step=1", "unknown kind 'hang'"),
+        ("kill:rank=4,step=1", r"rank must be an integer in \[0, 3\] \(the ranks of this run\), got '4'"),
+        ("kill:rank=-1,step=1", r"rank must be an integer in \[0, 3\]"),
+        ("stop:rank=0,step=100,seconds=1", r"steps must lie in \[0, 99\] \(this run has 100 steps\), got 100"),
+        ("slow:rank=0,steps=9-3,ms=5", r"steps must lie in \[0, 99\]"),
+        ("stop:rank=0,step=1-3,seconds=1", "step must be an integer"),
+        ("stop:rank=0,step=1,seconds=0", "the duration must be above zero"),
+        ("slow:rank=0,steps=1-2,ms=-5", "the duration must be above zero"),
+        ("stop:rank=0,step=1,seconds=soon", "the duration must be a number"),
+        ("kill:rank=0,step=1,seconds=2", "kill takes exactly the fields rank, step"),
+        ("slow:rank=0,ms=5", "slow takes exactly the fields rank, steps, ms"),
+    ],
+)
 def test_refused_specs_name_the_option_the_problem_and_the_forms(spec, why):
     with pytest.raises(ValueError, match=rf"--fault '{spec}': {why}.*; accepted forms: slow:rank=R"):
         parse_fault(spec, 4, 100)
@@ -63,7 +69,7 @@ def test_the_stop_helper_continues_the_process_once_it_has_stopped_for_the_secon
         helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
         stopped = time.monotonic()
         target.send_signal(signal.SIGSTOP)
-        assert helper.wait(timeout=30) == 0                 # it sent SIGCONT
+        assert helper.wait(timeout=30) == 0  # it sent SIGCONT
         assert time.monotonic() - stopped >= 0.2
         assert _state(target.pid) != "T"
     finally:
@@ -77,7 +83,7 @@ def test_the_stop_helper_ends_when_its_process_is_gone_before_it_stopped():
     target = subprocess.Popen(["sleep", "60"])
     helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
     target.kill()
-    target.wait()                   # reaped: /proc/PID is gone
+    target.wait()  # reaped: /proc/PID is gone
     try:
         assert helper.wait(timeout=30) == 0
     finally:

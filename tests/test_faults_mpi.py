@@ -28,10 +28,29 @@ STOP_AT, STOP_S, STEPS = 4, 1.5, 10
 def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(shared_dir):
     out = os.path.join(shared_dir, "stop.h5")
     victim = P - 1
-    rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
-               "--max-steps", str(STEPS), "--eval-every", "0", "--out", out, "--no-progress",
-               "--fault", f"stop:rank={victim},step={STOP_AT},seconds={STOP_S}",
-               "--fault", "slow:rank=0,steps=7-8,ms=200"])
+    rc = main(
+        [
+            "--algo",
+            "allreduce_sgd",
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1",
+            "--max-steps",
+            str(STEPS),
+            "--eval-every",
+            "0",
+            "--out",
+            out,
+            "--no-progress",
+            "--fault",
+            f"stop:rank={victim},step={STOP_AT},seconds={STOP_S}",
+            "--fault",
+            "slow:rank=0,steps=7-8,ms=200",
+        ]
+    )
     assert rc == 0
     WORLD.Barrier()
     if WORLD.rank:
@@ -40,7 +59,8 @@ def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(shared_dir):
     assert run.attrs["status"] == "complete"
     assert json.loads(run.attrs["faults"]) == [
         {"kind": "stop", "rank": victim, "first": STOP_AT, "last": STOP_AT, "seconds": STOP_S},
-        {"kind": "slow", "rank": 0, "first": 7, "last": 8, "seconds": 0.2}]
+        {"kind": "slow", "rank": 0, "first": 7, "last": 8, "seconds": 0.2},
+    ]
     steps = run.steps
     # Every rank's step STOP_AT lasted the outage, on its own clock: rank r's
     # step began when it left allreduce STOP_AT - 1, which the victim could
@@ -50,7 +70,7 @@ def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(shared_dir):
     # needed its contribution.  1 ms: the readings between the allreduce's
     # end and the training clock's.
     assert np.all(steps["step_time"][:, STOP_AT] + steps["comm_time"][:, STOP_AT - 1] >= STOP_S - 1e-3)
-    assert steps["step_time"][victim, STOP_AT] >= STOP_S       # the stop is inside its own step
+    assert steps["step_time"][victim, STOP_AT] >= STOP_S  # the stop is inside its own step
     # The others spent it waiting in the allreduce: more than half of the
     # step (their own compute and bookkeeping take milliseconds; the margin
     # is 0.7 s of them).
@@ -77,7 +97,24 @@ def test_sync_sgd_waits_out_a_stopped_rank_and_records_the_fault(shared_dir):
 def test_a_fault_on_a_rank_or_step_that_does_not_exist_fails_every_rank_before_training(shared_dir):
     out = os.path.join(shared_dir, "bad.h5")
     for spec in (f"kill:rank={P},step=1", "stop:rank=0,step=10,seconds=1"):
-        rc = main(["--algo", "allreduce_sgd", "--dataset", "digits", "--model", "mlp", "--epochs", "1",
-                   "--max-steps", "10", "--out", out, "--no-progress", "--fault", spec])
+        rc = main(
+            [
+                "--algo",
+                "allreduce_sgd",
+                "--dataset",
+                "digits",
+                "--model",
+                "mlp",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "10",
+                "--out",
+                out,
+                "--no-progress",
+                "--fault",
+                spec,
+            ]
+        )
         assert rc == EXIT_USAGE
     assert not os.path.exists(out)

@@ -46,8 +46,7 @@ def test_parameters_become_views_with_their_values():
     flat.params[torch.float64].fill_(2.0)
     assert torch.equal(model.scale, torch.full((3,), 2.0, dtype=torch.float64))
     assert "float32" in repr(flat) and "BatchNorm" not in repr(flat)
-    assert set(flat.buffers) == {"norm.running_mean", "norm.running_var",
-                                 "norm.num_batches_tracked"}
+    assert set(flat.buffers) == {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"}
 
 
 def test_backward_fills_the_flat_gradients_and_training_works():
@@ -85,7 +84,7 @@ def test_rebind_moves_the_model_and_keeps_training_equal():
             opt.step()
         old = flat.params[torch.float32]
         flat.rebind(torch.float32, params=old.clone(), grads=flat.grads[torch.float32].clone())
-        old.fill_(float("nan"))          # the old buffer is no longer the model
+        old.fill_(float("nan"))  # the old buffer is no longer the model
         flat.check_views()
         flat.zero_grad()
         reference_optimizer.zero_grad()
@@ -103,8 +102,8 @@ def test_gradients_set_to_none_are_caught_and_reattached():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     tokens = torch.randint(0, 10, (8,))
     model(tokens).sum().backward()
-    optimizer.zero_grad()                      # set_to_none=True: views are gone
-    model(tokens).sum().backward()             # fresh tensors, not views
+    optimizer.zero_grad()  # set_to_none=True: views are gone
+    model(tokens).sum().backward()  # fresh tensors, not views
     with pytest.raises(RuntimeError, match="is not a view of the flat buffer"):
         flat.check_views()
     expected = [p.grad.clone() for p in model.parameters()]
@@ -129,7 +128,7 @@ def test_frozen_parameters_stay_out_of_the_flat_buffers():
     storage = [p.data_ptr() for p in model[0].parameters()]
     flat = FlatParameters(model)
     assert flat.numel == 4 * 2 + 2 and len(flat.parameters) == 2
-    assert [p.data_ptr() for p in model[0].parameters()] == storage      # their own storage
+    assert [p.data_ptr() for p in model[0].parameters()] == storage  # their own storage
     model(torch.randn(5, 3)).sum().backward()
     flat.attach_grads()
     flat.zero_grad()
@@ -142,8 +141,7 @@ def test_bad_modules_are_refused():
         FlatParameters(torch.nn.ReLU())
     with pytest.raises(ValueError, match="module has no trainable parameters"):
         FlatParameters(torch.nn.Linear(2, 2).requires_grad_(False))
-    two = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2)),
-                                  torch.nn.Parameter(torch.ones(2, device="meta"))])
+    two = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2, device="meta"))])
     with pytest.raises(ValueError, match="parameters must all be on one device, got cpu, meta"):
         FlatParameters(two)
 

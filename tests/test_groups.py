@@ -198,8 +198,9 @@ def test_fixed_groups_never_connect_unless_one_group(P, S):
 
 
 def test_fixed_grouping_repr_and_bad_flag():
-    assert repr(ButterflyGrouping(8, 4, dynamic=False)) == \
-        "ButterflyGrouping(world_size=8, group_size=4, dynamic=False)"
+    assert (
+        repr(ButterflyGrouping(8, 4, dynamic=False)) == "ButterflyGrouping(world_size=8, group_size=4, dynamic=False)"
+    )
     for bad in (0, 1, "no", None):
         with pytest.raises(TypeError, match=f"dynamic must be True or False, got {bad!r}"):
             ButterflyGrouping(8, 4, dynamic=bad)
@@ -208,21 +209,25 @@ def test_fixed_grouping_repr_and_bad_flag():
 # --- helpers and bad input ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n,expected", [(1, True), (2, True), (1024, True), (0, False),
-                                        (-2, False), (6, False), (True, False), (4.0, False)])
+@pytest.mark.parametrize(
+    "n,expected", [(1, True), (2, True), (1024, True), (0, False), (-2, False), (6, False), (True, False), (4.0, False)]
+)
 def test_is_power_of_two(n, expected):
     assert is_power_of_two(n) is expected
 
 
-@pytest.mark.parametrize("P,S,match", [
-    (16, 5, r"group_size must be a power of two <= world size 16, got 5"),
-    (8, 16, r"group_size .* got 16"),
-    (8, 0, r"group_size .* got 0"),
-    (8, -4, r"group_size .* got -4"),
-    (6, 2, r"world_size must be a power of two .* got 6"),
-    (0, 1, r"world_size .* got 0"),
-    (-8, 1, r"world_size .* got -8"),
-])
+@pytest.mark.parametrize(
+    "P,S,match",
+    [
+        (16, 5, r"group_size must be a power of two <= world size 16, got 5"),
+        (8, 16, r"group_size .* got 16"),
+        (8, 0, r"group_size .* got 0"),
+        (8, -4, r"group_size .* got -4"),
+        (6, 2, r"world_size must be a power of two .* got 6"),
+        (0, 1, r"world_size .* got 0"),
+        (-8, 1, r"world_size .* got -8"),
+    ],
+)
 def test_bad_sizes(P, S, match):
     with pytest.raises(ValueError, match=match):
         check_group_size(P, S)
@@ -232,9 +237,17 @@ def test_bad_sizes(P, S, match):
         butterfly_groups(P, S, 0)
 
 
-@pytest.mark.parametrize("P,S,name", [(8.0, 2, "world_size"), ("8", 2, "world_size"),
-                                      (True, 1, "world_size"), (8, 2.0, "group_size"),
-                                      (8, True, "group_size"), (8, None, "group_size")])
+@pytest.mark.parametrize(
+    "P,S,name",
+    [
+        (8.0, 2, "world_size"),
+        ("8", 2, "world_size"),
+        (True, 1, "world_size"),
+        (8, 2.0, "group_size"),
+        (8, True, "group_size"),
+        (8, None, "group_size"),
+    ],
+)
 def test_non_int_sizes(P, S, name):
     with pytest.raises(TypeError, match=name):
         ButterflyGrouping(P, S)

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,7 +17,7 @@ SUBPROCESS_TIMEOUT = 120  # seconds; the job normally ends within a few
 
 
 @pytest.mark.launcher
-@pytest.mark.timing     # the job must end well before its deadline
+@pytest.mark.timing  # the job must end well before its deadline
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_failure_on_one_rank_ends_the_job(tmp_path):
     env = dict(
@@ -32,7 +31,11 @@ def test_failure_on_one_rank_ends_the_job(tmp_path):
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            args, cwd=ROOT, env=env, capture_output=True, text=True,
+            args,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=SUBPROCESS_TIMEOUT + 30,
         )
     except subprocess.TimeoutExpired as exc:
@@ -43,10 +46,7 @@ def test_failure_on_one_rank_ends_the_job(tmp_path):
 
     failed_at = re.search(r"deliberate failure on rank 1 at unix time ([0-9.]+)", output)
     latency = f"{end - float(failed_at.group(1)):.1f} s" if failed_at else "unknown"
-    info = (
-        f"exit status {proc.returncode}, ran {elapsed:.1f} s, "
-        f"{latency} from the failure to the exit\n{output}"
-    )
+    info = f"exit status {proc.returncode}, ran {elapsed:.1f} s, {latency} from the failure to the exit\n{output}"
     assert proc.returncode != 0, info
     assert proc.returncode != 124, f"the job timed out instead of aborting: {info}"
     assert elapsed < SUBPROCESS_TIMEOUT, info
@@ -55,8 +55,11 @@ def test_failure_on_one_rank_ends_the_job(tmp_path):
     # Rank 0's report was shown live, before the failing rank's report.
     assert 0 <= output.find("collected 1 item") < output.index("==== rank 1 of 2 ===="), info
     # One line with the counts over all ranks, the per-rank lines, then pytest's own closing line.
-    assert re.search(r"^mpi-pytest: 2 ranks, 1 finished, ranks with failures or errors: 1; "
-                     r"over all ranks 0 passed, 1 failed, 0 errors, 0 skipped; exit status 1 after",
-                     output, re.M), info
+    assert re.search(
+        r"^mpi-pytest: 2 ranks, 1 finished, ranks with failures or errors: 1; "
+        r"over all ranks 0 passed, 1 failed, 0 errors, 0 skipped; exit status 1 after",
+        output,
+        re.M,
+    ), info
     assert "  rank 0: (no summary: ended before pytest finished)" in output, info
     assert re.search(r"=+ 1 failed in [0-9.]+s =+\s*$", proc.stdout), info

@@ -24,13 +24,18 @@ def _imported(path):
 
 @pytest.mark.parametrize("package, forbidden", [("wagma", {"experiments"}), ("collectives", {"wagma", "experiments"})])
 def test_no_module_imports_a_higher_layer(package, forbidden):
-    offenders = {str(p.relative_to(ROOT)): sorted(_imported(p) & forbidden)
-                 for p in (ROOT / package).rglob("*.py") if _imported(p) & forbidden}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(_imported(p) & forbidden)
+        for p in (ROOT / package).rglob("*.py")
+        if _imported(p) & forbidden
+    }
     assert offenders == {}
 
 
 def test_importing_collectives_loads_neither_torch_nor_wagma():
-    code = ("import sys, collectives, collectives.stragglar.training_sync, collectives.stragglar; "
-            "print(sorted(m for m in ('torch', 'wagma', 'experiments') if m in sys.modules))")
+    code = (
+        "import sys, collectives, collectives.stragglar.training_sync, collectives.stragglar; "
+        "print(sorted(m for m in ('torch', 'wagma', 'experiments') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

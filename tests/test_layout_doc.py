@@ -36,14 +36,19 @@ def test_every_module_has_a_row():
         name = Path(module).name
         # A module's row names its path; or its folder's row stands for it (a subpackage
         # described as a whole); or a row about a sibling module names its file.
-        if not any(module in paths or folder in paths
-                   or (name in what and any(path.startswith(folder) for path in paths))
-                   for paths, what in rows):
+        if not any(
+            module in paths or folder in paths or (name in what and any(path.startswith(folder) for path in paths))
+            for paths, what in rows
+        ):
             missing.append(module)
     assert not missing, "docs/layout.md has no row for:\n" + "\n".join(missing)
 
 
 def test_every_named_path_exists():
-    stale = [path for paths, _ in _rows() for path in paths
-             if "/" in path and not path.startswith("runs/") and not (ROOT / path).exists()]
+    stale = [
+        path
+        for paths, _ in _rows()
+        for path in paths
+        if "/" in path and not path.startswith("runs/") and not (ROOT / path).exists()
+    ]
     assert not stale, "docs/layout.md names paths that do not exist:\n" + "\n".join(stale)

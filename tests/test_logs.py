@@ -14,23 +14,31 @@ from pathlib import Path
 from experiments.progress import StepProgress
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ("import logging; from collectives.logs import configure_logging; configure_logging(); "
-           "log = logging.getLogger('wagma.example'); log.info('started'); log.warning('slow'); log.debug('hidden')")
+PROGRAM = (
+    "import logging; from collectives.logs import configure_logging; configure_logging(); "
+    "log = logging.getLogger('wagma.example'); log.info('started'); log.warning('slow'); log.debug('hidden')"
+)
 
 
 def _run(env):
-    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
-                                                              "SLURM_PROCID")} | env
-    return subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60, check=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+    } | env
+    return subprocess.run(
+        [sys.executable, "-c", PROGRAM], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
+    )
 
 
 def test_lines_carry_the_rank_the_launcher_gave():
     # Hydra (MPICH) sets PMI_RANK, Open MPI OMPI_COMM_WORLD_RANK, srun SLURM_PROCID.
     for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
         done = _run({variable: "3"})
-        assert done.stderr.splitlines() == ["[rank 3] wagma.example: started",
-                                            "[rank 3] wagma.example: warning: slow"], (variable, done.stderr)
+        assert done.stderr.splitlines() == [
+            "[rank 3] wagma.example: started",
+            "[rank 3] wagma.example: warning: slow",
+        ], (variable, done.stderr)
         assert done.stdout == ""
 
 
@@ -60,10 +68,11 @@ def test_off_a_terminal_one_line_per_tenth_and_no_carriage_return():
     lines = _lines(200, 0, stream)
     assert [line.split(" (")[0] for line in lines] == [f"step {s} of 200" for s in range(20, 201, 20)]
     assert "step 20 of 200 (10 %): loss 0.5000, 100 samples/s" == lines[0]
-    assert stream.getvalue() == ""          # no bar was drawn
+    assert stream.getvalue() == ""  # no bar was drawn
     # A resumed run reports from where it resumed.
-    assert [line.split(" (")[0] for line in _lines(200, 130, io.StringIO())] == \
-        [f"step {s} of 200" for s in (140, 160, 180, 200)]
+    assert [line.split(" (")[0] for line in _lines(200, 130, io.StringIO())] == [
+        f"step {s} of 200" for s in (140, 160, 180, 200)
+    ]
 
 
 def test_on_a_terminal_a_bar_and_no_lines():
@@ -74,7 +83,7 @@ def test_on_a_terminal_a_bar_and_no_lines():
         assert _lines(50, 0, terminal) == []
     os.set_blocking(leader, False)
     drawn = b""
-    with contextlib.suppress(BlockingIOError, OSError):     # EAGAIN (or EIO) once all is read
+    with contextlib.suppress(BlockingIOError, OSError):  # EAGAIN (or EIO) once all is read
         while chunk := os.read(leader, 1 << 16):
             drawn += chunk
     os.close(leader)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from experiments.tasks import loss_and_correct
 from wagma.datasets import BOS, EOS, PAD, DataSpec, load_dataset
 from wagma.models import MODELS, Seq2SeqTransformer, build_model, compatible_models
-from experiments.tasks import loss_and_correct
 
 DIGITS = DataSpec("digits", "classification", (64,), 1438, 359, num_classes=10)
 CIFAR = DataSpec("cifar10", "classification", (3, 32, 32), 50000, 10000, num_classes=10)
@@ -41,14 +41,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name, spec, count", [
-    ("mlp", DIGITS, 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10),
-    # He et al. report 0.27M with option-A shortcuts (269,722); option B adds
-    # the 1x1 projections and their BatchNorm: 16*32 + 64 + 32*64 + 128.
-    ("resnet20", CIFAR, 269_722 + 2_752),
-    ("resnet18", IMAGENET, 11_689_512),
-    ("resnet50", IMAGENET, 25_557_032),
-])
+@pytest.mark.parametrize(
+    "name, spec, count",
+    [
+        ("mlp", DIGITS, 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10),
+        # He et al. report 0.27M with option-A shortcuts (269,722); option B adds
+        # the 1x1 projections and their BatchNorm: 16*32 + 64 + 32*64 + 128.
+        ("resnet20", CIFAR, 269_722 + 2_752),
+        ("resnet18", IMAGENET, 11_689_512),
+        ("resnet50", IMAGENET, 25_557_032),
+    ],
+)
 def test_parameter_counts(name, spec, count):
     model = build_model(name, spec)
     assert _parameters(model) == count
@@ -65,12 +68,15 @@ def test_transformer_base_is_nn_transformer_plus_a_tied_embedding():
     assert model.output.weight is model.embedding.weight
 
 
-@pytest.mark.parametrize("name, spec, shape", [
-    ("mlp", DIGITS, (2, 64)),
-    ("resnet20", CIFAR, (2, 3, 32, 32)),
-    ("resnet18", IMAGENET, (1, 3, 224, 224)),
-    ("resnet50", IMAGENET, (1, 3, 224, 224)),
-])
+@pytest.mark.parametrize(
+    "name, spec, shape",
+    [
+        ("mlp", DIGITS, (2, 64)),
+        ("resnet20", CIFAR, (2, 3, 32, 32)),
+        ("resnet18", IMAGENET, (1, 3, 224, 224)),
+        ("resnet50", IMAGENET, (1, 3, 224, 224)),
+    ],
+)
 def test_classifier_forward_shapes(name, spec, shape):
     model = build_model(name, spec).eval()
     with torch.no_grad():
@@ -97,16 +103,26 @@ def test_registry_checks_the_dataset_and_the_options():
     assert compatible_models(DIGITS) == ["mlp"]
     assert compatible_models(CIFAR) == ["mlp", "resnet20", "resnet18", "resnet50"]
     assert compatible_models(TRANSLATION) == ["transformer", "transformer-base"]
-    with pytest.raises(ValueError, match=r"model 'resnet50' needs image inputs \(3, H, W\); dataset 'digits' "
-                                         r"gives classification samples of shape \(64,\); accepted models for it: mlp"):
+    with pytest.raises(
+        ValueError,
+        match=r"model 'resnet50' needs image inputs \(3, H, W\); dataset 'digits' "
+        r"gives classification samples of shape \(64,\); accepted models for it: mlp",
+    ):
         build_model("resnet50", DIGITS)
     with pytest.raises(ValueError, match="model must be one of 'mlp', .*'transformer-base', got 'vgg'"):
         build_model("vgg", DIGITS)
     with pytest.raises(ValueError, match="unknown option 'num_classes' for model 'mlp'; accepted: hidden"):
         build_model("mlp", DIGITS, num_classes=3)
     assert _parameters(build_model("mlp", DIGITS, hidden=(7,))) == 64 * 7 + 7 + 7 * 10 + 10
-    assert MODELS["transformer"].options() == ["d_model", "nhead", "num_encoder_layers", "num_decoder_layers",
-                                               "dim_feedforward", "dropout", "max_len"]
+    assert MODELS["transformer"].options() == [
+        "d_model",
+        "nhead",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "dim_feedforward",
+        "dropout",
+        "max_len",
+    ]
 
 
 def test_shards_are_disjoint_equal_and_cover_all_but_the_remainder(digits):
@@ -150,8 +166,9 @@ def test_test_batches_split_into_contiguous_shares(digits):
 
 
 def test_bad_arguments_name_the_parameter(digits):
-    with pytest.raises(ValueError, match="dataset must be one of 'digits', 'cifar10', 'synthetic', "
-                                         "'synthetic-cifar', 'translation'"):
+    with pytest.raises(
+        ValueError, match="dataset must be one of 'digits', 'cifar10', 'synthetic', 'synthetic-cifar', 'translation'"
+    ):
         load_dataset("mnist")
     with pytest.raises(ValueError, match="dataset 'synthetic' needs model to be one of 'mlp'"):
         load_dataset("synthetic")
@@ -167,8 +184,11 @@ def _fake_cifar(folder, sizes):
     rng = np.random.default_rng(0)
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     for name, size in zip(names, sizes, strict=True):
-        batch = {b"batch_label": name.encode(), b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8),
-                 b"labels": rng.integers(0, 10, size).tolist()}
+        batch = {
+            b"batch_label": name.encode(),
+            b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8),
+            b"labels": rng.integers(0, 10, size).tolist(),
+        }
         with open(folder / name, "wb") as file:
             pickle.dump(batch, file)
     return folder
@@ -199,8 +219,10 @@ def test_cifar10_missing_files_say_what_is_expected(tmp_path):
         load_dataset("cifar10")
 
 
-@pytest.mark.parametrize("model, shape, classes, size", [
-    ("mlp", (64,), 10, 2048), ("resnet20", (3, 32, 32), 10, 256), ("resnet50", (3, 224, 224), 1000, 256)])
+@pytest.mark.parametrize(
+    "model, shape, classes, size",
+    [("mlp", (64,), 10, 2048), ("resnet20", (3, 32, 32), 10, 256), ("resnet50", (3, 224, 224), 1000, 256)],
+)
 def test_synthetic_classification_matches_the_model(model, shape, classes, size):
     dataset = load_dataset("synthetic", model=model, rank=1, ranks=3)
     assert (dataset.spec.input_shape, dataset.spec.num_classes) == (shape, classes)
@@ -233,7 +255,7 @@ def test_translation_pads_and_targets_are_the_renamed_reversed_source(translatio
         for s, t in zip(src, tgt):
             source, target = _unpad(s), _unpad(t)
             lengths.add(len(source))
-            assert s[:len(source)].tolist() == source  # padding only at the end
+            assert s[: len(source)].tolist() == source  # padding only at the end
             assert target[0] == BOS and target[-1] == EOS and len(target) == len(source) + 2
             for a, b in zip(reversed(source), target[1:-1]):
                 assert renaming.setdefault(a, b) == b  # one fixed renaming

@@ -7,9 +7,9 @@ import pytest
 
 from experiments.options import build_parser, usage_problem
 from experiments.schedule import LearningRate
+from wagma.algorithms import ALGORITHMS
 from wagma.options import ALGORITHM_NAMES, OPTIONS, auto_group_size, options_problem, resolved_options
 from wagma.options.cli import flags_problem, options_from_args
-from wagma.algorithms import ALGORITHMS
 
 
 def _args(*argv):
@@ -22,21 +22,29 @@ def algorithm_options(args, ranks):
 
 
 def test_warm_up_then_step_decay():
-    lr = LearningRate(0.1, steps_per_epoch=10, warmup_epochs=2, warmup_start=0.1,
-                      decay_epochs=[5, 8], decay_factor=0.1)
-    assert lr(0) == pytest.approx(0.01)                 # warm-up starts at 10 %
+    lr = LearningRate(0.1, steps_per_epoch=10, warmup_epochs=2, warmup_start=0.1, decay_epochs=[5, 8], decay_factor=0.1)
+    assert lr(0) == pytest.approx(0.01)  # warm-up starts at 10 %
     assert lr(10) == pytest.approx(0.01 + 0.09 * 10 / 20)
-    assert lr(19) < lr(20) == pytest.approx(0.1)       # peak from the end of warm-up
+    assert lr(19) < lr(20) == pytest.approx(0.1)  # peak from the end of warm-up
     assert lr(49) == pytest.approx(0.1) and lr(50) == pytest.approx(0.01)
     assert lr(79) == pytest.approx(0.01) and lr(80) == pytest.approx(0.001)
-    assert LearningRate(0.3, 7)(123) == 0.3             # no warm-up, no decay
+    assert LearningRate(0.3, 7)(123) == 0.3  # no warm-up, no decay
 
 
-@pytest.mark.parametrize("argv, words", [
-    (("local_sgd", "--sync", "ring"), "--algo local_sgd: --sync must be one of 'allreduce', 'stragglar', got 'ring'"),
-    (("dpsgd", "--sync", "stragglar"), "--sync is an option of allreduce_sgd and local_sgd and wagma, not of dpsgd"),
-    (("ensemble_sync", "--sync", "stragglar"), "not of ensemble_sync"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ("local_sgd", "--sync", "ring"),
+            "--algo local_sgd: --sync must be one of 'allreduce', 'stragglar', got 'ring'",
+        ),
+        (
+            ("dpsgd", "--sync", "stragglar"),
+            "--sync is an option of allreduce_sgd and local_sgd and wagma, not of dpsgd",
+        ),
+        (("ensemble_sync", "--sync", "stragglar"), "not of ensemble_sync"),
+    ],
+)
 def test_sync_is_checked_before_anything_runs(argv, words):
     assert words in flags_problem(_args(*argv), 8)
 
@@ -51,94 +59,164 @@ def test_group_size_is_sqrt_p_rounded_up_to_a_power_of_two():
 
 
 def test_algorithm_options_follow_the_paper_by_default():
-    assert algorithm_options(_args("wagma"), 16) == {"group_size": 4, "tau": 10, "wait_avoiding": True,
-                                                     "group_averaging": False, "fixed_groups": False,
-                                                     "reallocate": False, "sync": "allreduce"}
-    assert algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"),
-                             8)["group_averaging"] is True
-    assert algorithm_options(_args("local_sgd", "--period", "4"), 8) == {"period": 4, "reallocate": False,
-                                                                         "sync": "allreduce"}
+    assert algorithm_options(_args("wagma"), 16) == {
+        "group_size": 4,
+        "tau": 10,
+        "wait_avoiding": True,
+        "group_averaging": False,
+        "fixed_groups": False,
+        "reallocate": False,
+        "sync": "allreduce",
+    }
+    assert (
+        algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"), 8)[
+            "group_averaging"
+        ]
+        is True
+    )
+    assert algorithm_options(_args("local_sgd", "--period", "4"), 8) == {
+        "period": 4,
+        "reallocate": False,
+        "sync": "allreduce",
+    }
     assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
     assert algorithm_options(_args("hierarchical_sgd"), 16)["period_group_size_dict"] == {2: 4, 10: 16}
     assert algorithm_options(_args("hierarchical_sgd", "--period-group-size-dict", "1:2,5:4,20:P"), 8)[
-        "period_group_size_dict"] == {1: 2, 5: 4, 20: 8}
+        "period_group_size_dict"
+    ] == {1: 2, 5: 4, 20: 8}
     assert algorithm_options(_args("hierarchical_sgd"), 6)["period_group_size_dict"] == {2: 3, 10: 6}
     assert algorithm_options(_args("sgp"), 8) == {"peers": 1}
     # eager-SGD as its authors' code runs it: the majority's random activator,
     # late gradients dropped, the limiter of 32 for solo only.
-    assert algorithm_options(_args("eager_sgd"), 8) == {"quorum": "majority", "late": "drop", "limiter": 0,
-                                                        "activator_seed": 0}
+    assert algorithm_options(_args("eager_sgd"), 8) == {
+        "quorum": "majority",
+        "late": "drop",
+        "limiter": 0,
+        "activator_seed": 0,
+    }
     assert algorithm_options(_args("eager_sgd", "--quorum", "solo"), 8)["limiter"] == 32
     assert algorithm_options(_args("eager_sgd", "--quorum", "solo", "--limiter", "0"), 8)["limiter"] == 0
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers)"),
-    (["local_sgd", "--tau", "3"], "--tau is an option of wagma, not of local_sgd (its options: --period, "
-                                  "--reallocate, --sync)"),
-    (["dpsgd", "--peers", "2"], "--peers is an option of sgp"),
-    (["local_sgd", "--batch-size", "0"], "--batch-size must be >= 1"),
-    (["local_sgd", "--momentum", "1"], "--momentum must be in [0, 1)"),
-    (["local_sgd", "--decay-epochs", "60,30"], "--decay-epochs must be increasing"),
-    (["local_sgd", "--resume"], "--resume needs --checkpoint-dir"),
-    (["hierarchical_sgd", "--period-group-size-dict", "2:16,4:P"],
-     "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [16, 8]"),
-    (["adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma, not of adpsgd"),
-    (["local_sgd", "--timeout-s", "1"], "--timeout-s is an option of ensemble_sync, not of local_sgd"),
-    (["sgp", "--fixed-groups"], "--fixed-groups is an option of wagma, not of sgp"),
-    (["ensemble_sync", "--checkpoint-dir", "c"], "--checkpoint-dir is not available with --algo ensemble_sync"),
-    (["ensemble_sync", "--eval-replicas"], "--eval-replicas is not available with --algo ensemble_sync"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers)"),
+        (
+            ["local_sgd", "--tau", "3"],
+            "--tau is an option of wagma, not of local_sgd (its options: --period, --reallocate, --sync)",
+        ),
+        (["dpsgd", "--peers", "2"], "--peers is an option of sgp"),
+        (["local_sgd", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["local_sgd", "--momentum", "1"], "--momentum must be in [0, 1)"),
+        (["local_sgd", "--decay-epochs", "60,30"], "--decay-epochs must be increasing"),
+        (["local_sgd", "--resume"], "--resume needs --checkpoint-dir"),
+        (
+            ["hierarchical_sgd", "--period-group-size-dict", "2:16,4:P"],
+            "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [16, 8]",
+        ),
+        (
+            ["adpsgd", "--reallocate"],
+            "--reallocate is an option of ensemble_sync and local_sgd and wagma, not of adpsgd",
+        ),
+        (["local_sgd", "--timeout-s", "1"], "--timeout-s is an option of ensemble_sync, not of local_sgd"),
+        (["sgp", "--fixed-groups"], "--fixed-groups is an option of wagma, not of sgp"),
+        (["ensemble_sync", "--checkpoint-dir", "c"], "--checkpoint-dir is not available with --algo ensemble_sync"),
+        (["ensemble_sync", "--eval-replicas"], "--eval-replicas is not available with --algo ensemble_sync"),
+    ],
+)
 def test_usage_problems_name_the_option(argv, words):
     assert words in usage_problem(_args(*argv), 8)
 
 
-@pytest.mark.parametrize("ranks, argv, words", [
-    (6, ["wagma"], "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
-                   "hypercube), got 6 ranks (mpiexec -n)"),
-    (2, ["wagma", "--group-size", "4"],
-     "--group-size must be a power of two <= 2 ranks (mpiexec -n), or 'auto', got 4"),
-    (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
-    (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
-    (8, ["local_sgd", "--period", "0"], "--algo local_sgd: --period must be an int >= 1"),
-    (8, ["wagma", "--no-wait-avoiding", "--fixed-groups"],
-     "--algo wagma: --fixed-groups needs --wait-avoiding or --group-averaging: with both off no groups average"),
-    (8, ["wagma", "--group-averaging"], "--wait-avoiding and --group-averaging cannot both be on"),
-    (6, ["eager_sgd"], "eager_sgd needs a power-of-two number of ranks (its partial collectives run on "
-                       "butterfly phases), got 6 ranks (mpiexec -n)"),
-    (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', 'half', got 'all'"),
-    (8, ["eager_sgd", "--late", "keep"], "--late must be one of 'drop', 'newest', 'accumulate', got 'keep'"),
-    (8, ["eager_sgd", "--activator-seed", "-3"], "--activator-seed must be an int >= 0, got -3"),
-    (5, ["adpsgd"], "got 5 ranks (mpiexec -n)"),
-    (8, ["sgp", "--peers", "4"],
-     "--peers must be an int from 1 to max(2, ceil(log2 P)) = 3 on 8 ranks (mpiexec -n), got 4"),
-    (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number above 0"),
-    (8, ["hierarchical_sgd", "--period-group-size-dict", "2:3,4:P"],
-     "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [3, 8]"),
-    (8, ["hierarchical_sgd", "--period-group-size-dict", "4:2,2:P"],
-     "--period-group-size-dict's periods must be increasing"),
-    (8, ["hierarchical_sgd", "--period-group-size-dict", "2:2,4:4"],
-     "the last group size in --period-group-size-dict must be all 8 ranks (mpiexec -n) ('P')"),
-    (4, ["ensemble_sync", "--period", "0"], "--algo ensemble_sync: --period must be an int >= 1, got 0"),
-    (4, ["ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number above 0, got 0.0"),
-    (4, ["ensemble_sync", "--timeout-s", "-2"], "--timeout-s must be a number above 0, got -2.0"),
-])
+@pytest.mark.parametrize(
+    "ranks, argv, words",
+    [
+        (
+            6,
+            ["wagma"],
+            "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
+            "hypercube), got 6 ranks (mpiexec -n)",
+        ),
+        (
+            2,
+            ["wagma", "--group-size", "4"],
+            "--group-size must be a power of two <= 2 ranks (mpiexec -n), or 'auto', got 4",
+        ),
+        (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
+        (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
+        (8, ["local_sgd", "--period", "0"], "--algo local_sgd: --period must be an int >= 1"),
+        (
+            8,
+            ["wagma", "--no-wait-avoiding", "--fixed-groups"],
+            "--algo wagma: --fixed-groups needs --wait-avoiding or --group-averaging: with both off no groups average",
+        ),
+        (8, ["wagma", "--group-averaging"], "--wait-avoiding and --group-averaging cannot both be on"),
+        (
+            6,
+            ["eager_sgd"],
+            "eager_sgd needs a power-of-two number of ranks (its partial collectives run on "
+            "butterfly phases), got 6 ranks (mpiexec -n)",
+        ),
+        (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', 'half', got 'all'"),
+        (8, ["eager_sgd", "--late", "keep"], "--late must be one of 'drop', 'newest', 'accumulate', got 'keep'"),
+        (8, ["eager_sgd", "--activator-seed", "-3"], "--activator-seed must be an int >= 0, got -3"),
+        (5, ["adpsgd"], "got 5 ranks (mpiexec -n)"),
+        (
+            8,
+            ["sgp", "--peers", "4"],
+            "--peers must be an int from 1 to max(2, ceil(log2 P)) = 3 on 8 ranks (mpiexec -n), got 4",
+        ),
+        (8, ["allreduce_sgd", "--bucket-cap-mb", "0"], "--bucket-cap-mb must be a number above 0"),
+        (
+            8,
+            ["hierarchical_sgd", "--period-group-size-dict", "2:3,4:P"],
+            "every group size in --period-group-size-dict must divide 8 ranks (mpiexec -n), got [3, 8]",
+        ),
+        (
+            8,
+            ["hierarchical_sgd", "--period-group-size-dict", "4:2,2:P"],
+            "--period-group-size-dict's periods must be increasing",
+        ),
+        (
+            8,
+            ["hierarchical_sgd", "--period-group-size-dict", "2:2,4:4"],
+            "the last group size in --period-group-size-dict must be all 8 ranks (mpiexec -n) ('P')",
+        ),
+        (4, ["ensemble_sync", "--period", "0"], "--algo ensemble_sync: --period must be an int >= 1, got 0"),
+        (4, ["ensemble_sync", "--timeout-s", "0"], "--timeout-s must be a number above 0, got 0.0"),
+        (4, ["ensemble_sync", "--timeout-s", "-2"], "--timeout-s must be a number above 0, got -2.0"),
+    ],
+)
 def test_algorithm_problems_are_found_before_set_up_in_the_command_lines_words(ranks, argv, words):
     """The algorithms' own checks (the options objects', the ones their constructors
     run) on the options the flags make, for the world size, with no model built;
     the messages name the flags and the launcher's -n, not Python keywords."""
     problem = usage_problem(_args(*argv), ranks)
     assert problem is not None and words in problem, problem
-    assert not any(keyword in problem for keyword in ("group_size", "world_size", "world size", "period_group",
-                                                      "wait_avoiding", "fixed_groups", "timeout_s"))
+    assert not any(
+        keyword in problem
+        for keyword in (
+            "group_size",
+            "world_size",
+            "world size",
+            "period_group",
+            "wait_avoiding",
+            "fixed_groups",
+            "timeout_s",
+        )
+    )
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["wagma", "--group-size", "big"], "argument --group-size: expected an int or 'auto', got 'big'"),
-    (["eager_sgd", "--limiter", "-1"], "argument --limiter: expected an int or 'auto', got '-1'"),
-    (["hierarchical_sgd", "--period-group-size-dict", "2-4"], "expected PERIOD:SIZE[,PERIOD:SIZE...]"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["wagma", "--group-size", "big"], "argument --group-size: expected an int or 'auto', got 'big'"),
+        (["eager_sgd", "--limiter", "-1"], "argument --limiter: expected an int or 'auto', got '-1'"),
+        (["hierarchical_sgd", "--period-group-size-dict", "2-4"], "expected PERIOD:SIZE[,PERIOD:SIZE...]"),
+    ],
+)
 def test_option_values_the_flags_cannot_read_are_parse_errors(argv, words, capsys):
     with pytest.raises(SystemExit):
         _args(*argv)
@@ -164,10 +242,13 @@ def test_every_option_has_one_flag_of_its_own_name():
 
 def test_library_and_command_line_problems_come_from_one_check():
     assert options_problem("local_sgd", 8, {"period": 0}) == "period must be an int >= 1, got 0"
-    assert flags_problem(_args("local_sgd", "--period", "0"), 8) == \
-        "--algo local_sgd: --period must be an int >= 1, got 0"
-    assert options_problem("local_sgd", 8, {"tau": 4}) == \
-        "tau: not an option of local_sgd; its options: period, reallocate, sync"
+    assert (
+        flags_problem(_args("local_sgd", "--period", "0"), 8) == "--algo local_sgd: --period must be an int >= 1, got 0"
+    )
+    assert (
+        options_problem("local_sgd", 8, {"tau": 4})
+        == "tau: not an option of local_sgd; its options: period, reallocate, sync"
+    )
 
 
 def test_the_algorithm_names_are_the_registrys():
@@ -175,9 +256,11 @@ def test_the_algorithm_names_are_the_registrys():
 
 
 def test_help_imports_neither_torch_nor_mpi():
-    probe = ("import sys\nfrom experiments.train import main\ntry:\n    main(['--help'])\n"
-             "except SystemExit as exc:\n    assert exc.code == 0\n"
-             "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
+    probe = (
+        "import sys\nfrom experiments.train import main\ntry:\n    main(['--help'])\n"
+        "except SystemExit as exc:\n    assert exc.code == 0\n"
+        "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "[]"
 

@@ -28,9 +28,17 @@ P = WORLD.size
 POW2 = P & (P - 1) == 0
 
 #: Options that make each algorithm do its communication within a few steps.
-OPTIONS = {"allreduce_sgd": {"bucket_cap_mb": 1e-4},      # one bucket per parameter
-           "local_sgd": {"period": 2}, "wagma": {"tau": 3}, "dpsgd": {}, "adpsgd": {}, "sgp": {},
-           "eager_sgd": {}, "hierarchical_sgd": {"warmup_steps": 2}, "ensemble_sync": {"period": 2, "timeout_s": 60.0}}
+OPTIONS = {
+    "allreduce_sgd": {"bucket_cap_mb": 1e-4},  # one bucket per parameter
+    "local_sgd": {"period": 2},
+    "wagma": {"tau": 3},
+    "dpsgd": {},
+    "adpsgd": {},
+    "sgp": {},
+    "eager_sgd": {},
+    "hierarchical_sgd": {"warmup_steps": 2},
+    "ensemble_sync": {"period": 2, "timeout_s": 60.0},
+}
 
 
 def _runs_here(name):
@@ -39,8 +47,10 @@ def _runs_here(name):
     return not (name == "adpsgd" and P % 2)
 
 
-EVERY = [pytest.param(name, marks=pytest.mark.skipif(not _runs_here(name), reason=f"{name} cannot run on {P} ranks"))
-         for name in sorted(ALGORITHMS)]
+EVERY = [
+    pytest.param(name, marks=pytest.mark.skipif(not _runs_here(name), reason=f"{name} cannot run on {P} ranks"))
+    for name in sorted(ALGORITHMS)
+]
 
 
 @pytest.fixture
@@ -51,8 +61,9 @@ def comm():
 
 def _net(seed):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    )
 
 
 def _batches(steps, seed=1):
@@ -70,15 +81,16 @@ def _vector(tensors):
 
 
 def _plan(algo, steps):
-    algo.plan(steps, 8)         # ensemble_sync's last round waits for every rank
+    algo.plan(steps, 8)  # ensemble_sync's last round waits for every rank
 
 
 # ---------------------------------------------------------------- one starting model
 
+
 @pytest.mark.parametrize("name", EVERY)
 def test_create_makes_every_replica_rank_0s(comm, name):
-    model = _net(seed=100 + WORLD.rank)                    # a different model on every rank
-    model(torch.randn(16, 12, generator=torch.Generator().manual_seed(WORLD.rank)))   # and BatchNorm statistics
+    model = _net(seed=100 + WORLD.rank)  # a different model on every rank
+    model(torch.randn(16, 12, generator=torch.Generator().manual_seed(WORLD.rank)))  # and BatchNorm statistics
     rank0 = WORLD.bcast({k: v.clone() for k, v in model.state_dict().items()}, root=0)
     with create(name, model, torch.optim.SGD(model.parameters(), lr=0.1), comm, **OPTIONS[name]):
         for key, value in model.state_dict().items():
@@ -93,6 +105,7 @@ def test_init_sync_false_keeps_each_rank_its_own_model(comm):
 
 
 # ---------------------------------------------------------------- frozen parameters
+
 
 @pytest.mark.parametrize("owner", ["every parameter", "the trainable ones"])
 @pytest.mark.parametrize("name", EVERY)
@@ -133,8 +146,9 @@ def test_clipping_bounds_every_update(comm, name):
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     moves, norms, before = [], [], {}
     optimizer.register_step_pre_hook(lambda *a: before.update(x=_vector(model.parameters())))
-    optimizer.register_step_post_hook(lambda *a: moves.append(float((_vector(model.parameters())
-                                                                     - before["x"]).norm())))
+    optimizer.register_step_post_hook(
+        lambda *a: moves.append(float((_vector(model.parameters()) - before["x"]).norm()))
+    )
     with create(name, model, optimizer, comm, **OPTIONS[name]) as algo:
         _plan(algo, 6)
         for x, y in _batches(6):
@@ -143,7 +157,7 @@ def test_clipping_bounds_every_update(comm, name):
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), c)))
             algo.step()
     assert len(moves) == 6 and max(moves) <= c * (1 + 1e-4), moves
-    if name == "allreduce_sgd":     # the global gradient: clipped from the same norm on every rank
+    if name == "allreduce_sgd":  # the global gradient: clipped from the same norm on every rank
         assert all(mine == theirs for mine, theirs in zip(norms, WORLD.bcast(norms, root=0)))
 
 
@@ -161,12 +175,14 @@ def test_allreduce_sgd_gradients_are_the_global_average_when_backward_returns(co
             average = torch.stack(WORLD.allgather(_vector(p.grad for p in plain.parameters()))).mean(0)
             algo.zero_grad() if zero == "algo.zero_grad()" else optimizer.zero_grad()
             _loss(model, x, y).backward()
-            torch.testing.assert_close(_vector(p.grad for p in model.parameters()), average,
-                                       rtol=1e-5, atol=1e-7)     # float32 sums in another order
+            torch.testing.assert_close(
+                _vector(p.grad for p in model.parameters()), average, rtol=1e-5, atol=1e-7
+            )  # float32 sums in another order
             algo.step()
 
 
 # ---------------------------------------------------------------- accumulation
+
 
 def _accumulate(comm, name, no_sync, steps=4, micro=3):
     """Final parameters after ``steps`` steps of ``micro`` micro-batches each."""
@@ -197,7 +213,7 @@ def test_accumulation_is_deterministic_and_equal_with_and_without_no_sync(comm, 
     assert torch.equal(first, _accumulate(comm, name, no_sync=False))
     if name == "allreduce_sgd":
         torch.testing.assert_close(first, _accumulate(comm, name, no_sync=True), rtol=1e-5, atol=1e-6)
-        assert all(torch.equal(first, other) for other in WORLD.allgather(first))    # equal replicas
+        assert all(torch.equal(first, other) for other in WORLD.allgather(first))  # equal replicas
 
 
 def test_a_step_after_no_sync_passes_only_averages_them(comm):
@@ -230,7 +246,7 @@ def test_a_step_without_backward_averages_the_gradients_set_by_hand(comm):
         for step in range(2):
             algo.zero_grad()
             for p in model.parameters():
-                p.grad.fill_(WORLD.rank + 1)      # in place: the gradients are views of the flat buffer
+                p.grad.fill_(WORLD.rank + 1)  # in place: the gradients are views of the flat buffer
             algo.step()
         parameters = _vector(model.parameters())
     torch.testing.assert_close(parameters, start - 2 * (P + 1) / 2, rtol=0, atol=1e-5)
@@ -238,6 +254,7 @@ def test_a_step_without_backward_averages_the_gradients_set_by_hand(comm):
 
 
 # ---------------------------------------------------------------- mixed precision
+
 
 @pytest.mark.parametrize("name", ["allreduce_sgd", pytest.param("eager_sgd", marks=pytest.mark.timing), "local_sgd"])
 def test_grad_scaler_with_bf16_autocast(comm, name):
@@ -254,7 +271,7 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
         pytest.skip("eager_sgd needs a power-of-two number of ranks")
     model = _net(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     with create(name, model, optimizer, comm, **OPTIONS[name]) as algo:
         for step, (x, y) in enumerate(_batches(6)):
             algo.zero_grad()
@@ -264,7 +281,7 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
             if step == 2 and WORLD.rank == P - 1:
                 loss = loss * math.inf
             scaler.scale(loss).backward()
-            if name != "eager_sgd":         # eager-SGD unscales the average inside step()
+            if name != "eager_sgd":  # eager-SGD unscales the average inside step()
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             before, stale_before = _vector(model.parameters()), algo.stale_steps
@@ -281,7 +298,7 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
             if name != "local_sgd":
                 assert all(torch.equal(parameters, other) for other in WORLD.allgather(parameters))
                 assert len(set(WORLD.allgather(scaler.get_scale()))) == 1
-    halved = scaler.get_scale() < 2.0 ** 10
+    halved = scaler.get_scale() < 2.0**10
     if name == "eager_sgd":
         assert halved == WORLD.bcast(fresh_at_2, root=P - 1)
     else:
@@ -289,6 +306,7 @@ def test_grad_scaler_with_bf16_autocast(comm, name):
 
 
 # ---------------------------------------------------------------- misuse
+
 
 @pytest.mark.parametrize("name", EVERY)
 def test_an_optimizer_stepped_outside_algo_step_is_caught_at_the_next_step(comm, name):
@@ -299,9 +317,14 @@ def test_an_optimizer_stepped_outside_algo_step_is_caught_at_the_next_step(comm,
         algo.zero_grad()
         _loss(model, x, y).backward()
         optimizer.step()
-        with pytest.raises(RuntimeError, match=re.escape(f"{name}: optimizer.step() was called 1 time(s) since "
-                                                         f"the last algo.step(), outside it: call algo.step() "
-                                                         f"in its place")):
+        with pytest.raises(
+            RuntimeError,
+            match=re.escape(
+                f"{name}: optimizer.step() was called 1 time(s) since "
+                f"the last algo.step(), outside it: call algo.step() "
+                f"in its place"
+            ),
+        ):
             algo.step()
         assert algo.steps == 0
 
@@ -309,11 +332,16 @@ def test_an_optimizer_stepped_outside_algo_step_is_caught_at_the_next_step(comm,
 def test_an_mpi_communicator_is_refused_with_the_communicator_to_pass():
     model = _net(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for make in (lambda: create("wagma", model, optimizer, WORLD),
-                 lambda: ALGORITHMS["allreduce_sgd"](model, optimizer, WORLD)):
-        with pytest.raises(TypeError, match=re.escape("comm must be a collectives.Communicator, got the mpi4py "
-                                                      "communicator") + ".*" +
-                           re.escape("pass collectives.Communicator(comm), e.g. Communicator(MPI.COMM_WORLD)")):
+    for make in (
+        lambda: create("wagma", model, optimizer, WORLD),
+        lambda: ALGORITHMS["allreduce_sgd"](model, optimizer, WORLD),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=re.escape("comm must be a collectives.Communicator, got the mpi4py communicator")
+            + ".*"
+            + re.escape("pass collectives.Communicator(comm), e.g. Communicator(MPI.COMM_WORLD)"),
+        ):
             make()
 
 
@@ -321,8 +349,12 @@ def test_unknown_options_are_named_on_every_rank_with_the_accepted_ones(comm):
     model = _net(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     last = WORLD.rank == P - 1
-    with pytest.raises(ValueError, match=re.escape("local_sgd: rank") + ".*" +
-                       re.escape("tau: not an option of local_sgd; its options: period, reallocate, sync")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("local_sgd: rank")
+        + ".*"
+        + re.escape("tau: not an option of local_sgd; its options: period, reallocate, sync"),
+    ):
         create("local_sgd", model, optimizer, comm, **({"tau": 4} if last else {"period": 4}))
 
 
@@ -334,17 +366,24 @@ def test_models_that_differ_name_the_first_parameter_that_does(comm):
     if P == 1:
         create("local_sgd", model, optimizer, comm).close()
         return
-    with pytest.raises(ValueError, match=re.escape("local_sgd: the model's parameters differ across ranks; "
-                                                   "parameter 4 is rank 0: 3.weight (3, 16) float32;") + ".*" +
-                       re.escape(f"rank {P - 1}: 3.weight (3, 16) float32 frozen")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "local_sgd: the model's parameters differ across ranks; parameter 4 is rank 0: 3.weight (3, 16) float32;"
+        )
+        + ".*"
+        + re.escape(f"rank {P - 1}: 3.weight (3, 16) float32 frozen"),
+    ):
         create("local_sgd", model, optimizer, comm)
 
 
 def test_an_optimizer_without_a_trainable_parameter_is_named(comm):
     model = _net(seed=0)
     optimizer = torch.optim.SGD(list(model.parameters())[:-1], lr=0.1)
-    with pytest.raises(ValueError, match=re.escape("optimizer must own every trainable parameter of the model; "
-                                                   "it lacks 3.bias (1 in all)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("optimizer must own every trainable parameter of the model; it lacks 3.bias (1 in all)"),
+    ):
         create("allreduce_sgd", model, optimizer, comm)
 
 

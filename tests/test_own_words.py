@@ -17,8 +17,13 @@ NOT_OURS = {".git", "__pycache__", "runs", "test-logs", "build", "dist"}
 def _text_files():
     """Every text file of the checkout, relative to it (binary files, run files and figures, left out)."""
     for folder, dirs, names in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in NOT_OURS and not d.startswith((".venv", ".pytest_cache", ".eggs"))
-                   and not d.endswith(".egg-info")]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in NOT_OURS
+            and not d.startswith((".venv", ".pytest_cache", ".eggs"))
+            and not d.endswith(".egg-info")
+        ]
         for name in names:
             path = Path(folder, name)
             data = path.read_bytes()
@@ -27,6 +32,10 @@ def _text_files():
 
 
 def test_no_text_file_cites_the_tracker():
-    found = [f"{name}:{number}: {line.strip()[:100]}" for name, text in _text_files()
-             for number, line in enumerate(text.splitlines(), 1) if TRACKER.search(line)]
+    found = [
+        f"{name}:{number}: {line.strip()[:100]}"
+        for name, text in _text_files()
+        for number, line in enumerate(text.splitlines(), 1)
+        if TRACKER.search(line)
+    ]
     assert not found, "say it in the project's own words:\n" + "\n".join(found)

@@ -7,24 +7,29 @@ import h5py
 import pytest
 from mpi4py import MPI
 
-from collectives.provenance import run_attributes
 from collectives.mpi_library import clean_library_string, mpi_library
+from collectives.provenance import run_attributes
 
 # What the two wheels return, verbatim (Open MPI 5.0.11's ends in its C NUL;
 # MPICH 5.0.2's is a dozen lines).
-OPEN_MPI = ("Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, "
-            "repo rev: v5.0.11rc1, Sep 16, 2026\x00")
+OPEN_MPI = (
+    "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11, "
+    "repo rev: v5.0.11rc1, Sep 16, 2026\x00"
+)
 MPICH = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 20:45:26 UTC 2026\nMPICH ABI:    18:2:6\n"
 
 
-@pytest.mark.parametrize("raw, clean", [
-    (OPEN_MPI, OPEN_MPI[:-1]),
-    (MPICH, "MPICH Version:      5.0.2"),
-    ("lib\x00garbage after the terminator", "lib"),
-    ("tab\tand\x07bell\n2nd line", "tab and bell"),
-    ("", ""),
-    ("\x00", ""),
-])
+@pytest.mark.parametrize(
+    "raw, clean",
+    [
+        (OPEN_MPI, OPEN_MPI[:-1]),
+        (MPICH, "MPICH Version:      5.0.2"),
+        ("lib\x00garbage after the terminator", "lib"),
+        ("tab\tand\x07bell\n2nd line", "tab and bell"),
+        ("", ""),
+        ("\x00", ""),
+    ],
+)
 def test_library_strings_are_cut_at_nul_and_first_line(raw, clean):
     assert clean_library_string(raw) == clean
 
@@ -43,8 +48,10 @@ def test_run_attributes_round_trip_through_hdf5():
     support embedded NULLs`` under Open MPI)."""
     comm = MPI.COMM_WORLD
     attrs = run_attributes(comm)
-    assert comm.allgather(sorted((k, str(v)) for k, v in attrs.items() if k != "start_time")) == \
-        [sorted((k, str(v)) for k, v in attrs.items() if k != "start_time")] * comm.size
+    assert (
+        comm.allgather(sorted((k, str(v)) for k, v in attrs.items() if k != "start_time"))
+        == [sorted((k, str(v)) for k, v in attrs.items() if k != "start_time")] * comm.size
+    )
     assert attrs["ranks"] == comm.size and attrs["mpi_library"] == mpi_library()[2]
     with tempfile.TemporaryDirectory(prefix=f"provenance-{comm.rank}-") as folder:
         path = os.path.join(folder, "attrs.h5")

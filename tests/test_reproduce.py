@@ -11,13 +11,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from launcher import mpiexec
 
 from collectives.stragglar.cost import ring_time, stragglar_time
 from experiments.reproduce.claims import CLAIMS
 from experiments.reproduce.record import REPRODUCED, ClaimResult, Row, read_claim, write_claim
 from experiments.reproduce.report import write_report
 from experiments.reproduce.stragglar_claims import ALPHA, BETA, SIZE
-from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,9 +32,24 @@ def _report_line(report, row):
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_only_two_claims_writes_their_rows_figure_and_the_numbers_of_their_files(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
-    job = subprocess.run([sys.executable, "-m", "experiments.reproduce", "--only", "algorithm1",
-                          "--only", "stragglar-cost", "--out-dir", str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.reproduce",
+            "--only",
+            "algorithm1",
+            "--only",
+            "stragglar-cost",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     report = (tmp_path / "REPORT.md").read_text()
     records = {name: read_claim(tmp_path / "reproduce" / f"{name}.h5") for name in ("algorithm1", "stragglar-cost")}
@@ -49,7 +64,7 @@ def test_only_two_claims_writes_their_rows_figure_and_the_numbers_of_their_files
             assert cells[1:4] == [row.paper, row.shown, row.verdict], (line, row)
         for figure in record["figures"]:
             path = tmp_path / "reproduce" / name / figure
-            assert path.stat().st_size > 10_000, path       # a drawn PNG, not an empty file
+            assert path.stat().st_size > 10_000, path  # a drawn PNG, not an empty file
             assert f"](reproduce/{name}/{figure})" in report
     # algorithm1: the groups in the report are the ones the 8-rank group allreduce reduced over.
     with h5py.File(tmp_path / "reproduce" / "algorithm1" / "group_example.h5") as f:
@@ -66,16 +81,29 @@ def test_only_two_claims_writes_their_rows_figure_and_the_numbers_of_their_files
 
 
 def test_a_claim_written_and_read_back_keeps_every_field(tmp_path):
-    rows = [Row("a ratio", "1.26x", 1.2345, "{:.2f}x", verdict=REPRODUCED, why="within 10 %"),
-            Row("groups", "{0,1}", ours_text="{0,1}", verdict=REPRODUCED, why="same")]
-    path = write_claim(str(tmp_path / "reproduce" / "x.h5"), "x", "X", "wagma",
-                       ClaimResult("a setting", rows, ["f.png"], ["run.h5"]), 12.5, False)
+    rows = [
+        Row("a ratio", "1.26x", 1.2345, "{:.2f}x", verdict=REPRODUCED, why="within 10 %"),
+        Row("groups", "{0,1}", ours_text="{0,1}", verdict=REPRODUCED, why="same"),
+    ]
+    path = write_claim(
+        str(tmp_path / "reproduce" / "x.h5"),
+        "x",
+        "X",
+        "wagma",
+        ClaimResult("a setting", rows, ["f.png"], ["run.h5"]),
+        12.5,
+        False,
+    )
     record = read_claim(path)
     assert record["rows"][0] == rows[0]
     back = record["rows"][1]
     assert np.isnan(back.ours) and dataclasses.replace(back, ours=0.0) == dataclasses.replace(rows[1], ours=0.0)
-    assert (record["setting"], record["figures"], record["sources"], record["seconds"]) == \
-        ("a setting", ["f.png"], ["run.h5"], 12.5)
+    assert (record["setting"], record["figures"], record["sources"], record["seconds"]) == (
+        "a setting",
+        ["f.png"],
+        ["run.h5"],
+        12.5,
+    )
     assert [r.shown for r in record["rows"]] == ["1.23x", "{0,1}"]
 
 
@@ -91,8 +119,13 @@ def test_the_report_of_an_empty_folder_lists_every_claim_as_not_measured(tmp_pat
 
 
 def test_unknown_only_names_are_refused_before_anything_runs(tmp_path):
-    job = subprocess.run([sys.executable, "-m", "experiments.reproduce", "--only", "figure99", "--out-dir",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    job = subprocess.run(
+        [sys.executable, "-m", "experiments.reproduce", "--only", "figure99", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert job.returncode == 2
     assert "--only: unknown figure99; accepted: algorithm1, figure4" in job.stderr
     assert not any(tmp_path.iterdir())

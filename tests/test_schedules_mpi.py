@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from subcomms import first_ranks, member
 
 from collectives import (
     Communicator,
@@ -30,7 +31,6 @@ from collectives.schedules.blocking import (
 )
 from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
 from collectives.wait_avoiding.groups import ButterflyGrouping
-from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
 
@@ -50,8 +50,9 @@ def _sizes(world, stages):
 # when it is given (make test MPI_SIZES=4), else its default, 2 4 8.  Rank
 # 0's: every rank must collect the same tests, and a launcher may not pass
 # the environment on to other nodes.
-STAGES = [int(n) for n in WORLD.bcast(os.environ.get("MPI_SIZES", "2 4 8") if WORLD.rank == 0 else None,
-                                       root=0).split()]
+STAGES = [
+    int(n) for n in WORLD.bcast(os.environ.get("MPI_SIZES", "2 4 8") if WORLD.rank == 0 else None, root=0).split()
+]
 SIZES = _sizes(WORLD.size, STAGES)
 POW2_SIZES = [k for k in SIZES if k & (k - 1) == 0]
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
@@ -130,8 +131,7 @@ def test_allreduce_average(sub, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALLREDUCE_ALGORITHMS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16],
-                         ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_allreduce_half_precision_tensors(sub, algorithm, dtype):
     # Small integers: every partial sum is exact in 8 significand bits, so the
     # result must equal MPI's float32 Allreduce exactly whatever the order.
@@ -182,7 +182,7 @@ def test_allgather_collects_every_block(sub, algorithm):
     for n in _counts(comm.size):
         off = block_offsets(n, comm.size)
         x = np.full(n, -1, dtype=np.int64)
-        x[off[comm.rank]:off[comm.rank + 1]] = 10 * comm.rank + 1
+        x[off[comm.rank] : off[comm.rank + 1]] = 10 * comm.rank + 1
         allgather(x, comm=comm, algorithm=algorithm)
         expected = np.repeat(10 * np.arange(comm.size) + 1, np.diff(off))
         np.testing.assert_array_equal(x, expected)
@@ -208,8 +208,7 @@ def test_group_allreduce_equals_mpi_allreduce_within_group(pow2, algorithm):
                 x = _random(n, np.float64, seed=(comm.rank, t, n))
                 ref = np.empty_like(x)
                 group_comm.Allreduce(x, ref)
-                group_allreduce(x, comm=comm, group_size=group_size, t=t,
-                                algorithm=algorithm)
+                group_allreduce(x, comm=comm, group_size=group_size, t=t, algorithm=algorithm)
                 _assert_close(x, ref)
                 digests = group_comm.allgather(hashlib.sha256(x.tobytes()).digest())
                 assert len(set(digests)) == 1, "group members disagree bitwise"
@@ -257,8 +256,9 @@ def test_group_allreduce_with_fixed_groups_averages_in_iteration_0s_groups(pow2,
         first = comm.rank // group_size * group_size
         for t in (0, 1, 2, 5, 2**40 + 3):
             x = data(comm.rank, t)
-            group_allreduce(x, comm=comm, group_size=group_size, t=t, op="avg",
-                            algorithm=algorithm, dynamic_groups=False)
+            group_allreduce(
+                x, comm=comm, group_size=group_size, t=t, op="avg", algorithm=algorithm, dynamic_groups=False
+            )
             expected = sum(data(q, t) for q in range(first, first + group_size)) / group_size
             np.testing.assert_array_equal(x, expected, err_msg=f"S={group_size}, t={t}")
         group_size *= 2
@@ -315,6 +315,7 @@ def test_cuda_tensors_give_the_host_result(sub, algorithm):
 @pytest.mark.parametrize("offsets", [(-1, 1), (1,), (2, -3, 0)])
 def test_neighbor_sum_equals_the_gathered_sum(sub, offsets):
     from collectives.neighbors import neighbor_sum
+
     comm = member(sub)
     x = _random(1001, np.float64, seed=comm.rank)
     everyone = comm.control.allgather(x.copy())

@@ -8,11 +8,11 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.wait_avoiding.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead, rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor
 from collectives.stragglar.training_sync import PredictedStragglerSync
+from collectives.wait_avoiding.activation import RandomActivators
 from wagma.analysis.table import compare
 from wagma.results import load_run
 from wagma.sim import ALGORITHMS, Network, Scenario, compute_times, save, simulate
@@ -20,13 +20,20 @@ from wagma.sim.cli import main as sim_main
 
 ROOT = Path(__file__).resolve().parent.parent
 NET = Network(alpha=5e-6, beta=1e-9)
-BIG = 1_000_000        # parameters: 4 MB messages, over the runtime's 1 MiB threshold
-SMALL = 10_000         # 40 kB: recursive doubling
+BIG = 1_000_000  # parameters: 4 MB messages, over the runtime's 1 MiB threshold
+SMALL = 10_000  # 40 kB: recursive doubling
 
 
 def scenario(ranks=8, steps=40, imbalance="none", parameters=BIG, **kw):
-    return Scenario(ranks=ranks, steps=steps, network=NET, parameters=parameters, imbalance=imbalance,
-                    compute_ms=kw.pop("compute_ms", 100.0), **kw)
+    return Scenario(
+        ranks=ranks,
+        steps=steps,
+        network=NET,
+        parameters=parameters,
+        imbalance=imbalance,
+        compute_ms=kw.pop("compute_ms", 100.0),
+        **kw,
+    )
 
 
 def step_times(run):
@@ -35,15 +42,15 @@ def step_times(run):
 
 def test_allreduce_sgd_without_imbalance_is_compute_plus_the_alpha_beta_allreduce():
     run = simulate("allreduce_sgd", scenario(), bucket_cap_mb=25.0)
-    expected = 0.1 + rhd_time(8, 4 * BIG, NET.alpha, NET.beta)     # power of two, >= 1 MiB: RHD
+    expected = 0.1 + rhd_time(8, 4 * BIG, NET.alpha, NET.beta)  # power of two, >= 1 MiB: RHD
     assert np.allclose(step_times(run), expected, rtol=0, atol=1e-12)
     assert run.summary["throughput"] == pytest.approx(8 * 128 / expected)
 
 
 def test_the_global_allreduce_follows_the_runtimes_schedule_choice():
-    ring = simulate("local_sgd", scenario(ranks=6), period=1)      # not a power of two: ring
+    ring = simulate("local_sgd", scenario(ranks=6), period=1)  # not a power of two: ring
     assert np.allclose(step_times(ring), 0.1 + ring_time(6, 4 * BIG, NET.alpha, NET.beta))
-    small = simulate("local_sgd", scenario(parameters=SMALL), period=1)   # < 1 MiB: recursive doubling
+    small = simulate("local_sgd", scenario(parameters=SMALL), period=1)  # < 1 MiB: recursive doubling
     assert np.allclose(step_times(small), 0.1 + 3 * NET.message(4 * SMALL))
     # Buckets: one allreduce per 25 MiB bucket, one after another.
     bucketed = simulate("allreduce_sgd", scenario(parameters=10_000_000), bucket_cap_mb=25.0)
@@ -89,14 +96,14 @@ def test_local_sgd_and_wagma_sync_steps_wait_for_the_slowest_rank_of_the_period(
     for end in (9, 19, 29):
         first = end - 9
         start = 0.0 if first == 0 else clock[0, first - 1]
-        assert np.allclose(clock[:, end], start + compute[:, first:end + 1].sum(axis=1).max() + cost)
+        assert np.allclose(clock[:, end], start + compute[:, first : end + 1].sum(axis=1).max() + cost)
 
 
 def test_wagma_without_imbalance_is_compute_plus_the_butterfly_phases():
     run = simulate("wagma", scenario(parameters=SMALL, steps=20), group_size=4, tau=10)
     steps = step_times(run)
-    group = 0.1 + 2 * NET.message(4 * SMALL)                  # log2 S = 2 phases of recursive doubling
-    sync = 0.1 + 3 * NET.message(4 * SMALL)                   # the global allreduce, P = 8
+    group = 0.1 + 2 * NET.message(4 * SMALL)  # log2 S = 2 phases of recursive doubling
+    sync = 0.1 + 3 * NET.message(4 * SMALL)  # the global allreduce, P = 8
     assert np.allclose(steps[:, [0, 5, 10, 18]], group) and np.allclose(steps[:, [9, 19]], sync)
     assert not run.steps["stale"].any() and not run.age.any()
 
@@ -115,8 +122,8 @@ def test_wagma_does_not_wait_for_a_straggler_between_sync_steps():
     steps, stale = step_times(run), run.steps["stale"]
     group_steps = [t for t in range(40) if (t + 1) % 10]
     fast = [r for r in range(8) if r != 3]
-    assert np.all(steps[np.ix_(fast, group_steps)] < 0.15)          # no 200 ms waits
-    assert stale[3, group_steps].all()                              # fresh only at sync steps
+    assert np.all(steps[np.ix_(fast, group_steps)] < 0.15)  # no 200 ms waits
+    assert stale[3, group_steps].all()  # fresh only at sync steps
     # Its contribution is the last it published, as the runtime's progress thread reads it:
     # rank 3 publishes W'_s on arriving at step s, at 300 (s + 1) ms; the others begin version 8
     # after 9 steps of 100 ms and their communication, past 900 ms: W'_2, 6 steps old.
@@ -135,9 +142,9 @@ def test_the_compute_jitter_against_the_activation_hop_decides_who_is_stale():
     faster than that (10 us per tree level) reaches most of them before they
     arrive, one slower than it (10 ms) reaches none, and without jitter (the
     drawn compute) nobody is stale whatever the hop."""
+
     def stale_fraction(hop, jitter):
-        sc = Scenario(ranks=8, steps=40, network=Network(NET.alpha, NET.beta, hop), parameters=BIG,
-                      compute_ms=100.0)
+        sc = Scenario(ranks=8, steps=40, network=Network(NET.alpha, NET.beta, hop), parameters=BIG, compute_ms=100.0)
         compute = compute_times(sc) + jitter
         run = simulate("wagma", sc, compute=compute, group_size=4, tau=10)
         group_steps = [t for t in range(40) if (t + 1) % 10]
@@ -151,8 +158,11 @@ def test_the_compute_jitter_against_the_activation_hop_decides_who_is_stale():
 
 
 def test_a_compute_trace_of_the_wrong_shape_is_refused():
-    with pytest.raises(ValueError, match=r"compute must be \[ranks, steps\] = \[8, 40\] finite seconds >= 0, "
-                                         r"got shape \[8, 39\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"compute must be \[ranks, steps\] = \[8, 40\] finite seconds >= 0, "
+        r"got shape \[8, 39\]",
+    ):
         simulate("wagma", scenario(), compute=np.zeros((8, 39)), group_size=4)
 
 
@@ -184,8 +194,7 @@ def test_eager_sgd_majority_waits_for_its_random_activator_alone():
     quiet = simulate("eager_sgd", scenario(), quorum="majority")
     activation = 3 * NET.alpha
     assert np.allclose(step_times(quiet), 0.1 + activation + rhd_time(8, 4 * BIG, NET.alpha, NET.beta))
-    late = simulate("eager_sgd", scenario(imbalance="straggler:rank=2,ms=300"), quorum="majority",
-                    activator_seed=4)
+    late = simulate("eager_sgd", scenario(imbalance="straggler:rank=2,ms=300"), quorum="majority", activator_seed=4)
     draw = RandomActivators(4, 8)
     by_rank_2 = np.array([draw(t) == 2 for t in range(40)])
     assert 0 < by_rank_2.sum() < 40
@@ -222,29 +231,34 @@ def test_a_synchronization_cost_is_added_to_every_collective_over_all_ranks_and_
     slow = Network(NET.alpha, NET.beta, synchronization=extra)
 
     def both(algorithm, collective="auto", **options):
-        plain = step_times(simulate(algorithm, scenario(steps=20, parameters=SMALL, collective=collective),
-                                    **options))
-        synced = step_times(simulate(algorithm, Scenario(ranks=8, steps=20, network=slow, parameters=SMALL,
-                                                         compute_ms=100.0, collective=collective), **options))
+        plain = step_times(simulate(algorithm, scenario(steps=20, parameters=SMALL, collective=collective), **options))
+        synced = step_times(
+            simulate(
+                algorithm,
+                Scenario(ranks=8, steps=20, network=slow, parameters=SMALL, compute_ms=100.0, collective=collective),
+                **options,
+            )
+        )
         return synced - plain
 
-    assert np.allclose(both("allreduce_sgd", bucket_cap_mb=0.01), extra)     # 4 buckets, one synchronization
+    assert np.allclose(both("allreduce_sgd", bucket_cap_mb=0.01), extra)  # 4 buckets, one synchronization
     assert np.allclose(both("local_sgd", collective="stragglar", period=1), extra)
     every_tenth = np.zeros((8, 20))
     every_tenth[:, [9, 19]] = extra
     assert np.allclose(both("local_sgd", period=10), every_tenth)
-    assert np.allclose(both("wagma", group_size=4, tau=10), every_tenth)     # the group steps: no change
+    assert np.allclose(both("wagma", group_size=4, tau=10), every_tenth)  # the group steps: no change
     assert np.allclose(both("eager_sgd", quorum="majority"), extra)
     levels = np.zeros((8, 20))
-    levels[:, [0, 10]] = extra                                               # the level of 8; the groups of 4 not
+    levels[:, [0, 10]] = extra  # the level of 8; the groups of 4 not
     assert np.allclose(both("hierarchical_sgd", period_group_size_dict={2: 4, 10: 8}, warmup_steps=0), levels)
-    assert np.allclose(both("hierarchical_sgd", collective="stragglar", period_group_size_dict={2: 4, 10: 8},
-                            warmup_steps=0), levels)
+    assert np.allclose(
+        both("hierarchical_sgd", collective="stragglar", period_group_size_dict={2: 4, 10: 8}, warmup_steps=0), levels
+    )
     assert np.allclose(both("local_sgd", period=5, sync="stragglar")[:, [4, 9, 14, 19]], extra)
     for algorithm, options in (("dpsgd", {}), ("sgp", {"peers": 2}), ("adpsgd", {})):
         assert np.allclose(both(algorithm, **options), 0.0), algorithm
     alone = simulate("allreduce_sgd", Scenario(ranks=1, steps=5, network=slow, parameters=SMALL, compute_ms=100.0))
-    assert np.allclose(step_times(alone), 0.1)                          # one rank: no collective, nothing to share
+    assert np.allclose(step_times(alone), 0.1)  # one rank: no collective, nothing to share
     with pytest.raises(ValueError, match="synchronization must be a finite number >= 0, got -1"):
         Network(NET.alpha, NET.beta, synchronization=-1)
 
@@ -265,10 +279,15 @@ def test_hierarchical_sgds_groups_run_the_runtimes_allreduce_when_the_global_one
     """StragglAR is planned for one straggler among all P ranks; a level of
     fewer ranks runs the runtime's choice (RHD here), not a free allreduce."""
     levels = {2: 4, 10: 8}
-    auto = step_times(simulate("hierarchical_sgd", scenario(steps=12), period_group_size_dict=levels,
-                               warmup_steps=0))
-    stragglar = step_times(simulate("hierarchical_sgd", scenario(steps=12, collective="stragglar"),
-                                    period_group_size_dict=levels, warmup_steps=0))
+    auto = step_times(simulate("hierarchical_sgd", scenario(steps=12), period_group_size_dict=levels, warmup_steps=0))
+    stragglar = step_times(
+        simulate(
+            "hierarchical_sgd",
+            scenario(steps=12, collective="stragglar"),
+            period_group_size_dict=levels,
+            warmup_steps=0,
+        )
+    )
     four = rhd_time(4, 4 * BIG, NET.alpha, NET.beta)
     assert np.allclose(stragglar[:, 2], 0.1 + four) and np.allclose(stragglar[:, 2], auto[:, 2])
 
@@ -280,7 +299,7 @@ def test_stragglar_hides_the_reduce_scatter_behind_a_late_rank():
     assert np.allclose(step_times(run), expected)
 
 
-WARMUP = 3     # syncs the default predictor needs to name a persistent straggler (0.25, 0.44, 0.58 >= 0.5)
+WARMUP = 3  # syncs the default predictor needs to name a persistent straggler (0.25, 0.44, 0.58 >= 0.5)
 # The runtime's gate from the second sync on: the break-even share of the allreduce's time.
 GATE = break_even_lead(8, lower_bound(8)) * rhd_time(8, 4 * BIG, NET.alpha, NET.beta)
 SYNCED = [("allreduce_sgd", {}), ("local_sgd", {"period": 5}), ("wagma", {"group_size": 4, "tau": 5})]
@@ -305,14 +324,15 @@ def _arrivals(run, compute):
 def test_a_predicted_persistent_straggler_makes_stragglar_as_fast_as_the_oracle_after_the_warm_up(algorithm, options):
     sc = scenario(steps=40, imbalance="straggler:rank=6,ms=50")
     predicted = simulate(algorithm, sc, sync="stragglar", **options)
-    oracle = simulate(algorithm, scenario(steps=40, imbalance="straggler:rank=6,ms=50", collective="stragglar"),
-                      **options)
+    oracle = simulate(
+        algorithm, scenario(steps=40, imbalance="straggler:rank=6,ms=50", collective="stragglar"), **options
+    )
     fallback = simulate(algorithm, sc, sync="allreduce", **options)
     tau = options.get("period", options.get("tau", 1))
-    first = WARMUP * tau                    # the step after the warm-up's last sync
+    first = WARMUP * tau  # the step after the warm-up's last sync
     assert np.allclose(step_times(predicted)[:, first:], step_times(oracle)[:, first:], rtol=0, atol=1e-9)
     assert np.array_equal(predicted.steps["clock"][:, :first], fallback.steps["clock"][:, :first])
-    assert not np.allclose(step_times(oracle)[:, first:], step_times(fallback)[:, first:])   # it matters
+    assert not np.allclose(step_times(oracle)[:, first:], step_times(fallback)[:, first:])  # it matters
     syncs = _log(predicted)
     assert syncs.shape == (40 // tau, 5) and np.array_equal(syncs[:, 0], np.arange(tau - 1, 40, tau))
     assert np.all(syncs[:WARMUP, 1] == -1) and np.all(syncs[WARMUP:, 1] == 6) and np.all(syncs[:, 2] == 6)
@@ -320,8 +340,11 @@ def test_a_predicted_persistent_straggler_makes_stragglar_as_fast_as_the_oracle_
     # Its lead: tau delays; WAGMA-SGD's other ranks arrive later by their group averaging.
     assert np.all(syncs[:, 3] <= 0.05 * tau + 1e-12) and np.all(syncs[:, 3] > 0.05 * tau - 0.03)
     summary = predicted.summary
-    assert (summary["straggler_syncs"], summary["straggler_predictions"], summary["straggler_hits"]) == \
-        (40 // tau, 40 // tau - WARMUP, 40 // tau - WARMUP)
+    assert (summary["straggler_syncs"], summary["straggler_predictions"], summary["straggler_hits"]) == (
+        40 // tau,
+        40 // tau - WARMUP,
+        40 // tau - WARMUP,
+    )
     assert summary["straggler_hit_rate"] == 1.0 and summary["stragglar_fraction"] == 1 - WARMUP / (40 // tau)
     assert predicted.attrs["sync"] == "stragglar" and fallback.attrs["sync"] == "allreduce"
     assert not fallback.tables and "straggler_hits" not in fallback.summary
@@ -342,10 +365,10 @@ def test_a_wrong_prediction_hides_nothing_of_the_late_ranks_delay():
         others = np.delete(f, p).max()
         assert end[step] == pytest.approx(max(others + rs, f[p]) + after, abs=1e-12)
         if p == last:
-            hits += 1                           # the ReduceScatter hides behind the 50 ms
+            hits += 1  # the ReduceScatter hides behind the 50 ms
             assert end[step] == pytest.approx(f.max() + after, abs=1e-12)
         else:
-            misses += 1                         # the late rank is in the ReduceScatter
+            misses += 1  # the late rank is in the ReduceScatter
             assert end[step] == pytest.approx(f.max() + rs + after, abs=1e-12)
             assert lead == pytest.approx(0.05) and f[last] == f.max()
     assert misses >= 6 and misses % 3 == 0 and hits > 50
@@ -374,8 +397,9 @@ def test_the_lead_gate_keeps_two_equally_late_ranks_from_being_predicted():
     sc = scenario(steps=400, imbalance="random:k=2,ms=320")
     gated = simulate("allreduce_sgd", sc, sync="stragglar")
     assert gated.summary["straggler_predictions"] == 0 and np.all(gated.tables["stragglers"][:, 3] == 0)
-    bare = simulate("allreduce_sgd", scenario(steps=400, imbalance="random:k=2,ms=320", min_lead_s=0.0),
-                    sync="stragglar")
+    bare = simulate(
+        "allreduce_sgd", scenario(steps=400, imbalance="random:k=2,ms=320", min_lead_s=0.0), sync="stragglar"
+    )
     assert bare.summary["stragglar_fraction"] > 0.05 and bare.summary["straggler_hit_rate"] < 0.5
     assert bare.summary["throughput"] < gated.summary["throughput"]
 
@@ -388,13 +412,15 @@ def test_the_simulated_prediction_is_the_runtime_predictors_on_the_simulated_arr
     clock = run.steps["clock"][0]
     since = 0.0
     for k, ((step, p, last, lead, gate), f) in enumerate(zip(_log(run), _arrivals(run, compute_times(sc)))):
-        if k >= 1:          # PredictedStragglerSync.end: the allreduce of sync k - 1 measured
+        if k >= 1:  # PredictedStragglerSync.end: the allreduce of sync k - 1 measured
             predictor.min_lead_s = GATE
         assert predictor.observe(f - since) == (p, last, pytest.approx(lead, abs=1e-12))
         assert gate == predictor.min_lead_s
         since = clock[int(step)]
-    assert (predictor.predicted, predictor.hits) == \
-        (run.summary["straggler_predictions"], run.summary["straggler_hits"])
+    assert (predictor.predicted, predictor.hits) == (
+        run.summary["straggler_predictions"],
+        run.summary["straggler_hits"],
+    )
     assert list(PredictedStragglerSync.COLUMNS) == ["sync", "predicted", "last", "lead_s", "min_lead_s"]
     assert np.array_equal(run.tables["stragglers"][:, 0], np.arange(len(run.tables["stragglers"])))
 
@@ -414,13 +440,13 @@ def test_predictor_settings_are_taken_and_checked():
 def test_ensemble_sync_without_late_ranks_waits_for_the_slowest_like_local_sgd_plus_its_tree():
     sc = scenario(imbalance="random:k=2,ms=320", seed=1, steps=30)
     compute = compute_times(sc)
-    tree = 2 * 3 * NET.message(4 * BIG) + 2 * NET.message(0)      # 8 members: 2 log2 8 messages, report + decision
+    tree = 2 * 3 * NET.message(4 * BIG) + 2 * NET.message(0)  # 8 members: 2 log2 8 messages, report + decision
     run = simulate("ensemble_sync", sc, period=10, timeout_s=60.0)
     clock = run.steps["clock"]
     for end in (9, 19, 29):
         first = end - 9
         start = 0.0 if first == 0 else clock[0, first - 1]
-        assert np.allclose(clock[:, end], start + compute[:, first:end + 1].sum(axis=1).max() + tree)
+        assert np.allclose(clock[:, end], start + compute[:, first : end + 1].sum(axis=1).max() + tree)
     assert not run.steps["skipped"].any()
 
 
@@ -448,24 +474,33 @@ def test_results_reproduce_from_the_seed():
     assert not np.array_equal(a.steps["clock"], c.steps["clock"])
 
 
-@pytest.mark.parametrize("algorithm, options, message", [
-    ("nonesuch", {}, "algorithm must be one of"),
-    ("wagma", {"group_size": 3}, "power of two"),
-    ("wagma", {"fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
-    ("wagma", {"wait_avoiding": False, "fixed_groups": True},
-     "fixed_groups needs wait_avoiding or group_averaging: with both off no groups average"),
-    ("sgp", {"peers": 9}, "peers must be an int from 1 to max(2, ceil(log2 P)) = 3"),
-    ("eager_sgd", {"quorum": "all"}, "quorum must be one of 'solo', 'majority', 'half', got 'all'"),
-    ("eager_sgd", {"limiter": -1}, "limiter must be an int >= 0 (0: none) or 'auto', got -1"),
-    ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; its options: period, reallocate, sync"),
-    ("wagma", {"sync": "ring"}, "sync must be one of 'allreduce', 'stragglar', got 'ring'"),
-    ("allreduce_sgd", {"sync": None}, "sync must be one of 'allreduce', 'stragglar', got None"),
-    ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; its options: none"),
-    ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
-    ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number above 0"),
-    ("hierarchical_sgd", {"period_group_size_dict": {2: 16}}, "the last group size in period_group_size_dict "
-                                                              "must be all 8 ranks ('P'), got 16"),
-])
+@pytest.mark.parametrize(
+    "algorithm, options, message",
+    [
+        ("nonesuch", {}, "algorithm must be one of"),
+        ("wagma", {"group_size": 3}, "power of two"),
+        ("wagma", {"fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
+        (
+            "wagma",
+            {"wait_avoiding": False, "fixed_groups": True},
+            "fixed_groups needs wait_avoiding or group_averaging: with both off no groups average",
+        ),
+        ("sgp", {"peers": 9}, "peers must be an int from 1 to max(2, ceil(log2 P)) = 3"),
+        ("eager_sgd", {"quorum": "all"}, "quorum must be one of 'solo', 'majority', 'half', got 'all'"),
+        ("eager_sgd", {"limiter": -1}, "limiter must be an int >= 0 (0: none) or 'auto', got -1"),
+        ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; its options: period, reallocate, sync"),
+        ("wagma", {"sync": "ring"}, "sync must be one of 'allreduce', 'stragglar', got 'ring'"),
+        ("allreduce_sgd", {"sync": None}, "sync must be one of 'allreduce', 'stragglar', got None"),
+        ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; its options: none"),
+        ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
+        ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number above 0"),
+        (
+            "hierarchical_sgd",
+            {"period_group_size_dict": {2: 16}},
+            "the last group size in period_group_size_dict must be all 8 ranks ('P'), got 16",
+        ),
+    ],
+)
 def test_bad_options_are_refused_with_the_accepted_values(algorithm, options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         simulate(algorithm, scenario(), **options)
@@ -488,8 +523,15 @@ def test_simulated_files_sit_beside_measured_ones_in_the_analysis(tmp_path):
     measured = load_run(str(ROOT / "results" / "sweep" / "wagma_p8.h5"))
     runs = []
     for algo, options in (("wagma", measured.config["algorithm_options"]), ("allreduce_sgd", {"bucket_cap_mb": 25.0})):
-        sc = Scenario(ranks=8, steps=50, network=NET, parameters=int(measured.attrs["parameters"]),
-                      imbalance=measured.attrs["imbalance"], compute_ms=600.0, model="resnet20")
+        sc = Scenario(
+            ranks=8,
+            steps=50,
+            network=NET,
+            parameters=int(measured.attrs["parameters"]),
+            imbalance=measured.attrs["imbalance"],
+            compute_ms=600.0,
+            model="resnet20",
+        )
         runs.append(load_run(save(simulate(algo, sc, **options), str(tmp_path / f"{algo}.h5"))))
     assert runs[0].attrs["kind"] == "simulated" and runs[0].attrs["compute"] == "simulated"
     with h5py.File(tmp_path / "wagma.h5") as f:
@@ -497,20 +539,35 @@ def test_simulated_files_sit_beside_measured_ones_in_the_analysis(tmp_path):
     rows = compare([measured, *runs], skip=5)
     kinds = {(row["algorithm"], row["compute"]): row for row in rows}
     assert set(kinds) == {("wagma", "emulate"), ("wagma", "simulated"), ("allreduce_sgd", "simulated")}
-    assert kinds[("wagma", "emulate")]["speedup"] is None          # no measured baseline among these
+    assert kinds[("wagma", "emulate")]["speedup"] is None  # no measured baseline among these
     sim = kinds[("wagma", "simulated")]
     assert sim["speedup"] == pytest.approx(sim["throughput"] / kinds[("allreduce_sgd", "simulated")]["throughput"])
 
 
 def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, capsys):
-    status = sim_main(["--algo", "allreduce_sgd,wagma,sgp", "--ranks", "16,64", "--steps", "50",
-                       "--parameters", "1000000", "--peers", "2", "--out-dir", str(tmp_path / "runs"),
-                       "--plot", str(tmp_path / "figs")])
+    status = sim_main(
+        [
+            "--algo",
+            "allreduce_sgd,wagma,sgp",
+            "--ranks",
+            "16,64",
+            "--steps",
+            "50",
+            "--parameters",
+            "1000000",
+            "--peers",
+            "2",
+            "--out-dir",
+            str(tmp_path / "runs"),
+            "--plot",
+            str(tmp_path / "figs"),
+        ]
+    )
     out = capsys.readouterr()
     assert status == 0
     table, spread = out.out.split("\n\n")
     expected = sorted((a, p) for a in ("allreduce_sgd", "wagma", "sgp (2n)") for p in ("16", "64"))
-    columns = re.compile(r"\s{2,}")         # the labels have single spaces: "sgp (2n)"
+    columns = re.compile(r"\s{2,}")  # the labels have single spaces: "sgp (2n)"
     assert sorted(tuple(columns.split(line.strip())[:2]) for line in table.splitlines()[2:]) == expected
     spread = [columns.split(line.strip()) for line in spread.splitlines()]
     assert spread[0][:3] == ["algorithm", "P", "wait ms/step: least"]
@@ -524,16 +581,37 @@ def test_the_cli_prints_the_table_and_writes_files_and_the_figure(tmp_path, caps
 
 
 def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, capsys):
-    status = sim_main(["--algo", "allreduce_sgd,local_sgd,dpsgd", "--ranks", "16", "--steps", "50",
-                       "--parameters", "1000000", "--period", "5", "--sync", "stragglar",
-                       "--imbalance", "straggler:rank=2,ms=50", "--predictor-confidence", "0.9",
-                       "--out-dir", str(tmp_path)])
+    status = sim_main(
+        [
+            "--algo",
+            "allreduce_sgd,local_sgd,dpsgd",
+            "--ranks",
+            "16",
+            "--steps",
+            "50",
+            "--parameters",
+            "1000000",
+            "--period",
+            "5",
+            "--sync",
+            "stragglar",
+            "--imbalance",
+            "straggler:rank=2,ms=50",
+            "--predictor-confidence",
+            "0.9",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert status == 0
     spread = capsys.readouterr().out.split("\n\n")[1].splitlines()
     assert spread[0].split()[-4:] == ["sync", "predicted", "hit", "rate"]
     rows = {cells[0]: cells[-3:] for cells in map(str.split, spread[2:])}
-    assert rows == {"allreduce_sgd": ["stragglar", "41/50", "1.000"], "local_sgd": ["stragglar", "1/10", "1.000"],
-                    "dpsgd": ["none", "-", "-"]}
+    assert rows == {
+        "allreduce_sgd": ["stragglar", "41/50", "1.000"],
+        "local_sgd": ["stragglar", "1/10", "1.000"],
+        "dpsgd": ["none", "-", "-"],
+    }
     run = load_run(str(tmp_path / "allreduce_sgd_p16.h5"))
     assert run.attrs["sync"] == "stragglar" and run.config["scenario"]["confidence"] == 0.9
     assert (run.summary["straggler_predictions"], run.summary["straggler_hits"]) == (41, 41)
@@ -543,16 +621,19 @@ def test_the_cli_runs_the_predictor_and_prints_and_saves_its_record(tmp_path, ca
         assert json.loads(f["sync/stragglers"].attrs["columns"]) == list(PredictedStragglerSync.COLUMNS)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--algo", "sgd"], "--algo must be all or a comma-separated list"),
-    (["--algo", "local_sgd", "--sync", "gossip"], "--sync must be one of 'allreduce', 'stragglar', got 'gossip'"),
-    (["--ranks", "6", "--algo", "wagma"], "--algo wagma on 6 ranks: wagma needs a power-of-two number of ranks"),
-    (["--algo", "wagma", "--group-size", "3"], "--group-size must be a power of two <="),
-    (["--beta-gbps", "0"], "--beta-gbps > 0"),
-    (["--synchronization-ms", "-1"], "--synchronization-ms must be a finite number >= 0, got -1"),
-    (["--synchronization-ms", "inf"], "--synchronization-ms must be a finite number >= 0, got inf"),
-    (["--ranks", "4,x"], "expected comma-separated integers"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algo", "sgd"], "--algo must be all or a comma-separated list"),
+        (["--algo", "local_sgd", "--sync", "gossip"], "--sync must be one of 'allreduce', 'stragglar', got 'gossip'"),
+        (["--ranks", "6", "--algo", "wagma"], "--algo wagma on 6 ranks: wagma needs a power-of-two number of ranks"),
+        (["--algo", "wagma", "--group-size", "3"], "--group-size must be a power of two <="),
+        (["--beta-gbps", "0"], "--beta-gbps > 0"),
+        (["--synchronization-ms", "-1"], "--synchronization-ms must be a finite number >= 0, got -1"),
+        (["--synchronization-ms", "inf"], "--synchronization-ms must be a finite number >= 0, got inf"),
+        (["--ranks", "4,x"], "expected comma-separated integers"),
+    ],
+)
 def test_the_cli_refuses_bad_input_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         sim_main([*argv, "--parameters", "1000", "--steps", "5"])
@@ -576,7 +657,7 @@ def test_the_cli_runs_every_algorithm_at_4096_ranks_the_largest_size_it_claims(c
     # No rank steps faster than its compute: P * batch / 600 ms bounds every algorithm.
     assert all(0 < t <= ranks * batch / compute for t in throughput.values()), throughput
     # random:k=2 delays two ranks 320 ms at every step, and a synchronous step waits for them.
-    for name in ("allreduce_sgd", "local_sgd"):        # local SGD's default period is 1: synchronous too
+    for name in ("allreduce_sgd", "local_sgd"):  # local SGD's default period is 1: synchronous too
         assert throughput[name] <= ranks * batch / (compute + delay)
     # WAGMA-SGD waits for a delayed rank only at its sync steps (every tau = 10): Figures 4 and 10's direction.
     assert throughput["wagma"] > throughput["allreduce_sgd"]
@@ -592,16 +673,21 @@ def test_the_simulator_predicts_the_measured_sweep_within_15_percent(tmp_path):
     4 to 32 ranks, hierarchical SGD and eager-SGD with its carry-over among
     them."""
     from experiments.validate_sim import ABLATIONS, TOLERANCE, validate
+
     results = ROOT / "results"
-    table, worst, networks = validate(str(results / "sweep"), str(tmp_path), str(results / "pingpong"),
-                                      str(results / "synchronization"), str(results / "sweep-repeats"))
+    table, worst, networks = validate(
+        str(results / "sweep"),
+        str(tmp_path),
+        str(results / "pingpong"),
+        str(results / "synchronization"),
+        str(results / "sweep-repeats"),
+    )
     assert worst <= TOLERANCE, table
-    for algorithm in ("wagma", "hierarchical_sgd", "eager_sgd", "allreduce_sgd", "adpsgd", "dpsgd", "sgp",
-                      "local_sgd"):
+    for algorithm in ("wagma", "hierarchical_sgd", "eager_sgd", "allreduce_sgd", "adpsgd", "dpsgd", "sgp", "local_sgd"):
         assert table.count(f"| {algorithm} |") == 4, algorithm
     assert "Largest |error| of a throughput, a ratio or a stale fraction" in table
     assert len(re.findall(r"^\| (4|8|16|32) \| 0\.\d{3} \|", table, re.M)) == 4
-    assert len(re.findall(r"^\| 16 \(wagma_p16_run\d\.h5\) \| 0\.\d{3} \|", table, re.M)) == 3   # results/sweep-repeats
+    assert len(re.findall(r"^\| 16 \(wagma_p16_run\d\.h5\) \| 0\.\d{3} \|", table, re.M)) == 3  # results/sweep-repeats
     # The ping-pong's alpha and beta at every rank count, both waits, and the measured synchronization.
     assert len(re.findall(r"^\| (4|8|16|32) \| (spin|yield) \| ", table, re.M)) == 8
     assert sorted(p for p, _ in networks) == [4, 4, 8, 8, 16, 16, 32, 32]
@@ -620,9 +706,13 @@ def test_figure10_sensitivity_varies_one_assumption_at_a_time():
     waiting for the longest episode) raises WAGMA-SGD's speedup over every
     baseline."""
     from experiments.validate_sim import FIGURE10_VARIATIONS, figure10_sensitivity
+
     lines = figure10_sensitivity(ranks=64)
-    rows = {line.split(" | ")[0][2:]: [float(x.rstrip("x")) for x in line.strip(" |").split(" | ")[1:]]
-            for line in lines if line.startswith("| ") and line.endswith("x |")}
+    rows = {
+        line.split(" | ")[0][2:]: [float(x.rstrip("x")) for x in line.strip(" |").split(" | ")[1:]]
+        for line in lines
+        if line.startswith("| ") and line.endswith("x |")
+    }
     assert list(rows) == ["paper"] + [label for label, _ in FIGURE10_VARIATIONS]
     ours, tau16, tau64 = rows[FIGURE10_VARIATIONS[0][0]], rows["WAGMA: tau 16"], rows["WAGMA: tau 64"]
     assert all(a < b < c for a, b, c in zip(ours, tau16, tau64))

@@ -20,14 +20,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from launcher import steps_written
 
 from collectives.mpi_library import mpi_library
 from experiments.mpirun import loaded_library, srun_mpi_plugin
-from launcher import steps_written
 from wagma.results import load_run, partial_path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEADLINE = 200   # seconds for one test's jobs (the longest, the requeue test, takes about 40 s here)
+DEADLINE = 200  # seconds for one test's jobs (the longest, the requeue test, takes about 40 s here)
 
 # Longer than the suite's per-test limit: jobs wait for the node, and a
 # requeued one for Slurm's requeue delay (10 s in scripts/local-slurm).
@@ -37,19 +37,23 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(DEADLINE + 60)]
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("slurm")
-    start = subprocess.run([str(ROOT / "scripts" / "local-slurm"), "start", str(folder), "8"],
-                           capture_output=True, text=True, timeout=120)
+    start = subprocess.run(
+        [str(ROOT / "scripts" / "local-slurm"), "start", str(folder), "8"], capture_output=True, text=True, timeout=120
+    )
     if start.returncode == 3:
         pytest.skip(start.stderr.strip())
     assert start.returncode == 0, start.stderr
     env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"), PYTHON=sys.executable)
     plugin = srun_mpi_plugin()
-    probe = subprocess.run(["srun", f"--mpi={plugin}", "-n", "1", "true"], env=env, capture_output=True,
-                           text=True, timeout=DEADLINE)
+    probe = subprocess.run(
+        ["srun", f"--mpi={plugin}", "-n", "1", "true"], env=env, capture_output=True, text=True, timeout=DEADLINE
+    )
     if probe.returncode != 0:
         subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
-        pytest.skip(f"this Slurm cannot start {loaded_library()[1]} ranks with srun --mpi={plugin}: "
-                    f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}")
+        pytest.skip(
+            f"this Slurm cannot start {loaded_library()[1]} ranks with srun --mpi={plugin}: "
+            f"{probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else probe.returncode}"
+        )
     yield folder, env
     subprocess.run([str(ROOT / "scripts" / "local-slurm"), "stop", str(folder)], timeout=60)
 
@@ -57,11 +61,16 @@ def slurm(tmp_path_factory):
 def _sbatch(env, settings, script, *options):
     """Submit ``script`` (4 ranks on the node) from the repository root with
     ``settings`` exported; return the job id."""
-    job = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=4", "--time=10",
-                          "--export=ALL", *options, script],
-                         cwd=ROOT, env={**env, **settings}, capture_output=True, text=True, timeout=DEADLINE)
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=4", "--time=10", "--export=ALL", *options, script],
+        cwd=ROOT,
+        env={**env, **settings},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
     job_id = job.stdout.strip()
-    if job.returncode != 0:     # with --wait: the job failed; show its log
+    if job.returncode != 0:  # with --wait: the job failed; show its log
         logs = [Path(o.split("=", 1)[1].replace("%j", job_id)) for o in options if o.startswith("--output=")]
         pytest.fail(job.stderr + "".join(log.read_text() for log in logs if log.exists()))
     return job_id
@@ -88,8 +97,10 @@ def _finished(env, *jobs):
                 states[job] = state
         if time.monotonic() - start >= DEADLINE:
             running = [_state(env, job) for job in jobs if job not in states]
-            pytest.fail(f"jobs {[s['JobId'] for s in running]} still running after {DEADLINE} s; their logs end:\n"
-                        + "\n".join(_log_tail(s.get("StdOut", "")) for s in running))
+            pytest.fail(
+                f"jobs {[s['JobId'] for s in running]} still running after {DEADLINE} s; their logs end:\n"
+                + "\n".join(_log_tail(s.get("StdOut", "")) for s in running)
+            )
         time.sleep(0.5)
     return [states[job] for job in jobs]
 
@@ -108,11 +119,15 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
     assert _state(env, job_id)["ExitCode"] == "0:0", log
     assert (results / f"wagma_{job_id}.h5").is_file(), f"no run file; {sorted(os.listdir(results))}\n{log}"
     run = load_run(str(results / f"wagma_{job_id}.h5"))
-    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["parameters"]) \
-        == ("complete", 4, "resnet50", 25_557_032)
+    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["parameters"]) == (
+        "complete",
+        4,
+        "resnet50",
+        25_557_032,
+    )
     assert (run.attrs["dataset"], run.attrs["group_size"], run.attrs["tau"]) == ("synthetic", 2, 10)
     assert run.attrs["slurm_job_id"] == job_id and run.attrs["hostnames"] == _state(env, job_id)["NodeList"]
-    assert run.attrs["mpi_library"] == mpi_library()[2]      # srun started this Python's library
+    assert run.attrs["mpi_library"] == mpi_library()[2]  # srun started this Python's library
     assert run.steps["clock"].shape == (4, 2) and np.all(np.isfinite(run.steps["loss"]))
 
 
@@ -120,18 +135,29 @@ def test_the_image_classification_job_runs_four_ranks_and_writes_its_run_file(sl
 def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm):
     folder, env = slurm
     results = folder / "requeue"
-    job_id = _sbatch(env, {"ALGO": "local_sgd", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "100",
-                           "BATCH_SIZE": "16", "IMBALANCE": "straggler:rank=1,ms=20",
-                           "TRAIN_ARGS": "--max-steps 600 --stop-check-every 10", "RESULTS_DIR": str(results)},
-                     "slurm/train.sbatch", f"--output={folder}/requeue-%j.out")
+    job_id = _sbatch(
+        env,
+        {
+            "ALGO": "local_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "100",
+            "BATCH_SIZE": "16",
+            "IMBALANCE": "straggler:rank=1,ms=20",
+            "TRAIN_ARGS": "--max-steps 600 --stop-check-every 10",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/requeue-%j.out",
+    )
     partial = partial_path(str(results / f"local_sgd_{job_id}.h5"))
     start = time.monotonic()
-    while steps_written(partial) < 20:          # signalled mid-run, once it has trained a little
+    while steps_written(partial) < 20:  # signalled mid-run, once it has trained a little
         assert time.monotonic() - start < DEADLINE, f"the job never trained: {_state(env, job_id)}"
         time.sleep(0.2)
     # What --signal=USR1@120 delivers before the time limit: SIGUSR1 to every rank.
     subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True)
-    state, = _finished(env, job_id)
+    (state,) = _finished(env, job_id)
     log = (folder / f"requeue-{job_id}.out").read_text()
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
     assert "requeueing job" in log and "(restart 1)" in log
@@ -145,10 +171,22 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
 def test_mpiexec_launches_the_ranks_inside_a_job(slurm):
     folder, env = slurm
     results = folder / "mpiexec"
-    job = _sbatch(env, {"LAUNCHER": "mpiexec", "ALGO": "allreduce_sgd", "MODEL": "mlp", "DATASET": "digits",
-                        "EPOCHS": "1", "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 10", "RESULTS_DIR": str(results)},
-                  "slurm/train.sbatch", f"--output={folder}/mpiexec-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {
+            "LAUNCHER": "mpiexec",
+            "ALGO": "allreduce_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "1",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 10",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/mpiexec-%j.out",
+    )
+    (state,) = _finished(env, job)
     assert state["ExitCode"] == "0:0", (folder / f"mpiexec-{job}.out").read_text()
     run = load_run(str(results / f"allreduce_sgd_{job}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
@@ -161,11 +199,21 @@ def test_ensemble_sync_runs_in_a_job_without_checkpoints(slurm):
     its ranks are never at one step together) and the job trains."""
     folder, env = slurm
     results = folder / "ensemble"
-    job = _sbatch(env, {"ALGO": "ensemble_sync", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "1",
-                        "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 20 --period 5 --timeout-s 5",
-                        "RESULTS_DIR": str(results)},
-                  "slurm/train.sbatch", f"--output={folder}/ensemble-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {
+            "ALGO": "ensemble_sync",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "1",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 20 --period 5 --timeout-s 5",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/ensemble-%j.out",
+    )
+    (state,) = _finished(env, job)
     assert state["ExitCode"] == "0:0", (folder / f"ensemble-{job}.out").read_text()
     run = load_run(str(results / f"ensemble_sync_{job}.h5"))
     assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
@@ -179,12 +227,23 @@ def test_ensemble_sync_survives_a_killed_rank_in_a_job_started_with_fault_tolera
     """LAUNCHER=mpiexec FAULT_TOLERANT=1: experiments.mpirun --fault-tolerant inside the allocation."""
     folder, env = slurm
     results = folder / "ensemble-kill"
-    job = _sbatch(env, {"LAUNCHER": "mpiexec", "FAULT_TOLERANT": "1", "ALGO": "ensemble_sync", "MODEL": "mlp",
-                        "DATASET": "digits", "EPOCHS": "1", "BATCH_SIZE": "16",
-                        "TRAIN_ARGS": "--max-steps 40 --period 5 --timeout-s 1 --fault kill:rank=3,step=12",
-                        "RESULTS_DIR": str(results)},
-                  "slurm/train.sbatch", f"--output={folder}/ensemble-kill-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {
+            "LAUNCHER": "mpiexec",
+            "FAULT_TOLERANT": "1",
+            "ALGO": "ensemble_sync",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "1",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 40 --period 5 --timeout-s 1 --fault kill:rank=3,step=12",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/ensemble-kill-%j.out",
+    )
+    (state,) = _finished(env, job)
     log = (folder / f"ensemble-kill-{job}.out").read_text()
     assert state["ExitCode"] == "0:0", log
     run = load_run(str(results / f"ensemble_sync_{job}.h5"))
@@ -203,12 +262,24 @@ def test_a_job_whose_ranks_fail_to_launch_fails(slurm):
     keeps one cluster's leftovers from failing another's jobs."""
     folder, env = slurm
     results = folder / "unlaunched"
-    job = _sbatch(env, {"ALGO": "allreduce_sgd", "MODEL": "mlp", "DATASET": "digits", "EPOCHS": "1",
-                        "BATCH_SIZE": "16", "TRAIN_ARGS": "--max-steps 10", "RESULTS_DIR": str(results)},
-                  "slurm/train.sbatch", "--hold", f"--output={folder}/unlaunched-%j.out")
+    job = _sbatch(
+        env,
+        {
+            "ALGO": "allreduce_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "1",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 10",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        "--hold",
+        f"--output={folder}/unlaunched-%j.out",
+    )
     (folder / "pmix" / f"spmix_appdir_{os.getuid()}_{job}.0").mkdir()
     subprocess.run(["scontrol", "release", job], env=env, check=True)
-    state, = _finished(env, job)
+    (state,) = _finished(env, job)
     log = (folder / f"unlaunched-{job}.out").read_text()
     assert (state["JobState"], state["ExitCode"]) == ("FAILED", "1:0"), log
     assert "launch failed" in log
@@ -217,9 +288,13 @@ def test_a_job_whose_ranks_fail_to_launch_fails(slurm):
 
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):
     folder, env = slurm
-    job = _sbatch(env, {"LAUNCHER": "aprun", "RESULTS_DIR": str(folder / "bad")},
-                  "slurm/train.sbatch", f"--output={folder}/bad-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {"LAUNCHER": "aprun", "RESULTS_DIR": str(folder / "bad")},
+        "slurm/train.sbatch",
+        f"--output={folder}/bad-%j.out",
+    )
+    (state,) = _finished(env, job)
     log = (folder / f"bad-{job}.out").read_text()
     assert (state["JobState"], state["ExitCode"]) == ("FAILED", "2:0"), log
     assert "LAUNCHER must be srun or mpiexec, got 'aprun'" in log
@@ -229,41 +304,68 @@ def test_the_translation_job_trains_a_transformer_with_tau_8(slurm):
     folder, env = slurm
     results = folder / "translate"
     # transformer (small) instead of the script's transformer-base: same task and code path, CPU-sized.
-    job = _sbatch(env, {"MODEL": "transformer", "EPOCHS": "1", "BATCH_SIZE": "8",
-                        "TRAIN_ARGS": "--max-steps 12", "RESULTS_DIR": str(results)},
-                  "slurm/translate.sbatch", f"--output={folder}/translate-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {
+            "MODEL": "transformer",
+            "EPOCHS": "1",
+            "BATCH_SIZE": "8",
+            "TRAIN_ARGS": "--max-steps 12",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/translate.sbatch",
+        f"--output={folder}/translate-%j.out",
+    )
+    (state,) = _finished(env, job)
     assert state["ExitCode"] == "0:0", (folder / f"translate-{job}.out").read_text()
     run = load_run(str(results / f"wagma_{job}.h5"))
-    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["dataset"], run.attrs["tau"]) \
-        == ("complete", 4, "transformer", "translation", 8)
+    assert (run.attrs["status"], run.attrs["ranks"], run.attrs["model"], run.attrs["dataset"], run.attrs["tau"]) == (
+        "complete",
+        4,
+        "transformer",
+        "translation",
+        8,
+    )
     assert run.steps["clock"].shape == (4, 12) and np.all(np.isfinite(run.steps["loss"]))
 
 
 def test_the_stragglar_job_benchmarks_every_implementation(slurm):
     folder, env = slurm
     results = folder / "stragglar"
-    job = _sbatch(env, {"DELAY_MS": "20", "SIZES_MIB": "0.25,1", "REPS": "2", "BENCH_ARGS": "--sweep-mib 0",
-                        "RESULTS_DIR": str(results)},
-                  "slurm/stragglar.sbatch", f"--output={folder}/stragglar-%j.out")
-    state, = _finished(env, job)
+    job = _sbatch(
+        env,
+        {
+            "DELAY_MS": "20",
+            "SIZES_MIB": "0.25,1",
+            "REPS": "2",
+            "BENCH_ARGS": "--sweep-mib 0",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/stragglar.sbatch",
+        f"--output={folder}/stragglar-%j.out",
+    )
+    (state,) = _finished(env, job)
     assert state["ExitCode"] == "0:0", (folder / f"stragglar-{job}.out").read_text()
     with h5py.File(results / f"stragglar_n4_{job}.h5") as f:
         assert (f.attrs["ranks"], f.attrs["straggler"], f.attrs["slurm_job_id"]) == (4, 3, job)
         names = [name.decode() for name in f["implementations"][()]]
         assert {"stragglar", "broadcast", "ring", "rhd"} <= set(names), names
         assert list(f["sizes_bytes"][()]) == [2**18, 2**20]
-        times = f["scan_seconds"][()]          # implementation, size, repetition, (total, after arrival)
+        times = f["scan_seconds"][()]  # implementation, size, repetition, (total, after arrival)
         assert times.shape[:3] == (len(names), 2, 2) and np.all(times[..., 0] > 0)
 
 
 def test_the_figure_10_sweep_submits_one_job_per_algorithm_and_the_analysis_compares_them(slurm):
     folder, env = slurm
     results = folder / "sweep"
-    submit = subprocess.run(["slurm/sweep.sh", "10", "1", "wagma,allreduce_sgd", "--",
-                             "--time=10", f"--output={folder}/sweep-%j.out"],
-                            cwd=ROOT, env={**env, "STEPS": "4", "RANKS_PER_NODE": "4", "RESULTS_DIR": str(results)},
-                            capture_output=True, text=True, timeout=60)
+    submit = subprocess.run(
+        ["slurm/sweep.sh", "10", "1", "wagma,allreduce_sgd", "--", "--time=10", f"--output={folder}/sweep-%j.out"],
+        cwd=ROOT,
+        env={**env, "STEPS": "4", "RANKS_PER_NODE": "4", "RESULTS_DIR": str(results)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert submit.returncode == 0, submit.stderr
     lines = submit.stdout.split("\n")[:-1]
     assert [line.rsplit(" ", 1)[0] for line in lines] == ["fig10 wagma n=1: job", "fig10 allreduce_sgd n=1: job"]
@@ -276,8 +378,12 @@ def test_the_figure_10_sweep_submits_one_job_per_algorithm_and_the_analysis_comp
         assert (run.attrs["status"], run.attrs["ranks"], run.attrs["compute"]) == ("complete", 4, "emulate")
         assert run.attrs["imbalance"] == "lognormal:median_ms=2000,sigma=1,min_ms=1700,max_ms=43500"
         assert run.steps["delay"].shape == (4, 4) and np.all(run.steps["delay"] >= 1.7)
-    table = subprocess.run([sys.executable, "-m", "wagma.analysis", str(results), "--csv", str(folder / "sweep.csv")],
-                           capture_output=True, text=True, timeout=120)
+    table = subprocess.run(
+        [sys.executable, "-m", "wagma.analysis", str(results), "--csv", str(folder / "sweep.csv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert table.returncode == 0, table.stderr
     rows = {row["algorithm"]: row for row in csv.DictReader(open(folder / "sweep.csv"))}
     assert set(rows) == {"wagma", "allreduce_sgd"} and float(rows["allreduce_sgd"]["speedup"]) == 1.0

@@ -18,30 +18,36 @@ import time
 from pathlib import Path
 
 import pytest
-
 from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "scripts" / "stage"
 PROGRAM = Path(__file__).resolve().parent / "programs" / "leaves_processes.py"
-GRACE = 2           # the stage's seconds from SIGTERM to SIGKILL
+GRACE = 2  # the stage's seconds from SIGTERM to SIGKILL
 # The limit of the "limit" ending, which ends the stage while the program
 # waits: time enough to start it all first (0.5 to 0.8 s alone on 2 cores,
 # under MPICH or Open MPI), and every second of it is waited out.
 LIMIT = 6
-DEADLINE = 120      # seconds for the program to start everything, and for the stage to end
+DEADLINE = 120  # seconds for the program to start everything, and for the stage to end
 
-pytestmark = [pytest.mark.launcher, pytest.mark.timing,
-              pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
+pytestmark = [
+    pytest.mark.launcher,
+    pytest.mark.timing,
+    pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found"),
+]
 
 
 def _slurm_can_start():
     """Why scripts/local-slurm cannot start here, or None when it can."""
     if os.geteuid() != 0:
         return "the one-node Slurm needs root"
-    missing = [tool for tool in ("munged", "slurmctld", "slurmd", "sbatch")
-               if subprocess.run(["bash", "-c", f"PATH=$PATH:/usr/sbin:/sbin command -v {tool}"],
-                                 capture_output=True).returncode]
+    missing = [
+        tool
+        for tool in ("munged", "slurmctld", "slurmd", "sbatch")
+        if subprocess.run(
+            ["bash", "-c", f"PATH=$PATH:/usr/sbin:/sbin command -v {tool}"], capture_output=True
+        ).returncode
+    ]
     return f"{', '.join(missing)} missing (apt-get install slurm-wlm munge)" if missing else None
 
 
@@ -100,8 +106,11 @@ def _gone(record, folder):
     still there."""
     start = time.monotonic()
     while True:
-        left = ({name: pid for name, pid in record["pids"].items() if _alive(pid)},
-                _carriers(record["token"]), _working_in(folder))
+        left = (
+            {name: pid for name, pid in record["pids"].items() if _alive(pid)},
+            _carriers(record["token"]),
+            _working_in(folder),
+        )
         if not any(left) or time.monotonic() - start > DEADLINE:
             return left
         time.sleep(0.1)
@@ -126,8 +135,13 @@ def test_nothing_the_stage_started_outlives_it(tmp_path, ending, status, with_sl
         slurm_dir = str(tmp_path / "slurm")
     out = tmp_path / "out"
     out.mkdir()
-    program = [sys.executable, str(PROGRAM), str(out), "exit" if ending == "exit" else "wait",
-               *([slurm_dir] if slurm_dir else [])]
+    program = [
+        sys.executable,
+        str(PROGRAM),
+        str(out),
+        "exit" if ending == "exit" else "wait",
+        *([slurm_dir] if slurm_dir else []),
+    ]
     limit = LIMIT if ending == "limit" else 3 * DEADLINE
     stage = [str(STAGE), "-t", str(limit), "-k", str(GRACE), "--", *program]
     if ending == "SIGKILL of its parent":
@@ -135,13 +149,14 @@ def test_nothing_the_stage_started_outlives_it(tmp_path, ending, status, with_sl
         stage = ["bash", "-c", " ".join(f"'{word}'" for word in stage) + "; exit $?"]
     # It runs in tmp_path: the launcher's path must not be relative to the repository.
     env = dict(os.environ, MPIEXEC=str((ROOT / mpiexec()).resolve()))
-    job = subprocess.Popen(stage, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    job = subprocess.Popen(
+        stage, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         record = _started(out, job)
         assert len(record["pids"]) == 4 + 4 * bool(slurm_dir) and all(map(_alive, record["pids"].values())), record
         if ending == "exit":
-            (out / "exit").touch()   # the program exits only now: its processes were seen alive first
+            (out / "exit").touch()  # the program exits only now: its processes were seen alive first
         if ending in ("SIGTERM", "SIGINT", "SIGKILL", "SIGKILL of its parent"):
             job.send_signal(getattr(signal, ending.split()[0]))
         _, errors = job.communicate(timeout=DEADLINE)
@@ -161,8 +176,10 @@ def test_nothing_the_stage_started_outlives_it(tmp_path, ending, status, with_sl
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
-    for args, words in ((["-t", "0", "--", "touch", str(marker)], "-t must be > 0 and -k >= 0, got -t 0 -k 10"),
-                        (["-t", "5"], "no command given")):
+    for args, words in (
+        (["-t", "0", "--", "touch", str(marker)], "-t must be > 0 and -k >= 0, got -t 0 -k 10"),
+        (["-t", "5"], "no command given"),
+    ):
         job = subprocess.run([str(STAGE), *args], capture_output=True, text=True, timeout=60)
         assert job.returncode == 2 and words in job.stderr, job.stderr
     assert not marker.exists()

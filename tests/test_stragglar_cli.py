@@ -10,13 +10,13 @@ from collectives.stragglar.__main__ import cost_table, schedule_text
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "collectives.stragglar", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "collectives.stragglar", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_schedule_json_is_the_generated_schedule(tmp_path):
-    out = _cli("schedule", "-n", "8", "--straggler", "2", "--json",
-               "--plot", str(tmp_path / "s.png"))
+    out = _cli("schedule", "-n", "8", "--straggler", "2", "--json", "--plot", str(tmp_path / "s.png"))
     assert out.returncode == 0, out.stderr
     schedule = verify(Schedule.from_json(out.stdout))
     assert schedule == generate(8, 2)

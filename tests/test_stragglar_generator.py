@@ -39,7 +39,9 @@ def test_any_straggler_rank(n):
         assert schedule.straggler == straggler
         # Round 0: the first non-straggler and the straggler reduce chunk 0.
         assert {(t.src, t.dst, t.chunk, t.reduce) for t in schedule.rounds[0][:2]} == {
-            (schedule.owner(0), straggler, 0, True), (straggler, schedule.owner(0), 0, True)}
+            (schedule.owner(0), straggler, 0, True),
+            (straggler, schedule.owner(0), 0, True),
+        }
 
 
 def test_json_round_trip():
@@ -47,13 +49,16 @@ def test_json_round_trip():
     assert Schedule.from_json(schedule.to_json()) == schedule
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(n=1), "n must be an int >= 2"),
-    (dict(n=8.0), "n must be an int >= 2"),
-    (dict(n=True), "n must be an int >= 2"),
-    (dict(n=8, straggler=8), r"straggler must be a rank in range\(8\)"),
-    (dict(n=8, straggler=-1), r"straggler must be a rank in range\(8\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n=1), "n must be an int >= 2"),
+        (dict(n=8.0), "n must be an int >= 2"),
+        (dict(n=True), "n must be an int >= 2"),
+        (dict(n=8, straggler=8), r"straggler must be a rank in range\(8\)"),
+        (dict(n=8, straggler=-1), r"straggler must be a rank in range\(8\)"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(**kwargs)

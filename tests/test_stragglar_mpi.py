@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from subcomms import first_ranks, member
 
 from collectives import StragglerAwareAllreduce, stragglar_allreduce
 from collectives.stragglar import Schedule, generate
 from collectives.stragglar.runtime import STRAGGLER_AWARE_ALGORITHMS
-from subcomms import first_ranks, member
 
 pytestmark = pytest.mark.mpi
 
@@ -59,8 +59,7 @@ def test_equals_mpi_allreduce(sub, algorithm, dtype):
             expected = _reference(x, comm)
             with StragglerAwareAllreduce(comm, straggler, x, algorithm=algorithm) as ar:
                 assert ar(x) is x
-            np.testing.assert_array_equal(
-                x, expected, err_msg=f"{algorithm}, straggler {straggler}, {numel} elements")
+            np.testing.assert_array_equal(x, expected, err_msg=f"{algorithm}, straggler {straggler}, {numel} elements")
 
 
 @pytest.mark.timing
@@ -89,7 +88,7 @@ def test_torch_tensors_and_one_shot_function(sub):
     expected = torch.from_numpy(_reference(x.numpy(), comm))
     assert stragglar_allreduce(x, comm=comm, straggler=comm.size // 2) is x
     assert torch.equal(x, expected)
-    half = (torch.arange(33, dtype=torch.bfloat16) + comm.rank)
+    half = torch.arange(33, dtype=torch.bfloat16) + comm.rank
     with StragglerAwareAllreduce(comm, 0, half, op="avg") as ar:
         ar(half)
     want = torch.arange(33, dtype=torch.float32) + (comm.size - 1) / 2

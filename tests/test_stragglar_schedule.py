@@ -27,9 +27,9 @@ def exchange(rank, straggler, chunk):
 # n = 4, straggler 3, built by hand from the paper's rules: 4 = n + log2 n - 2 rounds.
 N4 = [
     exchange(0, 3, 0),
-    exchange(1, 3, 1) + [T(0, 2, 0)],                 # phase 1: r-1 -> r-1+log n
-    exchange(2, 3, 2) + [T(0, 1, 0), T(1, 0, 1)],     # phase 2: c0 holders meet c1's
-    [T(3, 0, 2), T(1, 2, 1), T(2, 1, 2)],             # the straggler sends the last chunk
+    exchange(1, 3, 1) + [T(0, 2, 0)],  # phase 1: r-1 -> r-1+log n
+    exchange(2, 3, 2) + [T(0, 1, 0), T(1, 0, 1)],  # phase 2: c0 holders meet c1's
+    [T(3, 0, 2), T(1, 2, 1), T(2, 1, 2)],  # the straggler sends the last chunk
 ]
 
 
@@ -56,18 +56,25 @@ def _broken(mutate):
     return Schedule(4, 3, rounds)
 
 
-@pytest.mark.parametrize("mutate, text", [
-    (lambda r: r[1].append(T(0, 1, 0)), "rank 0 sends twice in one round"),
-    (lambda r: r[1].__setitem__(2, T(2, 0, 2)), "copies a chunk rank 2 does not hold fully reduced"),
-    (lambda r: r[3].append(T(0, 1, 0)), "rank 1 receives twice"),
-    (lambda r: r.__setitem__(0, exchange(0, 3, 0) + [T(1, 2, 1, True)]),
-     "reduces a chunk that rank 2 holds no data of"),
-    (lambda r: r.insert(1, exchange(0, 3, 0)),
-     r"double counting: contributions of ranks \[0, 1, 2, 3\] would be added twice"),
-    (lambda r: r.pop(), "rank 0 does not hold chunk 2 fully reduced"),
-    (lambda r: r[3].append(T(2, 2, 0)), "two distinct ranks"),
-    (lambda r: r[3].append(T(0, 3, 5)), r"chunk must be in range\(3\)"),
-])
+@pytest.mark.parametrize(
+    "mutate, text",
+    [
+        (lambda r: r[1].append(T(0, 1, 0)), "rank 0 sends twice in one round"),
+        (lambda r: r[1].__setitem__(2, T(2, 0, 2)), "copies a chunk rank 2 does not hold fully reduced"),
+        (lambda r: r[3].append(T(0, 1, 0)), "rank 1 receives twice"),
+        (
+            lambda r: r.__setitem__(0, exchange(0, 3, 0) + [T(1, 2, 1, True)]),
+            "reduces a chunk that rank 2 holds no data of",
+        ),
+        (
+            lambda r: r.insert(1, exchange(0, 3, 0)),
+            r"double counting: contributions of ranks \[0, 1, 2, 3\] would be added twice",
+        ),
+        (lambda r: r.pop(), "rank 0 does not hold chunk 2 fully reduced"),
+        (lambda r: r[3].append(T(2, 2, 0)), "two distinct ranks"),
+        (lambda r: r[3].append(T(0, 3, 5)), r"chunk must be in range\(3\)"),
+    ],
+)
 def test_every_rule_rejects_its_mistake(mutate, text):
     with pytest.raises(ScheduleError, match=text):
         verify(_broken(mutate))

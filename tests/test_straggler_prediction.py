@@ -30,7 +30,7 @@ def test_a_persistent_straggler_is_predicted_from_the_fourth_synchronization():
     assert all(r[0] == 5 for r in rows[3:])
     assert all(r[1] == 5 for r in rows)
     assert pred.hits == pred.predicted == 17 and pred.hit_rate == 1.0
-    assert rows[-1][2] == pytest.approx(0.05, abs=0.003)    # its lead: the delay, within the jitter
+    assert rows[-1][2] == pytest.approx(0.05, abs=0.003)  # its lead: the delay, within the jitter
 
 
 def test_a_switching_straggler_costs_three_misses_per_switch():
@@ -78,7 +78,7 @@ def test_random_k_has_no_lead_to_predict_with_a_lead_gate():
 def test_the_switching_imbalance_model_feeds_the_predictor():
     imbalance = parse_imbalance("switching:every=25,ms=100", P, seed=4)
     lates = [int(np.argmax(imbalance.seconds(t))) for t in range(200)]
-    assert all(len(set(lates[b:b + 25])) == 1 for b in range(0, 200, 25))   # one rank per block
+    assert all(len(set(lates[b : b + 25])) == 1 for b in range(0, 200, 25))  # one rank per block
     assert len(set(lates)) > 1
     pred = StragglerPredictor(P)
     rng = np.random.default_rng(5)
@@ -117,12 +117,15 @@ def test_the_functions_update_in_place_and_agree_with_the_class():
     assert predicted_rank(freq, lead, 0.6, 0.0) == -1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"ranks": 0}, "ranks must be an int >= 1"),
-    ({"ranks": 4, "decay": 0}, "decay must be a number in (0, 1]"),
-    ({"ranks": 4, "confidence": 1.5}, "confidence must be a number in (0, 1]"),
-    ({"ranks": 4, "min_lead_s": -1}, "min_lead_s must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"ranks": 0}, "ranks must be an int >= 1"),
+        ({"ranks": 4, "decay": 0}, "decay must be a number in (0, 1]"),
+        ({"ranks": 4, "confidence": 1.5}, "confidence must be a number in (0, 1]"),
+        ({"ranks": 4, "min_lead_s": -1}, "min_lead_s must be a number >= 0"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         StragglerPredictor(**kwargs)

@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from straggler_log import replayed_predictions
+from subcomms import first_ranks, member
 
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from wagma.algorithms import create
 
-from straggler_log import replayed_predictions
-from subcomms import first_ranks, member
-
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
-U = 2.0 ** -24          # float32's unit roundoff
+U = 2.0**-24  # float32's unit roundoff
 # The late rank's delay per step.  Scheduling noise makes another rank last
 # only when it delays that rank by more than this: the repeat record
 # (results/failure-rates) has the largest such lead measured.
@@ -76,11 +75,11 @@ def test_a_wrong_prediction_still_gives_the_exact_sum(comm):
         # below 2^24 add exactly in float32 in any order, so the sum is exact.
         x[:] = comm.rank * 1000 + np.arange(x.size)
         if comm.rank == late:
-            time.sleep(0.05)                            # the injected delay, not a synchronization
+            time.sleep(0.05)  # the injected delay, not a synchronization
         sync([x], 2.0 if comm.rank == late else 0.0)
         expected = n * np.arange(x.size) + 1000 * n * (n - 1) // 2
         np.testing.assert_array_equal(x, expected)
-        assert sync.log[-1][1:3] == (1, late)           # planned for 1, n - 2 came last: a miss
+        assert sync.log[-1][1:3] == (1, late)  # planned for 1, n - 2 came last: a miss
         # Predicted from the 4th synchronization on: a hit, then this miss.
         assert (sync.predictor.predicted, sync.predictor.hits) == (2, 1)
 
@@ -96,14 +95,13 @@ def test_every_rank_holds_the_same_prediction_from_measured_arrivals(comm, recor
             time.sleep(rng.uniform(0, 0.004) + (LATE_MS / 1e3 if comm.rank == comm.size - 1 else 0.0))
             sync([x], time.perf_counter() - start)
             _agreed(comm, (sync.straggler, sync.predictor.min_lead_s))
-        np.testing.assert_array_equal(x, 1.0)           # averages of ones
+        np.testing.assert_array_equal(x, 1.0)  # averages of ones
         _check_log(comm, sync.rows(), comm.size - 1, record_measurement)
 
 
 def _data(rank, steps, batch=32):
     g = torch.Generator().manual_seed(100 + rank)
-    return [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g))
-            for _ in range(steps)]
+    return [(torch.randn(batch, 16, generator=g), torch.randint(0, 4, (batch,), generator=g)) for _ in range(steps)]
 
 
 def _train(comm, algorithm, options, steps, late_ms):
@@ -120,7 +118,7 @@ def _train(comm, algorithm, options, steps, late_ms):
         for x, y in _data(comm.rank, steps):
             algo.start_step_timer()
             if comm.rank == comm.size - 1:
-                time.sleep(late_ms / 1e3)   # before forward, as experiments.train delays a rank
+                time.sleep(late_ms / 1e3)  # before forward, as experiments.train delays a rank
             algo.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             algo.step()
@@ -134,15 +132,17 @@ def _train(comm, algorithm, options, steps, late_ms):
 # WAGMA with its blocking group averaging (beta): the wait-avoiding groups
 # (alpha) make a run depend on who was late to which group version, so two
 # runs differ whatever the global sync; test_wagma_wait_avoiding_* covers them.
-CASES = [("local_sgd", {"period": 1}, 16), ("local_sgd", {"period": 4}, 32),
-         ("allreduce_sgd", {}, 16),
-         ("wagma", {"group_size": 2, "tau": 4, "wait_avoiding": False, "group_averaging": True}, 32)]
+CASES = [
+    ("local_sgd", {"period": 1}, 16),
+    ("local_sgd", {"period": 4}, 32),
+    ("allreduce_sgd", {}, 16),
+    ("wagma", {"group_size": 2, "tau": 4, "wait_avoiding": False, "group_averaging": True}, 32),
+]
 
 
 @pytest.mark.timing
 @pytest.mark.parametrize("algorithm, options, steps", CASES, ids=[f"{a}-{o}" for a, o, _ in CASES])
-def test_stragglar_sync_trains_the_same_model_as_the_allreduce(comm, algorithm, options, steps,
-                                                              record_measurement):
+def test_stragglar_sync_trains_the_same_model_as_the_allreduce(comm, algorithm, options, steps, record_measurement):
     comm = member(comm)
     if algorithm == "wagma" and comm.size & (comm.size - 1):
         pytest.skip("WAGMA's butterfly groups need a power of two")

@@ -25,7 +25,11 @@ def test_registered_with_its_spec(default):
     assert "synthetic-cifar" in DATASETS
     spec = default.spec
     assert (spec.name, spec.task, spec.input_shape, spec.num_classes) == (
-        "synthetic-cifar", "classification", (3, 32, 32), 10)
+        "synthetic-cifar",
+        "classification",
+        (3, 32, 32),
+        10,
+    )
     assert (spec.train_size, spec.test_size) == (4096, 1024)
 
 
@@ -58,10 +62,10 @@ def test_images_kept_once_made_equal_the_ones_made_again(monkeypatch):
     assert remade._made == {"train": None, "test": None}
     # A sample does not depend on the batch it comes in (its noise has its own generator).
     assert np.array_equal(_arrays(remade, "train", [7])[0][0], _arrays(remade, "train", [3, 7])[0][1])
-    for epoch in (0, 1):       # epoch 1 of ``kept`` takes every image from what epoch 0 made
+    for epoch in (0, 1):  # epoch 1 of ``kept`` takes every image from what epoch 0 made
         for (x, y), (x2, y2) in zip(kept.train_batches(epoch, 32), remade.train_batches(epoch, 32), strict=True):
             assert x.numpy().tobytes() == x2.numpy().tobytes() and y.equal(y2)
-    assert sorted(kept._made["train"]) == sorted(kept.train_indices.tolist())      # its shard only
+    assert sorted(kept._made["train"]) == sorted(kept.train_indices.tolist())  # its shard only
     for _ in range(2):
         assert all(np.array_equal(a, b) for a, b in zip(_test_set(kept), _test_set(remade)))
 
@@ -86,7 +90,7 @@ def test_label_noise_flips_that_fraction_to_other_classes(label_noise):
         draws = dataset.draws[split]
         size = len(draws["label"])
         flipped = draws["label"] != draws["true"]
-        assert np.array_equal(flipped, draws["flipped"])        # a flip always changes the class
+        assert np.array_equal(flipped, draws["flipped"])  # a flip always changes the class
         band = 4 * np.sqrt(label_noise * (1 - label_noise) / size)
         assert abs(flipped.mean() - label_noise) <= band
 
@@ -98,7 +102,7 @@ def _nearest_class_mean(dataset):
     means = np.stack([x[y == c].mean(axis=0) for c in range(10)])
     tx, ty = _test_set(dataset)
     tx = tx.reshape(len(tx), -1)
-    return np.mean((tx @ means.T - 0.5 * (means ** 2).sum(axis=1)).argmax(axis=1) == ty)
+    return np.mean((tx @ means.T - 0.5 * (means**2).sum(axis=1)).argmax(axis=1) == ty)
 
 
 def _matched_filter(dataset, count=512):
@@ -108,7 +112,7 @@ def _matched_filter(dataset, count=512):
     bank = np.concatenate([dataset.bank, dataset.bank[..., ::-1]])
     x, y = _arrays(dataset, "test", np.arange(count))
     spectrum = np.einsum("nchw,pchw->nphw", np.fft.rfft2(x), np.fft.rfft2(bank).conj())
-    best = np.fft.irfft2(spectrum, s=(32, 32)).max(axis=(2, 3))           # (count, 2 * classes * prototypes)
+    best = np.fft.irfft2(spectrum, s=(32, 32)).max(axis=(2, 3))  # (count, 2 * classes * prototypes)
     score = best.reshape(count, 2, 10, -1).max(axis=(1, 3))
     return np.mean(score.argmax(axis=1) == y)
 
@@ -124,8 +128,18 @@ def test_learnable_and_translations_make_it_harder(default):
     assert _nearest_class_mean(synthetic_cifar(shift=8)) <= 0.55
 
 
-@pytest.mark.parametrize("knobs", [dict(prototypes=0), dict(frequency=0.0), dict(shift=17), dict(overlap=1.5),
-                                   dict(noise=-1.0), dict(label_noise=2.0), dict(train_size=0)])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(prototypes=0),
+        dict(frequency=0.0),
+        dict(shift=17),
+        dict(overlap=1.5),
+        dict(noise=-1.0),
+        dict(label_noise=2.0),
+        dict(train_size=0),
+    ],
+)
 def test_knobs_out_of_range_are_refused(knobs):
     with pytest.raises(ValueError):
         synthetic_cifar(**knobs)

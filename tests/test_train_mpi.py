@@ -53,26 +53,48 @@ PARTIAL = ("wagma", "eager_sgd")
 def _run_file_params():
     for algo, extra in _algorithms():
         if P > 4:
-            reason = (f"the run file's format is checked at 4 ranks, where every algorithm runs; "
-                      f"{P} ranks write the same fields, {P} rows each")
+            reason = (
+                f"the run file's format is checked at 4 ranks, where every algorithm runs; "
+                f"{P} ranks write the same fields, {P} rows each"
+            )
         elif P == 2 and algo not in PARTIAL:
-            reason = (f"{algo}'s run file is checked at 4 ranks, where every algorithm runs; at 2 "
-                      f"only the partial collectives', whose stale contributions depend on who is late")
+            reason = (
+                f"{algo}'s run file is checked at 4 ranks, where every algorithm runs; at 2 "
+                f"only the partial collectives', whose stale contributions depend on who is late"
+            )
         else:
             reason = None
-        yield pytest.param(algo, extra, id=algo,
-                           marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
+        yield pytest.param(algo, extra, id=algo, marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
 
 
-@pytest.mark.timing     # the imbalance sleeps: late ranks, stale contributions, rounds that time out
+@pytest.mark.timing  # the imbalance sleeps: late ranks, stale contributions, rounds that time out
 @pytest.mark.parametrize("algo, extra", list(_run_file_params()))
 def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     out = os.path.join(shared_dir, f"{algo}.h5")
     # Two evaluations an epoch (ensemble_sync scores its ensembles once an epoch).
     eval_every = "1" if algo == "ensemble_sync" else "0.5"
-    rc = main(["--algo", algo, "--dataset", "digits", "--model", "mlp", "--epochs", str(EPOCHS),
-               "--imbalance", IMBALANCE, "--seed", "5", "--out", out, "--no-progress",
-               "--eval-every", eval_every, *extra])
+    rc = main(
+        [
+            "--algo",
+            algo,
+            "--dataset",
+            "digits",
+            "--model",
+            "mlp",
+            "--epochs",
+            str(EPOCHS),
+            "--imbalance",
+            IMBALANCE,
+            "--seed",
+            "5",
+            "--out",
+            out,
+            "--no-progress",
+            "--eval-every",
+            eval_every,
+            *extra,
+        ]
+    )
     assert rc == 0
     WORLD.Barrier()
     if WORLD.rank:
@@ -80,8 +102,13 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     assert not os.path.exists(partial_path(out))
     run = load_run(out)
     a = run.attrs
-    assert (a["status"], a["algorithm"], a["ranks"], a["compute"], a["imbalance"]) == \
-        ("complete", algo, P, "real", IMBALANCE)
+    assert (a["status"], a["algorithm"], a["ranks"], a["compute"], a["imbalance"]) == (
+        "complete",
+        algo,
+        P,
+        "real",
+        IMBALANCE,
+    )
     assert json.loads(a["config"])["algo"] == algo
     per_epoch, total = a["steps_per_epoch"], a["steps_planned"]
     assert total == EPOCHS * per_epoch > 0
@@ -111,8 +138,9 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     if algo == "ensemble_sync":
         # It scores the last ensemble at or before each epoch's end: the last
         # round's end (a multiple of the period, or the run's last step).
-        ends = [total if k == EPOCHS else k * per_epoch // ENSEMBLE_PERIOD * ENSEMBLE_PERIOD
-                for k in range(1, EPOCHS + 1)]
+        ends = [
+            total if k == EPOCHS else k * per_epoch // ENSEMBLE_PERIOD * ENSEMBLE_PERIOD for k in range(1, EPOCHS + 1)
+        ]
         np.testing.assert_array_equal(e["step"], sorted(set(ends)))
     else:
         interval = round(per_epoch / 2)
@@ -121,25 +149,29 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     # An evaluation is stamped with the slowest rank's training clock at the end of the step it
     # evaluates (wagma.clock.TrainingClock): evaluations themselves are not on the clock, so
     # the stamps grow with the steps, however long an evaluation or its wait for a peer takes.
-    if algo == "ensemble_sync":     # rank 0 alone scores the ensemble, on its own clock: nobody waits for it
+    if algo == "ensemble_sync":  # rank 0 alone scores the ensemble, on its own clock: nobody waits for it
         np.testing.assert_array_equal(e["clock"], s["clock"][0, e["step"].astype(int) - 1])
     else:
         np.testing.assert_array_equal(e["clock"], s["clock"][:, e["step"].astype(int) - 1].max(axis=0))
     assert np.all(np.diff(e["clock"]) > 0)
     summary = run.summary
     assert summary["final_accuracy"] == e["accuracy"][-1]
-    last_epoch = e["epoch"] > EPOCHS - 1     # the evaluations of the last epoch's steps
+    last_epoch = e["epoch"] > EPOCHS - 1  # the evaluations of the last epoch's steps
     assert np.array_equal(last_epoch, e["step"] > total - per_epoch)
     assert last_epoch.sum() >= (1 if algo == "ensemble_sync" else 2)
     assert summary["last_epoch_accuracy"] == pytest.approx(e["accuracy"][last_epoch].mean())
     assert summary["throughput"] == pytest.approx(P * a["batch_size"] * total / s["clock"][:, -1].max())
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--model", "resnet50", "--dataset", "digits"], ["resnet50", "accepted models for it: mlp"]),
-    (["--dataset", "cifar10", "--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder", "data_batch_1"]),
-    (["--imbalance", "random:k=2"], ["--imbalance", "missing ms"]),
-], ids=["model", "data-path", "imbalance"])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--model", "resnet50", "--dataset", "digits"], ["resnet50", "accepted models for it: mlp"]),
+        (["--dataset", "cifar10", "--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder", "data_batch_1"]),
+        (["--imbalance", "random:k=2"], ["--imbalance", "missing ms"]),
+    ],
+    ids=["model", "data-path", "imbalance"],
+)
 def test_bad_options_fail_on_every_rank_before_training(argv, words, shared_dir, capsys):
     out = os.path.join(shared_dir, "never.h5")
     rc = main(["--algo", "local_sgd", "--out", out, *argv])
@@ -149,7 +181,7 @@ def test_bad_options_fail_on_every_rank_before_training(argv, words, shared_dir,
     if WORLD.rank == 0:
         assert all(w in err for w in words), err
     else:
-        assert err == ""       # one report, from rank 0
+        assert err == ""  # one report, from rank 0
 
 
 @pytest.mark.timing
@@ -157,11 +189,50 @@ def test_emulated_and_padded_compute(shared_dir):
     """Emulated steps sleep --compute-ms plus the delay and train nothing;
     real steps are padded up to --compute-ms."""
     emulated, padded = os.path.join(shared_dir, "emulated.h5"), os.path.join(shared_dir, "padded.h5")
-    assert main(["--algo", "allreduce_sgd", "--dataset", "synthetic", "--model", "resnet20", "--compute",
-                 "emulate", "--compute-ms", "10", "--max-steps", "6", "--batch-size", "4",
-                 "--imbalance", IMBALANCE, "--out", emulated, "--no-progress"]) == 0
-    assert main(["--algo", "local_sgd", "--epochs", "1", "--max-steps", "8", "--compute-ms", "20",
-                 "--out", padded, "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--algo",
+                "allreduce_sgd",
+                "--dataset",
+                "synthetic",
+                "--model",
+                "resnet20",
+                "--compute",
+                "emulate",
+                "--compute-ms",
+                "10",
+                "--max-steps",
+                "6",
+                "--batch-size",
+                "4",
+                "--imbalance",
+                IMBALANCE,
+                "--out",
+                emulated,
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "--algo",
+                "local_sgd",
+                "--epochs",
+                "1",
+                "--max-steps",
+                "8",
+                "--compute-ms",
+                "20",
+                "--out",
+                padded,
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     WORLD.Barrier()
     if WORLD.rank:
         return

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from launcher import mpiexec, mpiexec_command, steps_written
+
 from wagma.results import load_run, partial_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,19 +31,40 @@ STEPS = 120
 # before step STEPS, however fast the machine (at 15 ms, up to 130 steps
 # could be done by then).
 LATE_S = 0.05
-COMMAND = ["--algo", "local_sgd", "--period", "4", "--dataset", "digits", "--epochs", "100",
-           "--max-steps", str(STEPS), "--imbalance", f"straggler:rank=1,ms={LATE_S * 1e3:g}", "--no-progress"]
+COMMAND = [
+    "--algo",
+    "local_sgd",
+    "--period",
+    "4",
+    "--dataset",
+    "digits",
+    "--epochs",
+    "100",
+    "--max-steps",
+    str(STEPS),
+    "--imbalance",
+    f"straggler:rank=1,ms={LATE_S * 1e3:g}",
+    "--no-progress",
+]
 DEADLINE = 120  # seconds for any one job
 
 # Signals sent while a job runs, a straggler's delay, deadlines: all timing.
-pytestmark = [pytest.mark.launcher, pytest.mark.timing,
-              pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
+pytestmark = [
+    pytest.mark.launcher,
+    pytest.mark.timing,
+    pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found"),
+]
 
 
 def _start(args):
-    return subprocess.Popen([*mpiexec_command(RANKS), sys.executable, "-m", "experiments.train", *args],
-                            cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [*mpiexec_command(RANKS), sys.executable, "-m", "experiments.train", *args],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _wait_until_written(job, path, steps):
@@ -57,10 +78,14 @@ def _wait_until_written(job, path, steps):
 def _ranks_of(job):
     """PIDs of the job's rank processes: descendants of its launcher (hydra
     starts them in sessions of their own) that run the training."""
-    table = [line.split(None, 2) for line in subprocess.run(
-        ["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout.splitlines()]
+    table = [
+        line.split(None, 2)
+        for line in subprocess.run(
+            ["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    ]
     family, ranks = {job.pid}, []
-    for _ in range(3):                          # mpiexec -> proxy -> ranks
+    for _ in range(3):  # mpiexec -> proxy -> ranks
         family |= {int(pid) for pid, ppid, *_ in table if int(ppid) in family}
     for pid, ppid, *args in table:
         if int(pid) in family and "experiments.train" in " ".join(args) and "mpiexec" not in " ".join(args):
@@ -74,7 +99,7 @@ def test_a_killed_run_leaves_a_readable_file_with_what_it_measured(tmp_path):
     _wait_until_written(job, partial_path(str(out)), 20)
     ranks = _ranks_of(job)
     assert len(ranks) == RANKS
-    for pid in ranks:                           # rank 0, the writer, included
+    for pid in ranks:  # rank 0, the writer, included
         os.kill(pid, signal.SIGKILL)
     job.wait(timeout=DEADLINE)
     assert not out.exists()
@@ -99,13 +124,12 @@ def requeued(tmp_path_factory):
     would be one more training job of about 20 s)."""
     tmp_path = tmp_path_factory.mktemp("requeued")
     out, checkpoints = tmp_path / "requeued.h5", tmp_path / "ckpt"
-    args = [*COMMAND, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--stop-check-every", "10",
-            "--resume"]
+    args = [*COMMAND, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--stop-check-every", "10", "--resume"]
     job = _start(args)
     _wait_until_written(job, partial_path(str(out)), 15)
     ranks = _ranks_of(job)
     assert len(ranks) == RANKS
-    os.kill(ranks[-1], signal.SIGUSR1)          # one rank is told; all must stop together
+    os.kill(ranks[-1], signal.SIGUSR1)  # one rank is told; all must stop together
     output = job.communicate(timeout=DEADLINE)[0]
     assert job.returncode == 75, output
     stopped = json.loads((checkpoints / "latest.json").read_text())
@@ -113,7 +137,7 @@ def requeued(tmp_path_factory):
     first = load_run(partial_path(str(out)))
     assert first.attrs["status"] == "stopped" and first.steps["clock"].shape[1] == stopped["step"]
 
-    job = _start(args)                          # the requeued job: same command line
+    job = _start(args)  # the requeued job: same command line
     output = job.communicate(timeout=DEADLINE)[0]
     assert job.returncode == 0, output
     return SimpleNamespace(args=args, out=out, checkpoints=checkpoints, stopped=stopped)
@@ -126,7 +150,7 @@ def test_a_signalled_run_stops_at_a_checkpoint_and_resume_continues_the_step_cou
     assert list(run.attrs["resumed_at"]) == [stopped["step"]]
     clock = run.steps["clock"]
     assert clock.shape == (RANKS, STEPS) and np.all(np.isfinite(clock))
-    assert np.all(np.diff(clock, axis=1) > 0)   # the training clock went on from the checkpoint
+    assert np.all(np.diff(clock, axis=1) > 0)  # the training clock went on from the checkpoint
     np.testing.assert_array_equal(run.steps["delay"][1], LATE_S)
     # The algorithm's own counter went on from the checkpoint to the end.
     final = json.loads((checkpoints / "latest.json").read_text())
@@ -144,7 +168,7 @@ def _contents(folder):
 
 def test_resume_of_a_finished_run_changes_nothing(requeued):
     """The requeued run above, finished, started once more with its command line."""
-    before = _contents(requeued.out.parent)     # the run file and the checkpoints
+    before = _contents(requeued.out.parent)  # the run file and the checkpoints
     job = _start(requeued.args)
     output = job.communicate(timeout=DEADLINE)[0]
     assert job.returncode == 0, output
@@ -158,13 +182,34 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
     are loaded: with a data folder that does not exist as well, the error reported
     is the rank count's, in the command line's words (-n, not world_size)."""
     out = tmp_path / "never.h5"
-    job = subprocess.run([*mpiexec_command(3), sys.executable, "-m", "experiments.train", "--algo", "wagma",
-                          "--dataset", "cifar10", "--data-dir", str(tmp_path / "no-such-folder"),
-                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
+    job = subprocess.run(
+        [
+            *mpiexec_command(3),
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--algo",
+            "wagma",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path / "no-such-folder"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
     assert job.returncode == 2
-    assert job.stderr.count("--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
-                            "hypercube), got 3 ranks (mpiexec -n)") == 1, \
-        job.stderr
+    assert (
+        job.stderr.count(
+            "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
+            "hypercube), got 3 ranks (mpiexec -n)"
+        )
+        == 1
+    ), job.stderr
     assert "no-such-folder" not in job.stderr and "world_size" not in job.stderr
     assert not out.exists() and not Path(partial_path(str(out))).exists()
 
@@ -180,7 +225,7 @@ def test_an_error_on_one_rank_reaches_the_user_with_its_rank_and_ends_the_job(tm
     assert job.returncode != 0
     assert "[rank 1] Traceback" in output and "Is a directory" in output, output
     assert "[rank 0] Traceback" not in output
-    run = load_run(partial_path(str(out)))      # what rank 0 had written stays readable
+    run = load_run(partial_path(str(out)))  # what rank 0 had written stays readable
     assert run.attrs["status"] in ("running", "failed")
 
 

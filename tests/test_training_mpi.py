@@ -61,7 +61,7 @@ def _options():
     yield "hierarchical_sgd", {"period_group_size_dict": levels}
     yield "dpsgd", {}
     yield "sgp", {"peers": 1}
-    yield "ensemble_sync", {"period": 2, "timeout_s": 30.0}     # no rank is ever 30 s late here: local SGD
+    yield "ensemble_sync", {"period": 2, "timeout_s": 30.0}  # no rank is ever 30 s late here: local SGD
     if POW2:
         yield "wagma", {"group_size": min(2, P), "tau": 4}
     if POW2:
@@ -88,8 +88,9 @@ def _params():
         skip = pytest.mark.skipif(
             P > 4 and name in SAME_PATTERN_AT_ANY_P,
             reason=f"{name} averages over every rank the same way at any rank count: the 2- and "
-                   f"4-rank stages train it; at {P} ranks only the algorithms whose communication "
-                   f"pattern changes with the rank count")
+            f"4-rank stages train it; at {P} ranks only the algorithms whose communication "
+            f"pattern changes with the rank count",
+        )
         yield pytest.param(name, options, id=name, marks=skip)
 
 
@@ -123,10 +124,9 @@ def control_loss():
     return final
 
 
-@pytest.mark.timing     # the asynchronous algorithms' outcome depends on who arrives when
+@pytest.mark.timing  # the asynchronous algorithms' outcome depends on who arrives when
 @pytest.mark.parametrize("name, options", list(_params()))
-def test_trains_well_below_the_start_and_the_control(name, options, control_loss,
-                                                    record_measurement):
+def test_trains_well_below_the_start_and_the_control(name, options, control_loss, record_measurement):
     finals, starts = zip(*(_train(name, options) for _ in range(RUNS.get(name, 1))))
     final, start = float(np.mean(finals)), starts[0]
     bound = min(0.5 * start, 0.5 * control_loss) if P > 1 else 0.5 * start
@@ -136,5 +136,5 @@ def test_trains_well_below_the_start_and_the_control(name, options, control_loss
     assert final < 0.5 * start, f"{name}: loss {start:.3f} -> {final:.3f}"
     if P > 1:
         assert final < 0.5 * control_loss, (
-            f"{name}: loss {final:.3f}, not clearly below {control_loss:.3f} "
-            f"without averaging")
+            f"{name}: loss {final:.3f}, not clearly below {control_loss:.3f} without averaging"
+        )

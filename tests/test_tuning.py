@@ -4,29 +4,37 @@ import json
 
 import pytest
 
-from collectives.schedules.blocking import SMALL_ALLREDUCE_BYTES, choose_allreduce
 from collectives.bench.tune import _sizes
+from collectives.schedules.blocking import SMALL_ALLREDUCE_BYTES, choose_allreduce
 from collectives.schedules.tuning import TuningTable, _find, table_name
 
 KIB, MIB = 1 << 10, 1 << 20
 SETTING = dict(library="MPICH", version="5.0.2", ranks=4, nodes=1, ranks_per_node=4)
 # Shaped like the 4-rank MPICH measurement: ours win small and large, the library in between.
-RECORD = {**SETTING, "sizes_bytes": [4 * KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB],
-          "median_seconds": {"mpi": [9e-5, 3e-4, 1.5e-3, 3e-2, 0.5],
-                             "ring": [4e-4, 6e-4, 2.5e-3, 2e-2, 0.3],
-                             "rhd": [2e-4, 4e-4, 2.0e-3, 2.5e-2, 0.35],
-                             "recursive_doubling": [5e-5, 2e-4, 3.0e-3, 6e-2, 0.9]}}
+RECORD = {
+    **SETTING,
+    "sizes_bytes": [4 * KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB],
+    "median_seconds": {
+        "mpi": [9e-5, 3e-4, 1.5e-3, 3e-2, 0.5],
+        "ring": [4e-4, 6e-4, 2.5e-3, 2e-2, 0.3],
+        "rhd": [2e-4, 4e-4, 2.0e-3, 2.5e-2, 0.35],
+        "recursive_doubling": [5e-5, 2e-4, 3.0e-3, 6e-2, 0.9],
+    },
+}
 
 
-@pytest.mark.parametrize("nbytes, expected", [
-    (1, "recursive_doubling"),              # below the smallest size: its winner
-    (4 * KIB, "recursive_doubling"),
-    (60 * KIB, "recursive_doubling"),       # nearest measured size on a log scale: 64 KiB
-    (MIB, "mpi"),
-    (3 * MIB, "mpi"),                        # log2 distance 1.58 to 1 MiB, 2.42 to 16 MiB
-    (5 * MIB, "ring"),                       # 2.32 to 1 MiB, 1.68 to 16 MiB
-    (1 << 40, "ring"),                       # above the largest: its winner
-])
+@pytest.mark.parametrize(
+    "nbytes, expected",
+    [
+        (1, "recursive_doubling"),  # below the smallest size: its winner
+        (4 * KIB, "recursive_doubling"),
+        (60 * KIB, "recursive_doubling"),  # nearest measured size on a log scale: 64 KiB
+        (MIB, "mpi"),
+        (3 * MIB, "mpi"),  # log2 distance 1.58 to 1 MiB, 2.42 to 16 MiB
+        (5 * MIB, "ring"),  # 2.32 to 1 MiB, 1.68 to 16 MiB
+        (1 << 40, "ring"),  # above the largest: its winner
+    ],
+)
 def test_auto_takes_the_fastest_at_the_nearest_measured_size(nbytes, expected):
     assert choose_allreduce(nbytes, 4, TuningTable(RECORD), "float32") == expected
 
@@ -34,7 +42,7 @@ def test_auto_takes_the_fastest_at_the_nearest_measured_size(nbytes, expected):
 def test_the_library_is_passed_over_for_dtypes_it_cannot_sum():
     table = TuningTable(RECORD)
     assert choose_allreduce(MIB, 4, table, "float32") == "mpi"
-    assert choose_allreduce(MIB, 4, table, "bfloat16") == "rhd"      # the fastest of ours at 1 MiB
+    assert choose_allreduce(MIB, 4, table, "bfloat16") == "rhd"  # the fastest of ours at 1 MiB
 
 
 def test_without_a_table_auto_keeps_the_thresholds():
@@ -51,16 +59,17 @@ def test_table_names_key_library_version_ranks_and_node_shape():
 def test_a_folder_or_a_file_gives_the_table_round_trip_and_off_disables(tmp_path):
     (tmp_path / table_name(**SETTING)).write_text(json.dumps(RECORD))
     table = _find(str(tmp_path), SETTING)
-    assert table.to_record() == RECORD                                       # round trip
-    assert _find(str(tmp_path), {**SETTING, "ranks": 8}) is None            # no table for 8 ranks
+    assert table.to_record() == RECORD  # round trip
+    assert _find(str(tmp_path), {**SETTING, "ranks": 8}) is None  # no table for 8 ranks
     mine = tmp_path / "mine.json"
     mine.write_text(json.dumps(RECORD))
     assert _find(str(mine), SETTING).source == str(mine)
     assert _find("off", SETTING) is None
 
 
-@pytest.mark.parametrize("other", [{"ranks": 8}, {"library": "Open MPI"}, {"version": "4.2.0"},
-                                   {"nodes": 2, "ranks_per_node": 2}])
+@pytest.mark.parametrize(
+    "other", [{"ranks": 8}, {"library": "Open MPI"}, {"version": "4.2.0"}, {"nodes": 2, "ranks_per_node": 2}]
+)
 def test_a_table_for_another_setting_is_ignored_with_a_warning(tmp_path, other):
     # Given as a file, or found in a folder under this setting's name.
     given = tmp_path / "other.json"
@@ -71,10 +80,13 @@ def test_a_table_for_another_setting_is_ignored_with_a_warning(tmp_path, other):
             assert _find(str(location), SETTING) is None
 
 
-@pytest.mark.parametrize("broken, match", [
-    ({"sizes_bytes": [MIB, KIB]}, "sizes must ascend"),
-    ({"median_seconds": {"ring": [1.0]}}, "one time per size"),
-])
+@pytest.mark.parametrize(
+    "broken, match",
+    [
+        ({"sizes_bytes": [MIB, KIB]}, "sizes must ascend"),
+        ({"median_seconds": {"ring": [1.0]}}, "one time per size"),
+    ],
+)
 def test_a_malformed_table_is_refused(broken, match):
     with pytest.raises(ValueError, match=match):
         TuningTable({**RECORD, **broken})
@@ -89,7 +101,7 @@ def test_an_unreadable_table_is_an_error_naming_the_file(tmp_path, text):
 
 
 def test_tune_sizes_are_powers_of_four_or_a_list():
-    assert _sizes("4KiB:256MiB") == [4 * KIB * 4 ** k for k in range(9)]
+    assert _sizes("4KiB:256MiB") == [4 * KIB * 4**k for k in range(9)]
     assert _sizes("4096,1MiB") == [4096, MIB]
     with pytest.raises(ValueError):
         _sizes("4kb:1MiB")

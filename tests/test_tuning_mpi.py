@@ -9,8 +9,8 @@ import pytest
 from mpi4py import MPI
 
 from collectives import Communicator, allreduce
-from collectives.schedules.blocking import choose_allreduce
 from collectives.mpi_library import mpi_library
+from collectives.schedules.blocking import choose_allreduce
 from collectives.schedules.tuning import TUNING_ENV, node_shape, table_name
 
 pytestmark = pytest.mark.mpi
@@ -34,10 +34,16 @@ def _record(winner_small, winner_large):
     nodes, per_node = node_shape(WORLD)
     sizes = [4 * KIB, MIB]
     names = ["mpi", "ring", "rhd", "recursive_doubling"]
-    seconds = {name: [1.0 if name != winner_small else 0.1, 1.0 if name != winner_large else 0.1]
-               for name in names}
-    return dict(library=library, version=version, ranks=WORLD.size, nodes=nodes, ranks_per_node=per_node,
-                sizes_bytes=sizes, median_seconds=seconds)
+    seconds = {name: [1.0 if name != winner_small else 0.1, 1.0 if name != winner_large else 0.1] for name in names}
+    return dict(
+        library=library,
+        version=version,
+        ranks=WORLD.size,
+        nodes=nodes,
+        ranks_per_node=per_node,
+        sizes_bytes=sizes,
+        median_seconds=seconds,
+    )
 
 
 def test_every_rank_takes_rank_zeros_table_whatever_its_own_environment(tuning_env):
@@ -47,18 +53,24 @@ def test_every_rank_takes_rank_zeros_table_whatever_its_own_environment(tuning_e
     record = _record("ring", "mpi")
     folder = tempfile.mkdtemp(prefix="tuning-") if WORLD.rank == 0 else None
     if WORLD.rank == 0:
-        with open(os.path.join(folder, table_name(**{k: record[k] for k in
-                                                     ("library", "version", "ranks", "nodes", "ranks_per_node")})),
-                  "w") as f:
+        with open(
+            os.path.join(
+                folder, table_name(**{k: record[k] for k in ("library", "version", "ranks", "nodes", "ranks_per_node")})
+            ),
+            "w",
+        ) as f:
             json.dump(record, f)
     os.environ[TUNING_ENV] = folder if WORLD.rank == 0 else "off"
     with Communicator(WORLD) as comm:
         table = comm.tuning
         assert table is not None and table.seconds == record["median_seconds"]
-        assert [choose_allreduce(n, comm.size, table, "float32") for n in (4 * KIB, MIB, 64 * MIB)] == \
-            ["ring", "mpi", "mpi"]
+        assert [choose_allreduce(n, comm.size, table, "float32") for n in (4 * KIB, MIB, 64 * MIB)] == [
+            "ring",
+            "mpi",
+            "mpi",
+        ]
         x = np.full(MIB // 4, comm.rank + 1, dtype=np.float32)
-        allreduce(x, comm=comm)                 # auto: the library's Allreduce, per the table
+        allreduce(x, comm=comm)  # auto: the library's Allreduce, per the table
         assert np.all(x == comm.size * (comm.size + 1) / 2)
     WORLD.Barrier()
     if WORLD.rank == 0:
@@ -84,4 +96,4 @@ def test_an_unreadable_table_fails_on_every_rank(tuning_env):
 
 def test_node_shape_counts_this_machine_once():
     nodes, per_node = node_shape(WORLD)
-    assert (nodes, per_node) == (1, WORLD.size)       # the tests run on one machine
+    assert (nodes, per_node) == (1, WORLD.size)  # the tests run on one machine

@@ -60,20 +60,18 @@ def _run(wa, delays):
         for t in range(len(delays)):
             time.sleep(delays[t])
             if lent is not None:
-                np.testing.assert_array_equal(lent[1], lent[2],
-                                              err_msg=f"the buffer lent at {lent[0]} was written")
+                np.testing.assert_array_equal(lent[1], lent[2], err_msg=f"the buffer lent at {lent[0]} was written")
             contribution = value(WORLD.rank, t)
             if wa.is_group_version(t):
                 result = wa.allreduce(contribution, t)
                 assert result.version == t
                 assert result.value is not contribution
                 lent = (t, contribution, contribution.copy())
-                records.append((t, result.fresh, result.contribution_iteration,
-                                result.value))
+                records.append((t, result.fresh, result.contribution_iteration, result.value))
             else:
                 expected = np.empty_like(contribution)
                 reference.Allreduce(contribution, expected)
-                wa.sync_allreduce(contribution, t)   # publishes a copy, or settles
+                wa.sync_allreduce(contribution, t)  # publishes a copy, or settles
                 lent = None
                 if wa.late is None:
                     np.testing.assert_array_equal(contribution, expected)
@@ -95,11 +93,11 @@ def _check(wa, records, history):
     used = WORLD.allgather(dict(history))
 
     def published(rank, c, t):
-        if c >= 0 and not wa.is_group_version(c):   # a sync step published its sum
+        if c >= 0 and not wa.is_group_version(c):  # a sync step published its sum
             return sum(value(q, c) for q in range(P))
         return value(rank, c)
 
-    if wa.late is not None:     # a sync step takes every rank's fresh contribution
+    if wa.late is not None:  # a sync step takes every rank's fresh contribution
         syncs = {t: t for t in range(iterations) if not wa.is_group_version(t)}
         given = [_given(q, {**used[q], **syncs}, wa.late) for q in range(P)]
 
@@ -112,13 +110,12 @@ def _check(wa, records, history):
     for t, fresh, contribution_iteration, total in records:
         if fresh is None:
             if wa.late is not None:
-                np.testing.assert_array_equal(total, sum(given[q][t] for q in range(P)),
-                                              err_msg=f"sync step {t}")
+                np.testing.assert_array_equal(total, sum(given[q][t] for q in range(P)), err_msg=f"sync step {t}")
             continue
         assert contribution_iteration == used[WORLD.rank][t]
         assert fresh == (contribution_iteration == t)
-        if not (wa.late and contribution_iteration == -1):   # -1: zeros
-            assert previous <= contribution_iteration <= t     # never from the future
+        if not (wa.late and contribution_iteration == -1):  # -1: zeros
+            assert previous <= contribution_iteration <= t  # never from the future
             previous = contribution_iteration
         group = next(g for g in butterfly_groups(P, wa.group_size, t) if WORLD.rank in g)
         expected = sum(contribution(q, used[q][t], t) for q in group)
@@ -134,8 +131,7 @@ def _given(rank, used, late):
     given, last = {}, -1
     for t, c in sorted(used.items()):
         first = last + 1 if late == "accumulate" else max(c, 0)
-        given[t] = sum((value(rank, k) for k in range(first, c + 1)),
-                       np.zeros(NUMEL, dtype=np.int64))
+        given[t] = sum((value(rank, k) for k in range(first, c + 1)), np.zeros(NUMEL, dtype=np.int64))
         last = max(last, c)
     return given
 
@@ -148,10 +144,14 @@ def _given(rank, used, late):
 # reading, every collective and delay pattern still among them.
 def _group_sizes():
     for group_size in sorted({1, 2, P}):
-        yield pytest.param(group_size, marks=pytest.mark.skipif(
-            P > 4 and group_size != P,
-            reason=f"group size {group_size} is checked at 2 and 4 ranks; at {P} ranks only the "
-                   f"group of all {P}, whose butterfly is the deepest"))
+        yield pytest.param(
+            group_size,
+            marks=pytest.mark.skipif(
+                P > 4 and group_size != P,
+                reason=f"group size {group_size} is checked at 2 and 4 ranks; at {P} ranks only the "
+                f"group of all {P}, whose butterfly is the deepest",
+            ),
+        )
 
 
 @pytest.mark.timing
@@ -160,12 +160,10 @@ def _group_sizes():
 @pytest.mark.parametrize("tau", [None, 10])
 def test_group_sums_are_what_members_published(group_size, tau):
     like = value(WORLD.rank, -1)
-    wa = WaitAvoidingGroupAllreduce(WORLD, like, group_size=group_size, tau=tau,
-                                    history=ITERATIONS)
+    wa = WaitAvoidingGroupAllreduce(WORLD, like, group_size=group_size, tau=tau, history=ITERATIONS)
     records, history, _ = _run(wa, _delays("random"))
     _check(wa, records, history)
-    assert not any(t.name.startswith("wait-avoiding-progress") and t.is_alive()
-                   for t in threading.enumerate())
+    assert not any(t.name.startswith("wait-avoiding-progress") and t.is_alive() for t in threading.enumerate())
 
 
 @pytest.mark.timing
@@ -173,8 +171,7 @@ def test_group_sums_are_what_members_published(group_size, tau):
 @pytest.mark.parametrize("waits", ["spin", "yield"])
 def test_both_wait_policies_give_the_same_semantics(waits):
     # "auto" (the other tests) picks one by the node's cores; both are run here.
-    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=min(2, P),
-                                    waits=waits, history=ITERATIONS)
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=min(2, P), waits=waits, history=ITERATIONS)
     records, history, _ = _run(wa, _delays("random"))
     _check(wa, records, history)
     assert wa.waits_used == waits
@@ -193,8 +190,15 @@ def test_fixed_groups_average_in_iteration_0s_groups(tau):
     assert mine == list(range(WORLD.rank // S * S, WORLD.rank // S * S + S))
     iterations = 120
     delays = _delays("random")[:iterations]
-    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1).astype(np.float64), group_size=S,
-                                    tau=tau, op="avg", history=iterations, dynamic_groups=False)
+    wa = WaitAvoidingGroupAllreduce(
+        WORLD,
+        value(WORLD.rank, -1).astype(np.float64),
+        group_size=S,
+        tau=tau,
+        op="avg",
+        history=iterations,
+        dynamic_groups=False,
+    )
     records = []
     with wa:
         for t in range(iterations):
@@ -209,7 +213,7 @@ def test_fixed_groups_average_in_iteration_0s_groups(tau):
     used = WORLD.allgather(dict(history))
 
     def published(rank, c):
-        if c >= 0 and not wa.is_group_version(c):   # a sync step published the global mean
+        if c >= 0 and not wa.is_group_version(c):  # a sync step published the global mean
             return sum(value(q, c) for q in range(P)) / P
         return value(rank, c)
 
@@ -227,26 +231,37 @@ EAGER_ITERATIONS = 240
 
 #: Eager-SGD's collectives: solo with a limiter of 4 (every fifth version
 #: waits for every rank), and the majority whose activator is drawn per version.
-EAGER = {"solo": lambda like, **kw: solo_allreduce(WORLD, like, limiter=4, **kw),
-         "majority": lambda like, **kw: majority_allreduce(WORLD, like, activator_seed=5, **kw)}
+EAGER = {
+    "solo": lambda like, **kw: solo_allreduce(WORLD, like, limiter=4, **kw),
+    "majority": lambda like, **kw: majority_allreduce(WORLD, like, activator_seed=5, **kw),
+}
 
 
 #: At more than 4 ranks, one (collective, delays) per late reading: "drop" beside
 #: the straggler (late at most versions: the most contributions to drop),
 #: "newest" under random delays (where its carried contributions are asserted)
 #: and "accumulate", the exact conservation, over the majority's random activators.
-LATE_READINGS_PAST_4 = {"drop": ("solo", "straggler"), "newest": ("solo", "random"),
-                        "accumulate": ("majority", "random")}
+LATE_READINGS_PAST_4 = {
+    "drop": ("solo", "straggler"),
+    "newest": ("solo", "random"),
+    "accumulate": ("majority", "random"),
+}
 
 
 def _late_readings():
     for late in ("drop", "newest", "accumulate"):
         for collective, delays in (("solo", "random"), ("majority", "random"), ("solo", "straggler")):
-            yield pytest.param(collective, delays, late, id=f"{collective}-{delays}-{late}",
-                               marks=pytest.mark.skipif(
-                                   P > 4 and LATE_READINGS_PAST_4[late] != (collective, delays),
-                                   reason=f"checked at 2 and 4 ranks; at {P} ranks one collective per "
-                                          f"late reading, {late!r} with {LATE_READINGS_PAST_4[late]}"))
+            yield pytest.param(
+                collective,
+                delays,
+                late,
+                id=f"{collective}-{delays}-{late}",
+                marks=pytest.mark.skipif(
+                    P > 4 and LATE_READINGS_PAST_4[late] != (collective, delays),
+                    reason=f"checked at 2 and 4 ranks; at {P} ranks one collective per "
+                    f"late reading, {late!r} with {LATE_READINGS_PAST_4[late]}",
+                ),
+            )
 
 
 @pytest.mark.timing
@@ -368,8 +383,9 @@ def test_a_random_activator_starts_its_version_on_arrival(record_measurement):
     pairs = len(by_straggler) * (P - 1)
     record_measurement("others fresh at the straggler's versions", waited, 0.75 * pairs, above=True)
     stale = sum(used[P - 1][t] != t for t in by_others)
-    record_measurement("the straggler's stale versions among those others activated", stale,
-                       0.75 * len(by_others), above=True)
+    record_measurement(
+        "the straggler's stale versions among those others activated", stale, 0.75 * len(by_others), above=True
+    )
     assert waited >= 0.75 * pairs, f"{waited} of {pairs} fresh"
     assert stale >= 0.75 * len(by_others), f"stale at {stale} of {len(by_others)}"
 
@@ -392,8 +408,7 @@ def test_half_activation_has_a_fresh_majority():
 @pytest.mark.parametrize("tau", [None, 10])
 def test_persistent_straggler(tau, capsys, record_measurement):
     # Rank P-1 sleeps 5 ms every iteration; the others do not sleep at all.
-    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=2,
-                                    tau=tau, history=ITERATIONS)
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=2, tau=tau, history=ITERATIONS)
     records, history, elapsed = _run(wa, _delays("straggler"))
     used = _check(wa, records, history)
     # The straggler was left several versions behind and served them passively.
@@ -404,9 +419,11 @@ def test_persistent_straggler(tau, capsys, record_measurement):
     if WORLD.rank == 0:
         fast = np.mean(per_iteration[:-1]) * 1e3
         with capsys.disabled():
-            print(f"\n[straggler, {P} ranks, S=2, tau={tau}] ms per iteration: "
-                  f"fast ranks {fast:.2f}, straggler {per_iteration[-1] * 1e3:.2f}, "
-                  f"straggler's largest lag {lag} versions")
+            print(
+                f"\n[straggler, {P} ranks, S=2, tau={tau}] ms per iteration: "
+                f"fast ranks {fast:.2f}, straggler {per_iteration[-1] * 1e3:.2f}, "
+                f"straggler's largest lag {lag} versions"
+            )
 
 
 @needs_pow2
@@ -435,19 +452,28 @@ def test_misuse_is_refused():
 
 
 @needs_pow2
-@pytest.mark.parametrize("options, error, text", [
-    (dict(group_size=3), ValueError, "group_size must be a power of two"),
-    (dict(group_size=2 * P), ValueError, f"group_size must be a power of two <= world size {P}"),
-    (dict(group_size=1, tau=0), ValueError, "tau must be an int >= 1 or None, got 0"),
-    (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'random', 'half'"),
-    (dict(group_size=1, activation="random", activator_seed=-1), ValueError,
-     "activator_seed must be an int >= 0, got -1"),
-    (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
-    (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
-    (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
-    (dict(group_size=1, late="keep"), ValueError,
-     "late must be None or one of 'drop', 'newest', 'accumulate', got 'keep'"),
-])
+@pytest.mark.parametrize(
+    "options, error, text",
+    [
+        (dict(group_size=3), ValueError, "group_size must be a power of two"),
+        (dict(group_size=2 * P), ValueError, f"group_size must be a power of two <= world size {P}"),
+        (dict(group_size=1, tau=0), ValueError, "tau must be an int >= 1 or None, got 0"),
+        (dict(group_size=1, activation="last"), ValueError, "activation must be one of 'first', 'random', 'half'"),
+        (
+            dict(group_size=1, activation="random", activator_seed=-1),
+            ValueError,
+            "activator_seed must be an int >= 0, got -1",
+        ),
+        (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
+        (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
+        (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
+        (
+            dict(group_size=1, late="keep"),
+            ValueError,
+            "late must be None or one of 'drop', 'newest', 'accumulate', got 'keep'",
+        ),
+    ],
+)
 def test_bad_arguments_raise_on_every_rank(options, error, text):
     wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), **options)
     with pytest.raises(error, match=text):
@@ -471,7 +497,6 @@ def test_world_not_power_of_two_raises():
     with pytest.raises(ValueError, match="ranks 0-2: world_size must be a power of two"):
         WaitAvoidingGroupAllreduce(three, np.zeros(4), group_size=1).open()
     three.Free()
-
 
 
 @needs_pow2

@@ -7,8 +7,7 @@ import pickle
 import numpy as np
 import torch
 
-__all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "synthetic_cifar",
-           "translation"]
+__all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "synthetic_cifar", "translation"]
 
 #: Token ids of the sequence tasks: padding, begin and end of sequence; content tokens are 3 and up.
 PAD, BOS, EOS = 0, 1, 2
@@ -22,8 +21,14 @@ _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 _CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 
 # Synthetic samples by model: input shape and classes, or None for sequence pairs like ``translation``.
-_SYNTHETIC = {"mlp": ((64,), 10), "resnet20": ((3, 32, 32), 10), "resnet18": ((3, 224, 224), 1000),
-              "resnet50": ((3, 224, 224), 1000), "transformer": None, "transformer-base": None}
+_SYNTHETIC = {
+    "mlp": ((64,), 10),
+    "resnet20": ((3, 32, 32), 10),
+    "resnet18": ((3, 224, 224), 1000),
+    "resnet50": ((3, 224, 224), 1000),
+    "transformer": None,
+    "transformer-base": None,
+}
 
 
 def _rng(seed, stream, *keys):
@@ -85,7 +90,7 @@ class Dataset:
             raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
         self.spec, self.seed, self.rank, self.ranks = spec, seed, rank, ranks
         size = spec.train_size // ranks
-        self._shard = _rng(seed, _SHARD).permutation(spec.train_size)[rank * size:(rank + 1) * size]
+        self._shard = _rng(seed, _SHARD).permutation(spec.train_size)[rank * size : (rank + 1) * size]
 
     def __repr__(self):
         return f"{type(self).__name__}({self.spec.name!r}, seed={self.seed}, rank={self.rank}, ranks={self.ranks})"
@@ -98,8 +103,10 @@ class Dataset:
     def steps_per_epoch(self, batch_size):
         """Full batches of ``batch_size`` in one epoch of a shard: the same on every rank."""
         if not 1 <= batch_size <= len(self._shard):
-            raise ValueError(f"batch_size must be in [1, {len(self._shard)}] (the samples of one rank's shard "
-                             f"of {self.spec.name!r} over {self.ranks} ranks), got {batch_size}")
+            raise ValueError(
+                f"batch_size must be in [1, {len(self._shard)}] (the samples of one rank's shard "
+                f"of {self.spec.name!r} over {self.ranks} ranks), got {batch_size}"
+            )
         return len(self._shard) // batch_size
 
     def train_batches(self, epoch, batch_size, start=0):
@@ -116,7 +123,7 @@ class Dataset:
             raise ValueError(f"start must be in [0, {steps}] (batches per epoch), got {start}")
         order = _rng(self.seed, _EPOCH, self.rank, epoch).permutation(self._shard)
         for step in range(start, steps):
-            yield self._batch("train", order[step * batch_size:(step + 1) * batch_size])
+            yield self._batch("train", order[step * batch_size : (step + 1) * batch_size])
 
     def stream_batch(self, position, count):
         """``count`` samples of this rank's sample stream from ``position`` on.
@@ -137,7 +144,7 @@ class Dataset:
             epoch, offset = divmod(position, size)
             take = min(count, size - offset)
             order = _rng(self.seed, _EPOCH, self.rank, epoch).permutation(self._shard)
-            parts.append(order[offset:offset + take])
+            parts.append(order[offset : offset + take])
             position, count = position + take, count - take
         return self._batch("train", np.concatenate(parts))
 
@@ -209,8 +216,10 @@ class _Seq2Seq(Dataset):
     def _batch(self, split, indices):
         src, src_len, tgt, tgt_len = self._pairs[split]
         src_width, tgt_width = src_len[indices].max(), tgt_len[indices].max()
-        return (torch.from_numpy(src[indices, :src_width].astype(np.int64)),
-                torch.from_numpy(tgt[indices, :tgt_width].astype(np.int64)))
+        return (
+            torch.from_numpy(src[indices, :src_width].astype(np.int64)),
+            torch.from_numpy(tgt[indices, :tgt_width].astype(np.int64)),
+        )
 
 
 def _translation_pairs(rng, token_map, size, min_len, max_len):
@@ -233,8 +242,18 @@ def _translation_pairs(rng, token_map, size, min_len, max_len):
     return src, src_len, tgt, src_len + 2
 
 
-def translation(name="translation", *, train_size=8192, test_size=1024, vocab_size=32, min_len=4, max_len=16,
-                seed=0, rank=0, ranks=1):
+def translation(
+    name="translation",
+    *,
+    train_size=8192,
+    test_size=1024,
+    vocab_size=32,
+    min_len=4,
+    max_len=16,
+    seed=0,
+    rank=0,
+    ranks=1,
+):
     """A synthetic translation task with sentences of varying length.
 
     A source is ``min_len`` to ``max_len`` (uniform) content tokens drawn
@@ -245,14 +264,20 @@ def translation(name="translation", *, train_size=8192, test_size=1024, vocab_si
     with real sentences.  The sets are drawn from ``seed`` (the same on every rank).
     """
     if vocab_size < 4 or not 1 <= min_len <= max_len:
-        raise ValueError(f"vocab_size must be >= 4 and 1 <= min_len <= max_len, "
-                         f"got {vocab_size}, {min_len} and {max_len}")
+        raise ValueError(
+            f"vocab_size must be >= 4 and 1 <= min_len <= max_len, got {vocab_size}, {min_len} and {max_len}"
+        )
     token_map = np.arange(vocab_size, dtype=np.min_scalar_type(vocab_size - 1))  # the smallest dtype
     token_map[3:] = 3 + _rng(seed, _TOKEN_MAP).permutation(vocab_size - 3)
     spec = DataSpec(name, "seq2seq", (max_len,), train_size, test_size, vocab_size=vocab_size)
-    return _Seq2Seq(spec, _translation_pairs(_rng(seed, _TRAIN), token_map, train_size, min_len, max_len),
-                    _translation_pairs(_rng(seed, _TEST), token_map, test_size, min_len, max_len),
-                    seed=seed, rank=rank, ranks=ranks)
+    return _Seq2Seq(
+        spec,
+        _translation_pairs(_rng(seed, _TRAIN), token_map, train_size, min_len, max_len),
+        _translation_pairs(_rng(seed, _TEST), token_map, test_size, min_len, max_len),
+        seed=seed,
+        rank=rank,
+        ranks=ranks,
+    )
 
 
 def _digits(seed, rank, ranks):
@@ -261,22 +286,27 @@ def _digits(seed, rank, ranks):
     digits = load_digits()
     x, y = (digits.data / 16.0).astype(np.float32), digits.target
     order = _rng(seed, _SPLIT).permutation(len(y))
-    test, train = order[:len(y) // 5], order[len(y) // 5:]
+    test, train = order[: len(y) // 5], order[len(y) // 5 :]
     spec = DataSpec("digits", "classification", (64,), len(train), len(test), num_classes=10)
-    return _ArrayClassification(spec, (x[train], y[train]), (x[test], y[test]), torch.from_numpy,
-                                seed=seed, rank=rank, ranks=ranks)
+    return _ArrayClassification(
+        spec, (x[train], y[train]), (x[test], y[test]), torch.from_numpy, seed=seed, rank=rank, ranks=ranks
+    )
 
 
 def _cifar_folder(root):
     """The ``cifar-10-batches-py`` folder at or under ``root``."""
     if root is None:
-        raise FileNotFoundError("cifar10 needs --data-dir: the folder cifar-10-batches-py (or its parent) "
-                                f"holding {', '.join(_CIFAR_FILES)}")
+        raise FileNotFoundError(
+            "cifar10 needs --data-dir: the folder cifar-10-batches-py (or its parent) "
+            f"holding {', '.join(_CIFAR_FILES)}"
+        )
     for folder in (root, os.path.join(root, "cifar-10-batches-py")):
         if all(os.path.isfile(os.path.join(folder, name)) for name in _CIFAR_FILES):
             return folder
-    raise FileNotFoundError(f"--data-dir {root!r} is not the CIFAR-10 python folder cifar-10-batches-py nor its "
-                            f"parent: it must hold {', '.join(_CIFAR_FILES)}")
+    raise FileNotFoundError(
+        f"--data-dir {root!r} is not the CIFAR-10 python folder cifar-10-batches-py nor its "
+        f"parent: it must hold {', '.join(_CIFAR_FILES)}"
+    )
 
 
 def _cifar_batches(folder, names):
@@ -311,7 +341,7 @@ def _smooth_fields(rng, count, size, frequency):
     (mean 0, variance 1 over its pixels)."""
     fy = np.fft.fftfreq(size) * size
     fx = np.fft.rfftfreq(size) * size
-    gain = np.exp(-(fy[:, None] ** 2 + fx[None, :] ** 2) / (2.0 * frequency ** 2))
+    gain = np.exp(-(fy[:, None] ** 2 + fx[None, :] ** 2) / (2.0 * frequency**2))
     shape = (count, 3, size, size // 2 + 1)
     spectrum = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * gain
     fields = np.fft.irfft2(spectrum, s=(size, size))
@@ -329,8 +359,9 @@ def _placed(bank, which, dy, dx, flip):
     cols = (position[None, :] - dx[:, None]) % size
     cols = np.where(flip[:, None], size - 1 - cols, cols)
     channel = np.arange(bank.shape[1])
-    return bank[which[:, None, None, None], channel[None, :, None, None], rows[:, None, :, None],
-                cols[:, None, None, :]]
+    return bank[
+        which[:, None, None, None], channel[None, :, None, None], rows[:, None, :, None], cols[:, None, None, :]
+    ]
 
 
 def _synthetic_cifar_prototypes(seed, classes=10, prototypes=4, frequency=3.0):
@@ -351,8 +382,7 @@ def _synthetic_cifar_draws(rng, size, classes, prototypes, shift, label_noise):
     mirror = rng.random((2, size)) < 0.5
     flipped = rng.random(size) < label_noise
     label = np.where(flipped, (true + rng.integers(1, classes, size=size)) % classes, true)
-    return {"true": true, "label": label, "flipped": flipped, "which": which, "dy": dy, "dx": dx,
-            "mirror": mirror}
+    return {"true": true, "label": label, "flipped": flipped, "which": which, "dy": dy, "dx": dx, "mirror": mirror}
 
 
 class _SyntheticImages(Dataset):
@@ -369,19 +399,21 @@ class _SyntheticImages(Dataset):
     """
 
     #: The most bytes of one split's images kept once made.
-    KEEP_BYTES = 256 * 2 ** 20
+    KEEP_BYTES = 256 * 2**20
 
     def __init__(self, spec, bank, draws, overlap, noise, **sharding):
         super().__init__(spec, **sharding)
         self.bank, self.draws, self.overlap, self.noise = bank, draws, overlap, noise
         sample_bytes = 4 * int(np.prod(spec.input_shape))
-        self._made = {split: {} if len(self.draws[split]["label"]) * sample_bytes <= self.KEEP_BYTES else None
-                      for split in ("train", "test")}
+        self._made = {
+            split: {} if len(self.draws[split]["label"]) * sample_bytes <= self.KEEP_BYTES else None
+            for split in ("train", "test")
+        }
         # Per channel, a prototype has mean 0 and variance 1 over its pixels
         # (shifts and mirrorings keep both), the two placed prototypes are
         # nearly uncorrelated and the noise is independent: this scale makes
         # the inputs about standard normal per channel, like _cifar_normalise.
-        self._scale = np.float32(1.0 / np.sqrt((1.0 - overlap) ** 2 + overlap ** 2 + noise ** 2))
+        self._scale = np.float32(1.0 / np.sqrt((1.0 - overlap) ** 2 + overlap**2 + noise**2))
 
     def _batch(self, split, indices):
         labels = torch.from_numpy(self.draws[split]["label"][indices])
@@ -396,8 +428,12 @@ class _SyntheticImages(Dataset):
 
     def _images(self, split, indices):
         d = self.draws[split]
-        x = [_placed(self.bank, d["which"][i, indices], d["dy"][i, indices], d["dx"][i, indices],
-                     d["mirror"][i, indices]) for i in (0, 1)]
+        x = [
+            _placed(
+                self.bank, d["which"][i, indices], d["dy"][i, indices], d["dx"][i, indices], d["mirror"][i, indices]
+            )
+            for i in (0, 1)
+        ]
         x = (1.0 - self.overlap) * x[0] + self.overlap * x[1]
         if self.noise:
             stream = _TRAIN if split == "train" else _TEST
@@ -407,8 +443,21 @@ class _SyntheticImages(Dataset):
         return x
 
 
-def synthetic_cifar(name="synthetic-cifar", *, train_size=4096, test_size=1024, prototypes=2, frequency=3.0,
-                    shift=4, overlap=0.3, noise=0.5, label_noise=0.05, seed=0, rank=0, ranks=1):
+def synthetic_cifar(
+    name="synthetic-cifar",
+    *,
+    train_size=4096,
+    test_size=1024,
+    prototypes=2,
+    frequency=3.0,
+    shift=4,
+    overlap=0.3,
+    noise=0.5,
+    label_noise=0.05,
+    seed=0,
+    rank=0,
+    ranks=1,
+):
     """A CIFAR-shaped synthetic image classification task of controlled difficulty.
 
     Float32 images ``(3, 32, 32)``, 10 classes, made from ``seed`` alone (no
@@ -468,34 +517,42 @@ def synthetic_cifar(name="synthetic-cifar", *, train_size=4096, test_size=1024, 
         ValueError: a knob or size out of its range.
     """
     if train_size < 1 or test_size < 1 or prototypes < 1:
-        raise ValueError(f"train_size, test_size and prototypes must be >= 1, "
-                         f"got {train_size}, {test_size} and {prototypes}")
+        raise ValueError(
+            f"train_size, test_size and prototypes must be >= 1, got {train_size}, {test_size} and {prototypes}"
+        )
     if frequency <= 0 or not 0 <= shift <= 16:
         raise ValueError(f"frequency must be > 0 and shift in [0, 16], got {frequency} and {shift}")
     if not 0 <= overlap <= 1 or noise < 0 or not 0 <= label_noise <= 1:
-        raise ValueError(f"overlap must be in [0, 1], noise >= 0 and label_noise in [0, 1], "
-                         f"got {overlap}, {noise} and {label_noise}")
+        raise ValueError(
+            f"overlap must be in [0, 1], noise >= 0 and label_noise in [0, 1], got {overlap}, {noise} and {label_noise}"
+        )
     classes = 10
     bank = _synthetic_cifar_prototypes(seed, classes, prototypes, frequency)
-    draws = {split: _synthetic_cifar_draws(_rng(seed, stream, 0), size, classes, prototypes, shift, label_noise)
-             for split, stream, size in (("train", _TRAIN, train_size), ("test", _TEST, test_size))}
+    draws = {
+        split: _synthetic_cifar_draws(_rng(seed, stream, 0), size, classes, prototypes, shift, label_noise)
+        for split, stream, size in (("train", _TRAIN, train_size), ("test", _TEST, test_size))
+    }
     spec = DataSpec(name, "classification", (3, 32, 32), train_size, test_size, num_classes=classes)
     return _SyntheticImages(spec, bank, draws, overlap, noise, seed=seed, rank=rank, ranks=ranks)
 
+
 def _synthetic(model, synthetic_size, seed, rank, ranks):
     if model not in _SYNTHETIC:
-        raise ValueError(f"dataset 'synthetic' needs model to be one of {', '.join(map(repr, _SYNTHETIC))}, "
-                         f"got {model!r}")
+        raise ValueError(
+            f"dataset 'synthetic' needs model to be one of {', '.join(map(repr, _SYNTHETIC))}, got {model!r}"
+        )
     shape = _SYNTHETIC[model]
     if synthetic_size is None:
         synthetic_size = 256 if shape is not None and len(shape[0]) == 3 else 2048
     if synthetic_size < 1:
         raise ValueError(f"synthetic_size must be >= 1, got {synthetic_size}")
     if shape is None:
-        return translation("synthetic", train_size=synthetic_size * ranks, test_size=synthetic_size,
-                           seed=seed, rank=rank, ranks=ranks)
-    spec = DataSpec("synthetic", "classification", shape[0], synthetic_size * ranks, synthetic_size,
-                    num_classes=shape[1])
+        return translation(
+            "synthetic", train_size=synthetic_size * ranks, test_size=synthetic_size, seed=seed, rank=rank, ranks=ranks
+        )
+    spec = DataSpec(
+        "synthetic", "classification", shape[0], synthetic_size * ranks, synthetic_size, num_classes=shape[1]
+    )
     return _SyntheticClassification(spec, seed=seed, rank=rank, ranks=ranks)
 
 

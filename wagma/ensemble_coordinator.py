@@ -61,7 +61,7 @@ STATUS = {"member": 1, "joiner": 0, "late": -1, "dead": -2}
 #: and one share (samples per step of the next round) per rank.
 ROUND_FIELDS = ("round", "end_step", "opened", "closed", "waited", "timed_out", "final")
 
-_REPORT_WIDTH = 5       # round, end step, samples, seconds, final
+_REPORT_WIDTH = 5  # round, end step, samples, seconds, final
 
 
 def fault_events(rows, ranks) -> list:
@@ -71,14 +71,19 @@ def fault_events(rows, ranks) -> list:
     (the timeout when it timed out; how long until the others went on) and,
     for a late rank, the round and end step at which it rejoined."""
     rows = np.asarray(rows, dtype=float).reshape(-1, len(ROUND_FIELDS) + 2 * ranks)
-    status = rows[:, len(ROUND_FIELDS):len(ROUND_FIELDS) + ranks]
+    status = rows[:, len(ROUND_FIELDS) : len(ROUND_FIELDS) + ranks]
     events = []
     for rank in range(ranks):
         missing = None
         for i, row in enumerate(rows):
             if status[i, rank] < 0 and missing is None:
-                missing = {"rank": rank, "kind": "late", "missed_round": int(row[0]),
-                           "missed_step": int(row[1]), "others_waited_s": float(row[4])}
+                missing = {
+                    "rank": rank,
+                    "kind": "late",
+                    "missed_round": int(row[0]),
+                    "missed_step": int(row[1]),
+                    "others_waited_s": float(row[4]),
+                }
                 events.append(missing)
             if status[i, rank] == STATUS["dead"]:
                 missing["kind"] = "dead"
@@ -94,8 +99,8 @@ class Decision:
     def __init__(self, array, ranks):
         self.round, self.end_step = int(array[0]), int(array[1])
         self.final = bool(array[2])
-        self.weights = array[3:3 + ranks]
-        self.shares = array[3 + ranks:3 + 2 * ranks].astype(np.int64)
+        self.weights = array[3 : 3 + ranks]
+        self.shares = array[3 + ranks : 3 + 2 * ranks].astype(np.int64)
 
     @staticmethod
     def width(ranks):
@@ -127,10 +132,10 @@ class Coordinator:
         self.comm, self.answers, self.timeout, self.policy = comm, answers, float(timeout), policy
         self.ranks = comm.Get_size()
         self.batch_size = batch_size
-        self.log = []               # one row per closed round: ROUND_FIELDS, statuses, shares
+        self.log = []  # one row per closed round: ROUND_FIELDS, statuses, shares
         self._lock = threading.Lock()
         self._absent, self._dead = set(), set()
-        self._open = 0              # the round that is collecting reports
+        self._open = 0  # the round that is collecting reports
         self._reports, self._joiners = {}, set()
         self._opened, self._final, self._end_step = None, False, 0
         self._sending = []
@@ -151,8 +156,7 @@ class Coordinator:
 
     def columns(self) -> list:
         """The names of the columns of :meth:`rows`."""
-        return [*ROUND_FIELDS, *(f"status_{r}" for r in range(self.ranks)),
-                *(f"share_{r}" for r in range(self.ranks))]
+        return [*ROUND_FIELDS, *(f"status_{r}" for r in range(self.ranks)), *(f"share_{r}" for r in range(self.ranks))]
 
     def rows(self) -> np.ndarray:
         """The log so far, one row per closed round (a copy)."""
@@ -174,15 +178,20 @@ class Coordinator:
         try:
             self._serve_rounds()
         except BaseException:
-            print("".join(f"[rank 0, ensemble coordinator] {line}\n"
-                          for line in traceback.format_exc().rstrip().splitlines()), file=sys.stderr, flush=True)
+            print(
+                "".join(
+                    f"[rank 0, ensemble coordinator] {line}\n" for line in traceback.format_exc().rstrip().splitlines()
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
             MPI.COMM_WORLD.Abort(1)
 
     def _serve_rounds(self):
         status = MPI.Status()
         report = np.zeros(_REPORT_WIDTH)
         while True:
-            if self._opened is None:    # nothing to time: block until a report (or the stop) comes
+            if self._opened is None:  # nothing to time: block until a report (or the stop) comes
                 any_source(self.comm, self.comm.Probe, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
                 arrived = True
             else:
@@ -195,13 +204,13 @@ class Coordinator:
             elif self._opened is not None and self._expired():
                 self._close(timed_out=True)
             else:
-                time.sleep(0.002)   # a round is open: wait for reports against its deadline
+                time.sleep(0.002)  # a round is open: wait for reports against its deadline
             if self._opened is not None and self._complete():
                 self._close(timed_out=False)
 
     def _take(self, rank, report):
         round_, final = int(report[0]), bool(report[4])
-        if round_ < self._open:                 # late for a round already closed: join the open one
+        if round_ < self._open:  # late for a round already closed: join the open one
             self._joiners.add(rank)
             self._absent.discard(rank)
             return
@@ -217,7 +226,7 @@ class Coordinator:
 
     def _complete(self):
         if not self._reports:
-            return False        # joiners alone wait for the next round's members
+            return False  # joiners alone wait for the next round's members
         arrived = set(self._reports) | self._joiners
         if self._final:
             with self._lock:
@@ -226,8 +235,7 @@ class Coordinator:
         return arrived >= self._expected()
 
     def _expired(self):
-        return (not self._final and self._reports
-                and time.monotonic() - self._opened >= self.timeout)
+        return not self._final and self._reports and time.monotonic() - self._opened >= self.timeout
 
     def _close(self, timed_out):
         ranks, closed = self.ranks, time.monotonic()
@@ -248,11 +256,32 @@ class Coordinator:
             shares = policy.update(samples, seconds, present=weights >= 0)
         else:
             shares = np.where(weights >= 0, batch_size, 0)
-        status = np.array([STATUS["member"] if r in self._reports else STATUS["joiner"] if r in self._joiners
-                           else STATUS["dead"] if r in self._dead else STATUS["late"] for r in range(ranks)])
-        with self._lock:        # logged before anyone learns of it: a member that reads the log sees its round
-            self.log.append([self._open, self._end_step, self._opened - self._start, closed - self._start,
-                             closed - self._opened, timed_out, self._final, *status, *shares])
+        status = np.array(
+            [
+                STATUS["member"]
+                if r in self._reports
+                else STATUS["joiner"]
+                if r in self._joiners
+                else STATUS["dead"]
+                if r in self._dead
+                else STATUS["late"]
+                for r in range(ranks)
+            ]
+        )
+        with self._lock:  # logged before anyone learns of it: a member that reads the log sees its round
+            self.log.append(
+                [
+                    self._open,
+                    self._end_step,
+                    self._opened - self._start,
+                    closed - self._start,
+                    closed - self._opened,
+                    timed_out,
+                    self._final,
+                    *status,
+                    *shares,
+                ]
+            )
         decision = np.concatenate([[self._open, self._end_step, self._final], weights, shares]).astype(float)
         for rank in sorted(arrived):
             self._sending.append((self.answers.Isend(decision, dest=rank, tag=TAG_DECISION), decision))

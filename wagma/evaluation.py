@@ -52,7 +52,7 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
             accuracy = my_evaluate(average, test_loader)
     """
     into = copy.deepcopy(model) if into is None else into
-    with torch.no_grad(), (lock if lock is not None else contextlib.nullcontext()):
+    with torch.no_grad(), lock if lock is not None else contextlib.nullcontext():
         vector = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(model)])
     allreduce(vector, comm=comm, op="avg")
     return _load(into, vector)
@@ -63,10 +63,9 @@ def _load(into, vector):
     with torch.no_grad():
         offset = 0
         for t in _averaged_state(into):
-            t.copy_(vector[offset:offset + t.numel()].view_as(t))
+            t.copy_(vector[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
     return into
-
 
 
 def averaged_replicas(models, *, into: torch.nn.Module | None = None):
@@ -77,8 +76,7 @@ def averaged_replicas(models, *, into: torch.nn.Module | None = None):
     when None).  Returns ``into``."""
     into = copy.deepcopy(models[0]) if into is None else into
     with torch.no_grad():
-        vectors = [torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(m)])
-                   for m in models]
+        vectors = [torch.cat([t.detach().reshape(-1).to(torch.float64) for t in _averaged_state(m)]) for m in models]
         total = vectors[0]
         for vector in vectors[1:]:
             total += vector

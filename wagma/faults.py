@@ -69,8 +69,7 @@ def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
     if sorted(fields) != sorted(_FIELDS[kind]):
         raise _bad(spec, f"{kind} takes exactly the fields {', '.join(_FIELDS[kind])}")
     if not re.fullmatch(r"\d+", fields["rank"]) or int(fields["rank"]) >= ranks:
-        raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}] (the ranks of this run), "
-                         f"got {fields['rank']!r}")
+        raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}] (the ranks of this run), got {fields['rank']!r}")
     span = fields.get("steps") or fields["step"]
     match = re.fullmatch(r"(\d+)(?:-(\d+))?", span)
     if not match or (kind != "slow" and match.group(2)):
@@ -140,6 +139,10 @@ def _stop_for(seconds: float):
 def _continue_after_stop(pid: int, seconds: float) -> list:
     """The helper of :func:`_stop_for`: once process ``pid`` is stopped, wait
     ``seconds`` and continue it; end at once if it is gone before it stopped."""
-    return ["sh", "-c", f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do "
-                        f"[ -e /proc/{pid} ] || exit 0; sleep 0.005; done; "
-                        f"sleep {seconds:.3f}; kill -CONT {pid}"]
+    return [
+        "sh",
+        "-c",
+        f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do "
+        f"[ -e /proc/{pid} ] || exit 0; sleep 0.005; done; "
+        f"sleep {seconds:.3f}; kill -CONT {pid}",
+    ]

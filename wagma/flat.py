@@ -90,7 +90,7 @@ class FlatParameters:
 
     @staticmethod
     def _view(flat, p, dtype, offset):
-        return flat[dtype][offset:offset + p.numel()].view(p.shape)
+        return flat[dtype][offset : offset + p.numel()].view(p.shape)
 
     @property
     def numel(self) -> int:
@@ -135,19 +135,22 @@ class FlatParameters:
             ValueError: a buffer of another dtype, size or device.
         """
         with torch.no_grad():
-            for flat, tensor, attribute in ((self.params, params, "data"),
-                                            (self.grads, grads, "grad")):
+            for flat, tensor, attribute in ((self.params, params, "data"), (self.grads, grads, "grad")):
                 if tensor is None:
                     continue
                 if flat is None:
                     raise RuntimeError("FlatParameters was built with grads=False")
                 old = flat[dtype]
                 if (tensor.dtype, tensor.shape, tensor.device) != (
-                        old.dtype, old.shape, old.device) or not tensor.is_contiguous():
+                    old.dtype,
+                    old.shape,
+                    old.device,
+                ) or not tensor.is_contiguous():
                     raise ValueError(
                         f"rebind needs a contiguous {old.dtype} tensor of "
                         f"{old.numel()} elements on {old.device}, got {tensor.dtype} "
-                        f"{tuple(tensor.shape)} on {tensor.device}")
+                        f"{tuple(tensor.shape)} on {tensor.device}"
+                    )
                 flat[dtype] = tensor
                 for p, d, offset in self._slices:
                     if d == dtype:
@@ -164,22 +167,25 @@ class FlatParameters:
         longer views the flat buffer, e.g. after ``p.data = ...``."""
         for p, dtype, offset in self._slices:
             if not _same_memory(p.data, self._view(self.params, p, dtype, offset)):
-                raise RuntimeError(f"parameter {self.names.get(id(p), '?')} no longer "
-                                   f"views the flat buffer (was p.data replaced?)")
-            if self.grads is not None and p.grad is not None and not _same_memory(
-                    p.grad, self._view(self.grads, p, dtype, offset)):
-                raise RuntimeError(f"gradient of {self.names.get(id(p), '?')} is not a "
-                                   f"view of the flat buffer (optimizer.zero_grad() sets it to "
-                                   f"None): zero the gradients with algo.zero_grad(), or call "
-                                   f"attach_grads() after backward()")
+                raise RuntimeError(
+                    f"parameter {self.names.get(id(p), '?')} no longer views the flat buffer (was p.data replaced?)"
+                )
+            if (
+                self.grads is not None
+                and p.grad is not None
+                and not _same_memory(p.grad, self._view(self.grads, p, dtype, offset))
+            ):
+                raise RuntimeError(
+                    f"gradient of {self.names.get(id(p), '?')} is not a "
+                    f"view of the flat buffer (optimizer.zero_grad() sets it to "
+                    f"None): zero the gradients with algo.zero_grad(), or call "
+                    f"attach_grads() after backward()"
+                )
 
     def __repr__(self):
-        parts = ", ".join(f"{str(d).removeprefix('torch.')}: {t.numel()}"
-                          for d, t in self.params.items())
-        return (f"FlatParameters({len(self.parameters)} parameters on {self.device}; "
-                f"{parts})")
+        parts = ", ".join(f"{str(d).removeprefix('torch.')}: {t.numel()}" for d, t in self.params.items())
+        return f"FlatParameters({len(self.parameters)} parameters on {self.device}; {parts})"
 
 
 def _same_memory(a, b) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape
-            and a.stride() == b.stride())
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()

@@ -54,9 +54,16 @@ __all__ = ["FORMS", "Imbalance", "Injector", "parse_imbalance"]
 _SWITCHING = 0x5717
 
 #: The accepted spec forms, for error messages and ``--help``.
-FORMS = ("none", "random:k=K,ms=MS", "bernoulli:p=P,ms=MS", "straggler:rank=R,ms=MS",
-         "switching:every=K,ms=MS", "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]",
-         "uniform:min_ms=MS,max_ms=MS", "trace:PATH")
+FORMS = (
+    "none",
+    "random:k=K,ms=MS",
+    "bernoulli:p=P,ms=MS",
+    "straggler:rank=R,ms=MS",
+    "switching:every=K,ms=MS",
+    "lognormal:median_ms=MS,sigma=S[,min_ms=MS,max_ms=MS]",
+    "uniform:min_ms=MS,max_ms=MS",
+    "trace:PATH",
+)
 
 
 class Imbalance:
@@ -82,8 +89,7 @@ class Imbalance:
 
     def table(self, steps: int, first: int = 0) -> np.ndarray:
         """Seconds of steps ``first .. first + steps - 1``, shape ``(steps, P)``."""
-        return np.stack([self.seconds(t) for t in range(first, first + steps)]) if steps \
-            else np.zeros((0, self.ranks))
+        return np.stack([self.seconds(t) for t in range(first, first + steps)]) if steps else np.zeros((0, self.ranks))
 
     def __repr__(self):
         return f"Imbalance({self.spec!r}, kind={self.kind!r}, ranks={self.ranks}, seed={self.seed})"
@@ -151,10 +157,13 @@ def _fields(spec, body, required, optional=()):
     missing = [k for k in required if k not in fields]
     unknown = [k for k in fields if k not in (*required, *optional)]
     if missing or unknown:
-        raise _bad(spec, f"needs {', '.join(required)}"
-                   + (f" (optional: {', '.join(optional)})" if optional else "")
-                   + (f"; missing {', '.join(missing)}" if missing else "")
-                   + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+        raise _bad(
+            spec,
+            f"needs {', '.join(required)}"
+            + (f" (optional: {', '.join(optional)})" if optional else "")
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unknown {', '.join(unknown)}" if unknown else ""),
+        )
     return fields
 
 
@@ -169,15 +178,19 @@ def _read_trace(spec, path):
     if not os.path.isfile(path):
         raise _bad(spec, f"trace file {path!r} does not exist")
     try:
-        trace = np.load(path) if path.endswith(".npy") else \
-            np.loadtxt(path, delimiter="," if path.endswith(".csv") else None, ndmin=1)
+        trace = (
+            np.load(path)
+            if path.endswith(".npy")
+            else np.loadtxt(path, delimiter="," if path.endswith(".csv") else None, ndmin=1)
+        )
     except (OSError, ValueError) as exc:
         raise _bad(spec, f"cannot read trace file {path!r}: {exc}") from None
     trace = np.asarray(trace, dtype=np.float64)
-    if trace.ndim not in (1, 2) or trace.size == 0 or not np.all(np.isfinite(trace)) \
-            or np.any(trace < 0):
-        raise _bad(spec, f"trace file {path!r} must hold a non-empty 1-D or 2-D array of "
-                         f"times >= 0 in ms, got shape {trace.shape}")
+    if trace.ndim not in (1, 2) or trace.size == 0 or not np.all(np.isfinite(trace)) or np.any(trace < 0):
+        raise _bad(
+            spec,
+            f"trace file {path!r} must hold a non-empty 1-D or 2-D array of times >= 0 in ms, got shape {trace.shape}",
+        )
     return trace / 1e3
 
 
@@ -209,6 +222,7 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
             out = np.zeros(ranks)
             out[rng.choice(ranks, int(k), replace=False)] = delay
             return out
+
         return Imbalance(spec, "delay", ranks, seed, draw)
     if form == "bernoulli":
         f = _fields(spec, body, ("p", "ms"))
@@ -235,6 +249,7 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
             # The block's own generator: the same rank for all its steps.
             out[np.random.default_rng([seed, _SWITCHING, t // int(every)]).integers(ranks)] = delay
             return out
+
         return Imbalance(spec, "delay", ranks, seed, draw)
     if form == "lognormal":
         f = _fields(spec, body, ("median_ms", "sigma"), ("min_ms", "max_ms"))
@@ -246,8 +261,9 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
         hi = _ms(spec, f, "max_ms") if "max_ms" in f else math.inf
         if lo > hi:
             raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
-        return Imbalance(spec, "compute", ranks, seed,
-                         lambda rng, t: np.clip(rng.lognormal(math.log(median), sigma, ranks), lo, hi))
+        return Imbalance(
+            spec, "compute", ranks, seed, lambda rng, t: np.clip(rng.lognormal(math.log(median), sigma, ranks), lo, hi)
+        )
     if form == "uniform":
         f = _fields(spec, body, ("min_ms", "max_ms"))
         lo, hi = _ms(spec, f, "min_ms"), _ms(spec, f, "max_ms")
@@ -258,8 +274,6 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
         trace = _read_trace(spec, body)
         if trace.ndim == 2:
             columns = np.arange(ranks) % trace.shape[1]
-            return Imbalance(spec, "compute", ranks, seed,
-                             lambda rng, t: trace[t % trace.shape[0], columns])
-        return Imbalance(spec, "compute", ranks, seed,
-                         lambda rng, t: trace[rng.integers(0, trace.size, ranks)])
+            return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[t % trace.shape[0], columns])
+        return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[rng.integers(0, trace.size, ranks)])
     raise _bad(spec, f"unknown form {form!r}")

@@ -10,8 +10,18 @@ from torch import nn
 
 from .datasets import PAD
 
-__all__ = ["MLP", "MODELS", "ModelEntry", "Seq2SeqTransformer", "build_model", "compatible_models", "resnet18",
-           "resnet20", "resnet50", "transformer_base"]
+__all__ = [
+    "MLP",
+    "MODELS",
+    "ModelEntry",
+    "Seq2SeqTransformer",
+    "build_model",
+    "compatible_models",
+    "resnet18",
+    "resnet20",
+    "resnet50",
+    "transformer_base",
+]
 
 
 class MLP(nn.Sequential):
@@ -34,8 +44,10 @@ class MLP(nn.Sequential):
 
 def _conv_bn(in_channels, out_channels, kernel_size, stride=1):
     """A bias-free convolution that keeps the spatial size (at stride 1), then BatchNorm."""
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
-                         nn.BatchNorm2d(out_channels))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, bias=False),
+        nn.BatchNorm2d(out_channels),
+    )
 
 
 class _Residual(nn.Module):
@@ -46,8 +58,11 @@ class _Residual(nn.Module):
         super().__init__()
         self.out_channels = out_channels
         self.branch = branch
-        self.shortcut = (_conv_bn(in_channels, out_channels, 1, stride)
-                         if stride != 1 or in_channels != out_channels else nn.Identity())
+        self.shortcut = (
+            _conv_bn(in_channels, out_channels, 1, stride)
+            if stride != 1 or in_channels != out_channels
+            else nn.Identity()
+        )
 
     def forward(self, x):
         return torch.relu(self.branch(x) + self.shortcut(x))
@@ -61,9 +76,13 @@ def _basic_block(in_channels, channels, stride):
 
 def _bottleneck(in_channels, channels, stride):
     """1x1 down to ``channels``, 3x3 (strided: ResNet v1.5), 1x1 up to ``4 * channels``."""
-    branch = nn.Sequential(_conv_bn(in_channels, channels, 1), nn.ReLU(),
-                           _conv_bn(channels, channels, 3, stride), nn.ReLU(),
-                           _conv_bn(channels, 4 * channels, 1))
+    branch = nn.Sequential(
+        _conv_bn(in_channels, channels, 1),
+        nn.ReLU(),
+        _conv_bn(channels, channels, 3, stride),
+        nn.ReLU(),
+        _conv_bn(channels, 4 * channels, 1),
+    )
     return _Residual(branch, in_channels, 4 * channels, stride)
 
 
@@ -178,22 +197,39 @@ class Seq2SeqTransformer(nn.Module):
         loss = F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:], ignore_index=PAD)
     """
 
-    def __init__(self, vocab_size, d_model=64, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                 dim_feedforward=128, dropout=0.1, max_len=256):
+    def __init__(
+        self,
+        vocab_size,
+        d_model=64,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=128,
+        dropout=0.1,
+        max_len=256,
+    ):
         super().__init__()
         if d_model % 2 or d_model % nhead:
             raise ValueError(f"d_model must be even and divisible by nhead {nhead}, got {d_model}")
         self.d_model = d_model
         self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=PAD)
-        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)  # scaled by sqrt(d_model): unit variance
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)  # scaled by sqrt(d_model): unit variance
         with torch.no_grad():
             self.embedding.weight[PAD].zero_()
         self.position = _SinusoidalPosition(d_model, max_len, dropout)
         # nn.Transformer's own encoder, less its nested-tensor fast path (a prototype that warns).
         layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, batch_first=True)
         encoder = nn.TransformerEncoder(layer, num_encoder_layers, nn.LayerNorm(d_model), enable_nested_tensor=False)
-        self.transformer = nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
-                                          dropout, custom_encoder=encoder, batch_first=True)
+        self.transformer = nn.Transformer(
+            d_model,
+            nhead,
+            num_encoder_layers,
+            num_decoder_layers,
+            dim_feedforward,
+            dropout,
+            custom_encoder=encoder,
+            batch_first=True,
+        )
         self.output = nn.Linear(d_model, vocab_size)
         self.output.weight = self.embedding.weight
 
@@ -206,17 +242,31 @@ class Seq2SeqTransformer(nn.Module):
         length = tgt_in.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=tgt_in.device).triu(1)
         src_padding = src == PAD
-        hidden = self.transformer(self._embed(src), self._embed(tgt_in), tgt_mask=causal,
-                                  src_key_padding_mask=src_padding, tgt_key_padding_mask=tgt_in == PAD,
-                                  memory_key_padding_mask=src_padding, tgt_is_causal=True)
+        hidden = self.transformer(
+            self._embed(src),
+            self._embed(tgt_in),
+            tgt_mask=causal,
+            src_key_padding_mask=src_padding,
+            tgt_key_padding_mask=tgt_in == PAD,
+            memory_key_padding_mask=src_padding,
+            tgt_is_causal=True,
+        )
         return self.output(hidden)
 
 
 def transformer_base(vocab_size, dropout=0.1, max_len=256):
     """The "base" Transformer of Vaswani et al. 2017, the paper's standard-sized
     model: d_model 512, 8 heads, 6 + 6 layers, feed-forward 2048."""
-    return Seq2SeqTransformer(vocab_size, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
-                              dim_feedforward=2048, dropout=dropout, max_len=max_len)
+    return Seq2SeqTransformer(
+        vocab_size,
+        d_model=512,
+        nhead=8,
+        num_encoder_layers=6,
+        num_decoder_layers=6,
+        dim_feedforward=2048,
+        dropout=dropout,
+        max_len=max_len,
+    )
 
 
 def _is_classification(spec):
@@ -237,8 +287,11 @@ _SPEC_ARGUMENTS = ("in_features", "num_classes", "vocab_size")
 
 def _from_spec(spec, factory):
     """The arguments of ``factory`` that the dataset ``spec`` fixes."""
-    values = {"in_features": math.prod(spec.input_shape), "num_classes": spec.num_classes,
-              "vocab_size": spec.vocab_size}
+    values = {
+        "in_features": math.prod(spec.input_shape),
+        "num_classes": spec.num_classes,
+        "vocab_size": spec.vocab_size,
+    }
     return {name: values[name] for name in inspect.signature(factory).parameters if name in _SPEC_ARGUMENTS}
 
 
@@ -270,25 +323,32 @@ class ModelEntry:
             ValueError: the spec does not suit the model, or an override is not one of ``options()``.
         """
         if not self.accepts(spec):
-            raise ValueError(f"model {self.name!r} needs {self.needs}; dataset {spec.name!r} gives "
-                             f"{spec.task} samples of shape {tuple(spec.input_shape)}; "
-                             f"accepted models for it: {', '.join(compatible_models(spec)) or 'none'}")
+            raise ValueError(
+                f"model {self.name!r} needs {self.needs}; dataset {spec.name!r} gives "
+                f"{spec.task} samples of shape {tuple(spec.input_shape)}; "
+                f"accepted models for it: {', '.join(compatible_models(spec)) or 'none'}"
+            )
         unknown = sorted(set(overrides) - set(self.options()))
         if unknown:
-            raise ValueError(f"unknown option {', '.join(map(repr, unknown))} for model {self.name!r}; "
-                             f"accepted: {', '.join(self.options()) or 'none'}")
+            raise ValueError(
+                f"unknown option {', '.join(map(repr, unknown))} for model {self.name!r}; "
+                f"accepted: {', '.join(self.options()) or 'none'}"
+            )
         return self.factory(**_from_spec(spec, self.factory), **overrides)
 
 
 #: Models by the name the CLI uses.
-MODELS = {entry.name: entry for entry in (
-    ModelEntry("mlp", MLP, _is_classification, "a classification dataset"),
-    ModelEntry("resnet20", resnet20, _is_image, "image inputs (3, H, W)"),
-    ModelEntry("resnet18", resnet18, _is_image, "image inputs (3, H, W)"),
-    ModelEntry("resnet50", resnet50, _is_image, "image inputs (3, H, W)"),
-    ModelEntry("transformer", Seq2SeqTransformer, _is_seq2seq, "a seq2seq dataset"),
-    ModelEntry("transformer-base", transformer_base, _is_seq2seq, "a seq2seq dataset"),
-)}
+MODELS = {
+    entry.name: entry
+    for entry in (
+        ModelEntry("mlp", MLP, _is_classification, "a classification dataset"),
+        ModelEntry("resnet20", resnet20, _is_image, "image inputs (3, H, W)"),
+        ModelEntry("resnet18", resnet18, _is_image, "image inputs (3, H, W)"),
+        ModelEntry("resnet50", resnet50, _is_image, "image inputs (3, H, W)"),
+        ModelEntry("transformer", Seq2SeqTransformer, _is_seq2seq, "a seq2seq dataset"),
+        ModelEntry("transformer-base", transformer_base, _is_seq2seq, "a seq2seq dataset"),
+    )
+}
 
 
 def compatible_models(spec):

@@ -76,7 +76,7 @@ def lemma1_shares(global_batch: int, speeds, floor: int = 1) -> np.ndarray:
     speeds = np.asarray(speeds, dtype=float)
     alive = speeds > 0
 
-    def shares_at(t):           # the most samples each rank finishes within time t, at least the floor
+    def shares_at(t):  # the most samples each rank finishes within time t, at least the floor
         return np.where(alive, np.maximum(floor, np.floor(t * speeds)), 0).astype(np.int64)
 
     # The largest common time t whose shares fit the budget (bisection; at
@@ -114,7 +114,7 @@ class Reallocation:
     def __init__(self, ranks: int, batch_size: int, floor: int = 1):
         self.ranks, self.global_batch, self.floor = ranks, ranks * batch_size, floor
         self.shares = np.full(ranks, batch_size, dtype=np.int64)
-        self.speeds = np.zeros(ranks)           # the last measured speed of each rank
+        self.speeds = np.zeros(ranks)  # the last measured speed of each rank
 
     def update(self, samples, seconds, present=None) -> np.ndarray:
         """New shares from one period: ``samples[i]`` processed by rank i in

@@ -21,17 +21,23 @@ def require_communicator(comm) -> None:
     if isinstance(comm, Communicator):
         return
     if isinstance(comm, MPI.Comm):
-        raise TypeError(f"comm must be a collectives.Communicator, got the mpi4py communicator {comm!r}: "
-                        f"pass collectives.Communicator(comm), e.g. Communicator(MPI.COMM_WORLD) (it "
-                        f"duplicates the communicator, so the algorithm's messages cannot meet yours)")
-    raise TypeError(f"comm must be a collectives.Communicator, e.g. Communicator(MPI.COMM_WORLD), "
-                    f"got {type(comm).__module__}.{type(comm).__qualname__}")
+        raise TypeError(
+            f"comm must be a collectives.Communicator, got the mpi4py communicator {comm!r}: "
+            f"pass collectives.Communicator(comm), e.g. Communicator(MPI.COMM_WORLD) (it "
+            f"duplicates the communicator, so the algorithm's messages cannot meet yours)"
+        )
+    raise TypeError(
+        f"comm must be a collectives.Communicator, e.g. Communicator(MPI.COMM_WORLD), "
+        f"got {type(comm).__module__}.{type(comm).__qualname__}"
+    )
 
 
 def parameter_layout(model: torch.nn.Module) -> list[tuple[str, tuple, str, bool]]:
     """``(name, shape, dtype, requires_grad)`` of each parameter, in order."""
-    return [(name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
-            for name, p in model.named_parameters()]
+    return [
+        (name, tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
+        for name, p in model.named_parameters()
+    ]
 
 
 def _describe(entry) -> str:
@@ -52,10 +58,13 @@ def same_parameters_problem(comm: Communicator, model: torch.nn.Module) -> str |
     if extremes[0] == -extremes[1]:
         return None
     layouts = comm.control.allgather(layout)
-    index = next(i for i in range(max(map(len, layouts)))
-                 if len({repr(lay[i]) if i < len(lay) else None for lay in layouts}) > 1)
-    seen = "; ".join(f"rank {r}: " + (_describe(lay[index]) if index < len(lay) else f"none (it has {len(lay)})")
-                     for r, lay in enumerate(layouts))
+    index = next(
+        i for i in range(max(map(len, layouts))) if len({repr(lay[i]) if i < len(lay) else None for lay in layouts}) > 1
+    )
+    seen = "; ".join(
+        f"rank {r}: " + (_describe(lay[index]) if index < len(lay) else f"none (it has {len(lay)})")
+        for r, lay in enumerate(layouts)
+    )
     return f"the model's parameters differ across ranks; parameter {index} is {seen}"
 
 

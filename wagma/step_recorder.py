@@ -66,26 +66,50 @@ class StepRecorder:
                 recorder.end_step(step, loss.item())
     """
 
-    def __init__(self, algo, path, *, batch_size: int, steps_planned: int = 0, steps_per_epoch: int = 0,
-                 config: dict | None = None, model: str = "custom", dataset: str = "custom",
-                 imbalance: str = "none", resume_step: int | None = None, post_every: int = 8):
+    def __init__(
+        self,
+        algo,
+        path,
+        *,
+        batch_size: int,
+        steps_planned: int = 0,
+        steps_per_epoch: int = 0,
+        config: dict | None = None,
+        model: str = "custom",
+        dataset: str = "custom",
+        imbalance: str = "none",
+        resume_step: int | None = None,
+        post_every: int = 8,
+    ):
         self.algo = algo
         world = algo.comm.control
         options = algo.options
         attrs = {
-            **run_attributes(world), "kind": "measured", "algorithm": algo.name,
+            **run_attributes(world),
+            "kind": "measured",
+            "algorithm": algo.name,
             "config": json.dumps({**(config or {}), "algorithm_options": options}, default=str),
-            "group_size": options.get("group_size", 0), "tau": options.get("tau", options.get("period", 0)),
-            "imbalance": imbalance, "compute": "real", "compute_ms": 0.0, "model": model, "dataset": dataset,
-            "parameters": sum(p.numel() for p in algo.model.parameters()), "batch_size": batch_size,
-            "seed": int((config or {}).get("seed", 0)), "steps_planned": steps_planned,
-            "steps_per_epoch": steps_per_epoch, "torch_version": torch.__version__,
+            "group_size": options.get("group_size", 0),
+            "tau": options.get("tau", options.get("period", 0)),
+            "imbalance": imbalance,
+            "compute": "real",
+            "compute_ms": 0.0,
+            "model": model,
+            "dataset": dataset,
+            "parameters": sum(p.numel() for p in algo.model.parameters()),
+            "batch_size": batch_size,
+            "seed": int((config or {}).get("seed", 0)),
+            "steps_planned": steps_planned,
+            "steps_per_epoch": steps_per_epoch,
+            "torch_version": torch.__version__,
         }
         self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
         self._recorder = RunRecorder(world, path, attrs, resume_step=resume_step, post_every=post_every)
         self._update_s, self._entered = 0.0, 0.0
-        self._hooks = [algo.optimizer.register_step_pre_hook(self._optimizer_entered),
-                       algo.optimizer.register_step_post_hook(self._optimizer_left)]
+        self._hooks = [
+            algo.optimizer.register_step_pre_hook(self._optimizer_entered),
+            algo.optimizer.register_step_post_hook(self._optimizer_left),
+        ]
         world.Barrier()
         self.clock = TrainingClock()
         self._last = self._started = self._computed = self.clock()
@@ -111,15 +135,22 @@ class StepRecorder:
     def end_step(self, step: int, loss: float, samples: int | None = None):
         """``algo.step()`` returned: record step ``step`` with its ``loss``."""
         now = self.clock()
-        in_backward = self.algo.comm_in_backward_s        # Allreduce-SGD's wait at the end of backward
+        in_backward = self.algo.comm_in_backward_s  # Allreduce-SGD's wait at the end of backward
         comm_time = now - self._computed + in_backward
-        self._recorder.record(step, step_time=now - self._last,
-                              compute_time=self._computed - self._started - in_backward,
-                              delay=self._delay, comm_time=comm_time,
-                              wait_time=max(0.0, comm_time - self._update_s), loss=float(loss),
-                              stale=float(self.algo.stale_steps > self._stale_before), clock=now,
-                              samples=float(self.batch_size if samples is None else samples), skipped=0.0,
-                              contribution=self.algo.contribution)
+        self._recorder.record(
+            step,
+            step_time=now - self._last,
+            compute_time=self._computed - self._started - in_backward,
+            delay=self._delay,
+            comm_time=comm_time,
+            wait_time=max(0.0, comm_time - self._update_s),
+            loss=float(loss),
+            stale=float(self.algo.stale_steps > self._stale_before),
+            clock=now,
+            samples=float(self.batch_size if samples is None else samples),
+            skipped=0.0,
+            contribution=self.algo.contribution,
+        )
         self._last = now
 
     def pause(self):

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from . import allreduce, pingpong, stragglar, tune, wagma
 from ..logs import configure_logging
+from . import allreduce, pingpong, stragglar, tune, wagma
 
 __all__ = ["BENCHMARKS", "main"]
 
@@ -21,10 +21,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench",
         description="Run one benchmark; it prints its table and writes an HDF5 file.",
-        epilog="benchmarks:\n" + "\n".join(f"  {name:10s} {text}" for name, (_, text) in BENCHMARKS.items())
-               + "\n\n'BENCHMARK --help' lists a benchmark's own options, for example:\n"
-                 "  .venv/bin/python -m collectives.bench allreduce --help",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog="benchmarks:\n"
+        + "\n".join(f"  {name:10s} {text}" for name, (_, text) in BENCHMARKS.items())
+        + "\n\n'BENCHMARK --help' lists a benchmark's own options, for example:\n"
+        "  .venv/bin/python -m collectives.bench allreduce --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark")
     parser.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

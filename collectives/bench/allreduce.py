@@ -11,9 +11,9 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
 
 __all__ = ["main", "measure", "measure_bytes"]
 
@@ -30,6 +30,7 @@ def _mpi_allreduce(x, comm):
 def _ours(algorithm):
     def run(x, comm):
         allreduce(x, comm=comm, algorithm=algorithm, check=False)
+
     return run
 
 
@@ -62,8 +63,7 @@ def measure_bytes(comm, sizes_bytes, algorithms, reps, warmup, library_column=Fa
 def measure(comm, sizes_mib, algorithms, reps, warmup):
     """:func:`measure_bytes` in MiB, with the library's ``MPI_Allreduce``
     first; returns (names, seconds [impl, size, rep])."""
-    times = measure_bytes(comm, [int(mib * MIB) for mib in sizes_mib], algorithms, reps, warmup,
-                          library_column=True)
+    times = measure_bytes(comm, [int(mib * MIB) for mib in sizes_mib], algorithms, reps, warmup, library_column=True)
     return ["MPI_Allreduce", *algorithms], times
 
 
@@ -74,8 +74,8 @@ def _table(names, sizes_mib, times):
     lines = [f"algorithmic bandwidth, GB/s (median); ratio to {names[0]}", head]
     for j, mib in enumerate(sizes_mib):
         cells = [f"{bandwidth[0, j]:18.3f}"] + [
-            f"{bandwidth[i, j]:10.3f} ({bandwidth[i, j] / bandwidth[0, j]:4.2f}x)"
-            for i in range(1, len(names))]
+            f"{bandwidth[i, j]:10.3f} ({bandwidth[i, j] / bandwidth[0, j]:4.2f}x)" for i in range(1, len(names))
+        ]
         lines.append(f"{mib:8g} " + " ".join(cells))
     return "\n".join(lines)
 
@@ -83,38 +83,49 @@ def _table(names, sizes_mib, times):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce",
-        description="Allreduce bandwidth of our schedules and of MPI_Allreduce "
-                    "in the same run (float32, in place).")
-    parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64",
-                        help="comma-separated buffer sizes in MiB")
-    parser.add_argument("--algorithms", default=",".join([*ALLREDUCE_ALGORITHMS, "auto"]),
-                        help="comma-separated, from: " + ", ".join(CHOICES)
-                             + " (mpi: the library's Allreduce through our call; auto: the tuning "
-                               "table's choice, docs/mpi.md)")
+        description="Allreduce bandwidth of our schedules and of MPI_Allreduce in the same run (float32, in place).",
+    )
+    parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64", help="comma-separated buffer sizes in MiB")
+    parser.add_argument(
+        "--algorithms",
+        default=",".join([*ALLREDUCE_ALGORITHMS, "auto"]),
+        help="comma-separated, from: "
+        + ", ".join(CHOICES)
+        + " (mpi: the library's Allreduce through our call; auto: the tuning "
+        "table's choice, docs/mpi.md)",
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--out", default=None,
-                        help="HDF5 file (default results/allreduce_n{ranks}.h5)")
+    parser.add_argument("--out", default=None, help="HDF5 file (default results/allreduce_n{ranks}.h5)")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mib.split(",")]
     algorithms = args.algorithms.split(",")
     unknown = [a for a in algorithms if a not in CHOICES]
     if unknown or args.reps < 1 or args.warmup < 0 or min(sizes) <= 0:
-        parser.error(f"--algorithms must be from {', '.join(CHOICES)}"
-                     f" (got {unknown})" if unknown else
-                     "--reps >= 1, --warmup >= 0 and positive --sizes-mib needed")
+        parser.error(
+            f"--algorithms must be from {', '.join(CHOICES)} (got {unknown})"
+            if unknown
+            else "--reps >= 1, --warmup >= 0 and positive --sizes-mib needed"
+        )
     with Communicator(MPI.COMM_WORLD) as comm:
         attrs = run_attributes(comm.data)
         names, times = measure(comm, sizes, algorithms, args.reps, args.warmup)
-        tuning = comm.tuning.source if comm.tuning else "none (fixed thresholds)"    # collective
+        tuning = comm.tuning.source if comm.tuning else "none (fixed thresholds)"  # collective
         if comm.rank == 0:
-            print(f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
-                  f"{attrs['mpi_library']}; auto's tuning table: {tuning}")
+            print(
+                f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
+                f"{attrs['mpi_library']}; auto's tuning table: {tuning}"
+            )
             print(_table(names, sizes, times))
             with results_file(args.out, f"allreduce_n{comm.size}.h5", attrs) as f:
-                f.attrs.update(dtype="float32", reps=args.reps, tuning_table=tuning, check=False,
-                               warmup=args.warmup, timing="max over ranks, "
-                               "barrier to return, seconds")
+                f.attrs.update(
+                    dtype="float32",
+                    reps=args.reps,
+                    tuning_table=tuning,
+                    check=False,
+                    warmup=args.warmup,
+                    timing="max over ranks, barrier to return, seconds",
+                )
                 f["sizes_bytes"] = np.array(sizes) * MIB
                 f["implementations"] = np.array(names, dtype="S")
                 f["seconds"] = times

@@ -59,19 +59,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench pingpong",
         description="Every pair of ranks ping-pongs at once: alpha and beta at P ranks on this node.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--waits", choices=("spin", "yield"), default="spin",
-                        help="how a rank waits for its message (see the module)")
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--waits", choices=("spin", "yield"), default="spin", help="how a rank waits for its message (see the module)"
+    )
     parser.add_argument("--mib", type=float, default=1.0, help="the large message, MiB (for beta)")
     parser.add_argument("--reps", type=int, default=50, help="timed repetitions per size")
     parser.add_argument("--warmup", type=int, default=5, help="untimed repetitions first")
-    parser.add_argument("--out", default=None,
-                        help="HDF5 file [results/pingpong/pingpong_pP_WAITS.h5]")
+    parser.add_argument("--out", default=None, help="HDF5 file [results/pingpong/pingpong_pP_WAITS.h5]")
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
     if args.mib <= 0 or args.reps < 1 or args.warmup < 0:
-        parser.error(f"--mib must be > 0, --reps >= 1 and --warmup >= 0, "
-                     f"got {args.mib}, {args.reps} and {args.warmup}")
+        parser.error(f"--mib must be > 0, --reps >= 1 and --warmup >= 0, got {args.mib}, {args.reps} and {args.warmup}")
     if world.size < 2:
         parser.error(f"pingpong needs at least 2 ranks, got {world.size}")
     nbytes = int(args.mib * 2**20)
@@ -85,10 +85,18 @@ def main(argv=None):
     if world.rank == 0:
         print(f"| P | cores | waits | alpha (us) | 1/beta (GB/s) | {args.mib:g} MiB half round trip (ms) |")
         print("|---:|---:|---|---:|---:|---:|")
-        print(f"| {world.size} | {attrs['cores_per_host']} | {args.waits} | {alpha * 1e6:.1f} | "
-              f"{(1 / beta / 1e9) if beta else float('inf'):.2f} | {np.nanmedian(large) * 1e3:.2f} |")
-        attrs.update(waits=args.waits, alpha_s=alpha, beta_s_per_byte=beta, large_bytes=nbytes,
-                     reps=args.reps, warmup=args.warmup)
+        print(
+            f"| {world.size} | {attrs['cores_per_host']} | {args.waits} | {alpha * 1e6:.1f} | "
+            f"{(1 / beta / 1e9) if beta else float('inf'):.2f} | {np.nanmedian(large) * 1e3:.2f} |"
+        )
+        attrs.update(
+            waits=args.waits,
+            alpha_s=alpha,
+            beta_s_per_byte=beta,
+            large_bytes=nbytes,
+            reps=args.reps,
+            warmup=args.warmup,
+        )
         with results_file(args.out, f"pingpong/pingpong_p{world.size}_{args.waits}.h5", attrs) as f:
             f["half_round_trip_small_s"] = small
             f["half_round_trip_large_s"] = large

@@ -56,11 +56,11 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ..schedules.blocking import allreduce
 from ..comm import Communicator
+from ..provenance import results_file, run_attributes
+from ..schedules.blocking import allreduce
 from ..stragglar import broadcast_time, generate, rhd_time, ring_time, stragglar_time
 from ..stragglar.runtime import StragglerAwareAllreduce
-from ..provenance import results_file, run_attributes
 
 __all__ = ["main"]
 
@@ -76,8 +76,9 @@ def _implementations(comm, straggler, x, plans=None):
     ``plans`` (name -> StragglerAwareAllreduce; default StragglAR and
     Broadcast planned for ``straggler``) and ring, RHD and MPI_Allreduce."""
     if plans is None:
-        plans = {name: StragglerAwareAllreduce(comm, straggler, x, algorithm=name)
-                 for name in ("stragglar", "broadcast")}
+        plans = {
+            name: StragglerAwareAllreduce(comm, straggler, x, algorithm=name) for name in ("stragglar", "broadcast")
+        }
     runs = {name: (lambda y, plan=plan: plan(y, check=False)) for name, plan in plans.items()}
     for name in ("ring", "rhd"):
         runs[name] = lambda y, name=name: allreduce(y, comm=comm, algorithm=name, check=False)
@@ -155,13 +156,16 @@ def _size_table(sizes_mib, times, model):
     """Bandwidth after arrival (GB/s) with the model's time next to each."""
     after = np.median(times[:, :, 0, :, 1], axis=2)
     total = np.median(times[:, :, 0, :, 0], axis=2)
-    lines = ["size MiB  " + "  ".join(f"{n:>28}" for n in IMPLEMENTATIONS),
-             "          " + "  ".join(f"{'GB/s  ms (model ms) total ms':>28}"
-                                      for _ in IMPLEMENTATIONS)]
+    lines = [
+        "size MiB  " + "  ".join(f"{n:>28}" for n in IMPLEMENTATIONS),
+        "          " + "  ".join(f"{'GB/s  ms (model ms) total ms':>28}" for _ in IMPLEMENTATIONS),
+    ]
     for j, mib in enumerate(sizes_mib):
-        cells = [f"{mib * MIB / after[i, j] / 1e9:6.3f} {after[i, j] * 1e3:7.1f} "
-                 f"({model[j][name] * 1e3:6.1f}) {total[i, j] * 1e3:6.1f}"
-                 for i, name in enumerate(IMPLEMENTATIONS)]
+        cells = [
+            f"{mib * MIB / after[i, j] / 1e9:6.3f} {after[i, j] * 1e3:7.1f} "
+            f"({model[j][name] * 1e3:6.1f}) {total[i, j] * 1e3:6.1f}"
+            for i, name in enumerate(IMPLEMENTATIONS)
+        ]
         lines.append(f"{mib:8g}  " + "  ".join(f"{c:>28}" for c in cells))
     return "\n".join(lines)
 
@@ -180,8 +184,7 @@ def critical_delay(delays, totals):
 def _sweep_table(delays, totals):
     lines = ["delay ms  " + "  ".join(f"{n:>13}" for n in IMPLEMENTATIONS)]
     for k, d in enumerate(delays):
-        lines.append(f"{d * 1e3:8g}  " + "  ".join(
-            f"{totals[i, k] * 1e3:13.1f}" for i in range(len(IMPLEMENTATIONS))))
+        lines.append(f"{d * 1e3:8g}  " + "  ".join(f"{totals[i, k] * 1e3:13.1f}" for i in range(len(IMPLEMENTATIONS))))
     return "\n".join(lines)
 
 
@@ -193,11 +196,13 @@ def sync_speedups(totals):
     wrong prediction's time over ring's and over the right prediction's
     (above 1: the wrong prediction is slower)."""
     t = dict(zip(SYNC_IMPLEMENTATIONS, np.asarray(totals, dtype=float)))
-    return {"over_ring": t["ring"] / t["stragglar"],
-            "over_rhd": t["rhd"] / t["stragglar"],
-            "over_MPI_Allreduce": t["MPI_Allreduce"] / t["stragglar"],
-            "wrong_vs_ring": t["stragglar_wrong"] / t["ring"],
-            "wrong_vs_right": t["stragglar_wrong"] / t["stragglar"]}
+    return {
+        "over_ring": t["ring"] / t["stragglar"],
+        "over_rhd": t["rhd"] / t["stragglar"],
+        "over_MPI_Allreduce": t["MPI_Allreduce"] / t["stragglar"],
+        "wrong_vs_ring": t["stragglar_wrong"] / t["ring"],
+        "wrong_vs_right": t["stragglar_wrong"] / t["stragglar"],
+    }
 
 
 def sync_table(factors, delays, totals):
@@ -205,13 +210,18 @@ def sync_table(factors, delays, totals):
     implementation and the ratios of :func:`sync_speedups`; ``delays`` in
     seconds per factor, ``totals`` [implementation, factor] in seconds."""
     ratios = sync_speedups(totals)
-    head = (["factor", "delay ms"] + [f"{name} ms" for name in SYNC_IMPLEMENTATIONS]
-            + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right"])
+    head = (
+        ["factor", "delay ms"]
+        + [f"{name} ms" for name in SYNC_IMPLEMENTATIONS]
+        + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for k, factor in enumerate(factors):
-        cells = ([f"{factor:g}", f"{delays[k] * 1e3:.1f}"]
-                 + [f"{totals[i][k] * 1e3:.1f}" for i in range(len(SYNC_IMPLEMENTATIONS))]
-                 + [f"{ratios[key][k]:.2f}" for key in ratios])
+        cells = (
+            [f"{factor:g}", f"{delays[k] * 1e3:.1f}"]
+            + [f"{totals[i][k] * 1e3:.1f}" for i in range(len(SYNC_IMPLEMENTATIONS))]
+            + [f"{ratios[key][k]:.2f}" for key in ratios]
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -247,8 +257,7 @@ def check_results(comm, runs, x, late, delay):
     _check_data(x, comm.rank)
     _timed(runs["ring"], x, comm, late, delay)
     reference = x.copy()
-    exact = (np.arange(x.size, dtype=np.int32) % 251).astype(np.float32) * (n / 4) \
-        + n * (n - 1) / 2
+    exact = (np.arange(x.size, dtype=np.int32) % 251).astype(np.float32) * (n / 4) + n * (n - 1) / 2
     errors = np.zeros(len(SYNC_IMPLEMENTATIONS))
     for i, name in enumerate(SYNC_IMPLEMENTATIONS):
         if name == "ring":
@@ -277,25 +286,35 @@ def measure_sync(comm, late, sizes_mib, factors, reps, warmup):
     wrong = (late + 1) % comm.size
     for j, mib in enumerate(sizes_mib):
         x = np.zeros(int(mib * MIB) // 4, dtype=np.float32)
-        runs, plans = _implementations(comm, late, x, plans={
-            "stragglar": StragglerAwareAllreduce(comm, late, x),
-            "stragglar_wrong": StragglerAwareAllreduce(comm, wrong, x)})
+        runs, plans = _implementations(
+            comm,
+            late,
+            x,
+            plans={
+                "stragglar": StragglerAwareAllreduce(comm, late, x),
+                "stragglar_wrong": StragglerAwareAllreduce(comm, wrong, x),
+            },
+        )
         ring = [_timed(runs["ring"], x, comm, late, 0.0)[0] for _ in range(warmup + reps)]
         base_samples[j] = ring[warmup:]
         base[j] = comm.data.bcast(float(np.median(base_samples[j])), root=0)
         errors[:, j] = check_results(comm, runs, x, late, base[j])
-        bad = [f"{name} by {errors[i, j]:g}" for i, name in enumerate(SYNC_IMPLEMENTATIONS)
-               if not errors[i, j] <= check_tolerance(comm.size)]
+        bad = [
+            f"{name} by {errors[i, j]:g}"
+            for i, name in enumerate(SYNC_IMPLEMENTATIONS)
+            if not errors[i, j] <= check_tolerance(comm.size)
+        ]
         if bad:
-            raise RuntimeError(f"wrong allreduce result at {mib:g} MiB on {comm.size} ranks, "
-                               f"late rank {late}: {', '.join(bad)} off ring's (ring: off "
-                               f"the exact sum); tolerance {check_tolerance(comm.size):g}")
+            raise RuntimeError(
+                f"wrong allreduce result at {mib:g} MiB on {comm.size} ranks, "
+                f"late rank {late}: {', '.join(bad)} off ring's (ring: off "
+                f"the exact sum); tolerance {check_tolerance(comm.size):g}"
+            )
         for k, factor in enumerate(factors):
             for rep in range(-warmup, reps):
                 for step in range(count):
                     i = (step + rep) % count
-                    sample = _timed(runs[SYNC_IMPLEMENTATIONS[i]], x, comm, late,
-                                    factor * base[j])
+                    sample = _timed(runs[SYNC_IMPLEMENTATIONS[i]], x, comm, late, factor * base[j])
                     if rep >= 0:
                         times[i, j, k, rep] = sample
         for plan in plans.values():
@@ -307,56 +326,79 @@ def _parse(argv):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench stragglar",
         description="Straggler-aware allreduce (StragglAR, Broadcast) against Ring, "
-                    "RHD and MPI_Allreduce with one late rank (float32, in place).")
-    parser.add_argument("--delay-ms", type=float, default=None,
-                        help="the straggler's sleep before each call in the size scan "
-                             "(default 20)")
-    parser.add_argument("--sizes-mib", default=None,
-                        help="comma-separated buffer sizes in MiB (default 1,4,16,64,256; "
-                             "with --delay-factors 16,32,64)")
-    parser.add_argument("--straggler", type=int, default=None,
-                        help="the late rank (default: the last)")
-    parser.add_argument("--sweep-mib", type=float, default=None,
-                        help="buffer size of the delay sweep (default 64; 0: no sweep)")
-    parser.add_argument("--sweep-delays-ms", default=None,
-                        help="comma-separated delays of the sweep (default 0,2,5,10,20,40,80)")
-    parser.add_argument("--delay-factors", default=None,
-                        help="comma-separated delays in multiples of ring's median time "
-                             "without delay at each size, for example 0,0.25,0.5,1,2: "
-                             "instead of the scan and the sweep, StragglAR planned for the "
-                             "late rank and for the wrong one against ring, RHD and "
-                             "MPI_Allreduce, a Markdown table per size")
+        "RHD and MPI_Allreduce with one late rank (float32, in place).",
+    )
+    parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=None,
+        help="the straggler's sleep before each call in the size scan (default 20)",
+    )
+    parser.add_argument(
+        "--sizes-mib",
+        default=None,
+        help="comma-separated buffer sizes in MiB (default 1,4,16,64,256; with --delay-factors 16,32,64)",
+    )
+    parser.add_argument("--straggler", type=int, default=None, help="the late rank (default: the last)")
+    parser.add_argument(
+        "--sweep-mib", type=float, default=None, help="buffer size of the delay sweep (default 64; 0: no sweep)"
+    )
+    parser.add_argument(
+        "--sweep-delays-ms", default=None, help="comma-separated delays of the sweep (default 0,2,5,10,20,40,80)"
+    )
+    parser.add_argument(
+        "--delay-factors",
+        default=None,
+        help="comma-separated delays in multiples of ring's median time "
+        "without delay at each size, for example 0,0.25,0.5,1,2: "
+        "instead of the scan and the sweep, StragglAR planned for the "
+        "late rank and for the wrong one against ring, RHD and "
+        "MPI_Allreduce, a Markdown table per size",
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out", default=None,
-                        help="HDF5 file (default results/stragglar_n{ranks}.h5; with "
-                             "--delay-factors results/stragglar_sync/sync_n{ranks}.h5 and "
-                             "the tables next to it as .md)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="HDF5 file (default results/stragglar_n{ranks}.h5; with "
+        "--delay-factors results/stragglar_sync/sync_n{ranks}.h5 and "
+        "the tables next to it as .md)",
+    )
     args = parser.parse_args(argv)
     args.sync = args.delay_factors is not None
     if args.sync:
-        given = [flag for flag, value in (("--delay-ms", args.delay_ms),
-                                          ("--sweep-mib", args.sweep_mib),
-                                          ("--sweep-delays-ms", args.sweep_delays_ms))
-                 if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--delay-ms", args.delay_ms),
+                ("--sweep-mib", args.sweep_mib),
+                ("--sweep-delays-ms", args.sweep_delays_ms),
+            )
+            if value is not None
+        ]
         if given:
-            parser.error(f"--delay-factors replaces the scan and the sweep; "
-                         f"drop {', '.join(given)}")
+            parser.error(f"--delay-factors replaces the scan and the sweep; drop {', '.join(given)}")
     try:
-        args.sizes = [float(v) for v in (args.sizes_mib or (
-            "16,32,64" if args.sync else "1,4,16,64,256")).split(",")]
-        args.factors = ([float(v) for v in args.delay_factors.split(",")]
-                        if args.sync else [])
-        args.delays = [float(d) / 1e3 for d in (args.sweep_delays_ms
-                                                or "0,2,5,10,20,40,80").split(",")]
+        args.sizes = [float(v) for v in (args.sizes_mib or ("16,32,64" if args.sync else "1,4,16,64,256")).split(",")]
+        args.factors = [float(v) for v in args.delay_factors.split(",")] if args.sync else []
+        args.delays = [float(d) / 1e3 for d in (args.sweep_delays_ms or "0,2,5,10,20,40,80").split(",")]
     except ValueError as exc:
         parser.error(f"comma-separated numbers needed: {exc}")
     args.delay_ms = 20.0 if args.delay_ms is None else args.delay_ms
     args.sweep_mib = 64.0 if args.sweep_mib is None else args.sweep_mib
-    if args.reps < 1 or args.warmup < 0 or min(args.sizes) <= 0 or args.delay_ms < 0 \
-            or min(args.delays) < 0 or args.sweep_mib < 0 or min(args.factors, default=0) < 0:
-        parser.error("--reps >= 1, --warmup >= 0, positive --sizes-mib and "
-                     "non-negative delays, --delay-factors and --sweep-mib needed")
+    if (
+        args.reps < 1
+        or args.warmup < 0
+        or min(args.sizes) <= 0
+        or args.delay_ms < 0
+        or min(args.delays) < 0
+        or args.sweep_mib < 0
+        or min(args.factors, default=0) < 0
+    ):
+        parser.error(
+            "--reps >= 1, --warmup >= 0, positive --sizes-mib and "
+            "non-negative delays, --delay-factors and --sweep-mib needed"
+        )
     return parser, args
 
 
@@ -365,22 +407,22 @@ def main(argv=None):
     n = MPI.COMM_WORLD.size
     straggler = n - 1 if args.straggler is None else args.straggler
     if n < 2 or not 0 <= straggler < n:
-        parser.error(f"needs at least 2 ranks and --straggler in range({n}); "
-                     f"got {n} ranks, --straggler {args.straggler}")
+        parser.error(
+            f"needs at least 2 ranks and --straggler in range({n}); got {n} ranks, --straggler {args.straggler}"
+        )
     with Communicator(MPI.COMM_WORLD) as comm:
         attrs = run_attributes(comm.data)
         if args.sync:
             load = os.getloadavg()
-            measured = measure_sync(comm, straggler, args.sizes, args.factors,
-                                    args.reps, args.warmup)
+            measured = measure_sync(comm, straggler, args.sizes, args.factors, args.reps, args.warmup)
             if comm.rank == 0:
                 attrs.update(loadavg_before=load[0], loadavg_after=os.getloadavg()[0])
                 _report_sync(args, attrs, straggler, *measured)
             return
-        scan = measure(comm, straggler, args.sizes, [args.delay_ms / 1e3],
-                       args.reps, args.warmup)
-        sweep = (measure(comm, straggler, [args.sweep_mib], args.delays,
-                         args.reps, args.warmup) if args.sweep_mib else None)
+        scan = measure(comm, straggler, args.sizes, [args.delay_ms / 1e3], args.reps, args.warmup)
+        sweep = (
+            measure(comm, straggler, [args.sweep_mib], args.delays, args.reps, args.warmup) if args.sweep_mib else None
+        )
         chunk = int(max(args.sizes) * MIB) // max(n - 1, 1)
         alpha, beta = fit_alpha_beta(comm, chunk)
         if comm.rank == 0:
@@ -393,43 +435,57 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
     n = attrs["ranks"]
     wrong = (late + 1) % n
     rounds = len(generate(n, late).rounds)
-    totals = np.median(times[..., 0], axis=3)            # implementation, size, factor
-    delays = np.outer(base, args.factors)                 # size, factor
-    lines = [f"# StragglAR synchronization with a predicted straggler, {n} ranks",
-             "",
-             f"{n} ranks on {attrs['hostnames']} ({attrs['cores_per_host']} cores), "
-             f"{attrs['mpi_library']}; float32 sum in place; late rank {late}, StragglAR "
-             f"planned for it ({rounds} rounds) and, as `stragglar_wrong`, for rank {wrong}; "
-             f"median of {args.reps} repetitions after {args.warmup} warm-up; git "
-             f"{attrs['git_commit'][:10]}; 1-minute load average {attrs['loadavg_before']:.1f} "
-             f"before, {attrs['loadavg_after']:.1f} after (other jobs on the machine "
-             f"show as a load above the ranks' own).",
-             "",
-             "Times: median total in ms, from the on-time ranks' entry (after a barrier) to "
-             "the last rank's return. Delay: the late rank's sleep before each call, the "
-             "factor times ring's median total without delay at that size (measured first "
-             "in the same run). S/x: x's time over StragglAR's (above 1: StragglAR is "
-             "faster). wrong/ring, wrong/right: the wrong prediction's time over ring's and "
-             "over StragglAR's with the right prediction (above 1: slower). Results checked "
-             "against ring's once per size: max error "
-             f"{errors.max():g} (tolerance {check_tolerance(n):g})."]
+    totals = np.median(times[..., 0], axis=3)  # implementation, size, factor
+    delays = np.outer(base, args.factors)  # size, factor
+    lines = [
+        f"# StragglAR synchronization with a predicted straggler, {n} ranks",
+        "",
+        f"{n} ranks on {attrs['hostnames']} ({attrs['cores_per_host']} cores), "
+        f"{attrs['mpi_library']}; float32 sum in place; late rank {late}, StragglAR "
+        f"planned for it ({rounds} rounds) and, as `stragglar_wrong`, for rank {wrong}; "
+        f"median of {args.reps} repetitions after {args.warmup} warm-up; git "
+        f"{attrs['git_commit'][:10]}; 1-minute load average {attrs['loadavg_before']:.1f} "
+        f"before, {attrs['loadavg_after']:.1f} after (other jobs on the machine "
+        f"show as a load above the ranks' own).",
+        "",
+        "Times: median total in ms, from the on-time ranks' entry (after a barrier) to "
+        "the last rank's return. Delay: the late rank's sleep before each call, the "
+        "factor times ring's median total without delay at that size (measured first "
+        "in the same run). S/x: x's time over StragglAR's (above 1: StragglAR is "
+        "faster). wrong/ring, wrong/right: the wrong prediction's time over ring's and "
+        "over StragglAR's with the right prediction (above 1: slower). Results checked "
+        "against ring's once per size: max error "
+        f"{errors.max():g} (tolerance {check_tolerance(n):g}).",
+    ]
     for j, mib in enumerate(args.sizes):
         wins = sync_wins(args.factors, totals[:, j])
-        lines += ["", f"## {mib:g} MiB (ring without delay: {base[j] * 1e3:.1f} ms)", "",
-                  sync_table(args.factors, delays[j], totals[:, j]), "",
-                  "StragglAR fastest at factors: "
-                  + (", ".join(f"{f:g}" for f in wins) if wins else "none")]
+        lines += [
+            "",
+            f"## {mib:g} MiB (ring without delay: {base[j] * 1e3:.1f} ms)",
+            "",
+            sync_table(args.factors, delays[j], totals[:, j]),
+            "",
+            "StragglAR fastest at factors: " + (", ".join(f"{f:g}" for f in wins) if wins else "none"),
+        ]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     out = args.out or os.path.join("results", "stragglar_sync", f"sync_n{n}.h5")
     with results_file(out, os.path.basename(out), attrs) as f:
-        f.attrs.update(mode="sync", dtype="float32", reps=args.reps, warmup=args.warmup,
-                       late_rank=late, wrong_prediction=wrong, rounds=rounds,
-                       check_passed=True, check_tolerance=check_tolerance(n),
-                       timing="seconds; total: from the on-time ranks' entry (after a "
-                              "barrier) to the last return; after_arrival: total minus "
-                              "the late rank's measured sleep; delays: factor times "
-                              "ring's median total without delay at that size")
+        f.attrs.update(
+            mode="sync",
+            dtype="float32",
+            reps=args.reps,
+            warmup=args.warmup,
+            late_rank=late,
+            wrong_prediction=wrong,
+            rounds=rounds,
+            check_passed=True,
+            check_tolerance=check_tolerance(n),
+            timing="seconds; total: from the on-time ranks' entry (after a "
+            "barrier) to the last return; after_arrival: total minus "
+            "the late rank's measured sleep; delays: factor times "
+            "ring's median total without delay at that size",
+        )
         f["implementations"] = np.array(SYNC_IMPLEMENTATIONS, dtype="S")
         f["sizes_bytes"] = np.array(args.sizes) * MIB
         f["delay_factors"] = np.array(args.factors)
@@ -439,11 +495,10 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
         f["ring_no_delay_seconds"].attrs["axes"] = "size, repetition"
         f["ring_no_delay_median_s"] = base
         f["seconds"] = times
-        f["seconds"].attrs["axes"] = ("implementation, size, factor, repetition, "
-                                      "(total, after_arrival)")
+        f["seconds"].attrs["axes"] = "implementation, size, factor, repetition, (total, after_arrival)"
         f["median_total_s"] = totals
         f["median_total_s"].attrs["axes"] = "implementation, size, factor"
-        paired = sync_speedups(times[..., 0])          # size, factor, repetition
+        paired = sync_speedups(times[..., 0])  # size, factor, repetition
         for key, value in sync_speedups(totals).items():
             name = key if key.startswith("wrong") else f"speedup_{key}"
             f[name] = value
@@ -453,7 +508,8 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
             f[f"paired_{name}"].attrs["axes"] = "size, factor"
             f[f"paired_{name}"].attrs["rule"] = (
                 "median over repetitions of the ratio within a repetition (the "
-                "implementations run back to back, so load from elsewhere hits both)")
+                "implementations run back to back, so load from elsewhere hits both)"
+            )
         f["check_max_abs_error"] = errors
         f["check_max_abs_error"].attrs["axes"] = "implementation, size"
     table = os.path.splitext(out)[0] + ".md"
@@ -467,19 +523,33 @@ def _report(args, attrs, straggler, scan, sweep, alpha, beta):
     n = attrs["ranks"]
     rounds = len(generate(n, straggler).rounds)
     model = [predicted(n, mib * MIB, alpha, beta, rounds) for mib in args.sizes]
-    print(f"stragglar on {n} ranks, {os.cpu_count()} cores, straggler {straggler}, "
-          f"{rounds} rounds, {attrs['mpi_library']}")
-    print(f"ping-pong fit: alpha {alpha * 1e6:.1f} us, 1/beta {1 / beta / 1e9:.2f} GB/s"
-          if beta > 0 else f"ping-pong fit: alpha {alpha * 1e6:.1f} us, beta 0")
-    print(f"\nstraggler delay {args.delay_ms:g} ms; median of {args.reps}; time after "
-          f"the straggler's arrival (alpha-beta model) and total from the others' entry")
+    print(
+        f"stragglar on {n} ranks, {os.cpu_count()} cores, straggler {straggler}, "
+        f"{rounds} rounds, {attrs['mpi_library']}"
+    )
+    print(
+        f"ping-pong fit: alpha {alpha * 1e6:.1f} us, 1/beta {1 / beta / 1e9:.2f} GB/s"
+        if beta > 0
+        else f"ping-pong fit: alpha {alpha * 1e6:.1f} us, beta 0"
+    )
+    print(
+        f"\nstraggler delay {args.delay_ms:g} ms; median of {args.reps}; time after "
+        f"the straggler's arrival (alpha-beta model) and total from the others' entry"
+    )
     print(_size_table(args.sizes, scan, model))
     with results_file(args.out, f"stragglar_n{n}.h5", attrs) as f:
-        f.attrs.update(dtype="float32", reps=args.reps, warmup=args.warmup,
-                       straggler=straggler, rounds=rounds, alpha_s=alpha, beta_s_per_byte=beta,
-                       timing="seconds; total: from the non-stragglers' entry (after a "
-                              "barrier) to the last return; after_arrival: total minus "
-                              "the straggler's measured sleep")
+        f.attrs.update(
+            dtype="float32",
+            reps=args.reps,
+            warmup=args.warmup,
+            straggler=straggler,
+            rounds=rounds,
+            alpha_s=alpha,
+            beta_s_per_byte=beta,
+            timing="seconds; total: from the non-stragglers' entry (after a "
+            "barrier) to the last return; after_arrival: total minus "
+            "the straggler's measured sleep",
+        )
         f["implementations"] = np.array(IMPLEMENTATIONS, dtype="S")
         f["sizes_bytes"] = np.array(args.sizes) * MIB
         f["scan_delay_s"] = args.delay_ms / 1e3
@@ -490,15 +560,18 @@ def _report(args, attrs, straggler, scan, sweep, alpha, beta):
         if sweep is not None:
             totals = np.median(sweep[:, 0, :, :, 0], axis=2)
             found = critical_delay(args.delays, totals)
-            print(f"\ndelay sweep at {args.sweep_mib:g} MiB: median total from the others' "
-                  f"entry, ms")
+            print(f"\ndelay sweep at {args.sweep_mib:g} MiB: median total from the others' entry, ms")
             print(_sweep_table(args.delays, totals))
-            print("critical delay: " + (f"{found * 1e3:g} ms" if found is not None else
-                                        "none in the sweep (StragglAR never the fastest "
-                                        "from some delay on)"))
+            print(
+                "critical delay: "
+                + (
+                    f"{found * 1e3:g} ms"
+                    if found is not None
+                    else "none in the sweep (StragglAR never the fastest from some delay on)"
+                )
+            )
             f["sweep_size_bytes"] = args.sweep_mib * MIB
             f["sweep_delays_s"] = np.array(args.delays)
             f["sweep_seconds"] = sweep[:, 0]
-            f["sweep_seconds"].attrs["axes"] = ("implementation, delay, repetition, "
-                                                "(total, after_arrival)")
+            f["sweep_seconds"].attrs["axes"] = "implementation, delay, repetition, (total, after_arrival)"
             f.attrs["critical_delay_s"] = np.nan if found is None else found

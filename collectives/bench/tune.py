@@ -15,9 +15,9 @@ import os
 import numpy as np
 from mpi4py import MPI
 
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS
 from ..comm import Communicator
 from ..mpi_library import mpi_library
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS
 from ..schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
 from .allreduce import measure_bytes
 
@@ -28,13 +28,14 @@ KIB = 1 << 10
 
 def _sizes(text):
     """``4KiB:256MiB`` (every power of 4 between) or a comma-separated list of bytes."""
-    units = {"KiB": KIB, "MiB": KIB * KIB, "GiB": KIB ** 3, "": 1}
+    units = {"KiB": KIB, "MiB": KIB * KIB, "GiB": KIB**3, "": 1}
 
     def parse(word):
         for unit in sorted(units, key=len, reverse=True):
-            if word.endswith(unit) and word[:len(word) - len(unit)].isdigit():
-                return int(word[:len(word) - len(unit)]) * units[unit]
+            if word.endswith(unit) and word[: len(word) - len(unit)].isdigit():
+                return int(word[: len(word) - len(unit)]) * units[unit]
         raise ValueError(word)
+
     if ":" in text:
         lo, hi = map(parse, text.split(":"))
         sizes = []
@@ -60,14 +61,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.mpirun -n 4 -- .venv/bin/python -m mpi4py -m collectives.bench tune",
         description="Measure which allreduce is fastest at each size for this MPI library, rank count and "
-                    "node shape, and write the tuning table that algorithm='auto' reads.")
-    parser.add_argument("--sizes", default="4KiB:256MiB",
-                        help="LO:HI (every power of 4 from LO to HI) or comma-separated sizes, "
-                             "with KiB/MiB/GiB or in bytes")
+        "node shape, and write the tuning table that algorithm='auto' reads.",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="4KiB:256MiB",
+        help="LO:HI (every power of 4 from LO to HI) or comma-separated sizes, with KiB/MiB/GiB or in bytes",
+    )
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed repetitions before them")
-    parser.add_argument("--out-dir", default=DEFAULT_TUNING_DIR,
-                        help="folder of the table (the repository's results/tuning)")
+    parser.add_argument(
+        "--out-dir", default=DEFAULT_TUNING_DIR, help="folder of the table (the repository's results/tuning)"
+    )
     args = parser.parse_args(argv)
     try:
         sizes = _sizes(args.sizes)
@@ -83,16 +88,28 @@ def main(argv=None):
             return 0
         median = np.median(times, axis=2)
         description = mpi_library()[2]
-        record = TuningTable({**setting, "sizes_bytes": sizes,
-                              "median_seconds": {name: median[i].tolist() for i, name in enumerate(names)}}
-                             ).to_record()
-        record.update(description=description, dtype="float32", reps=args.reps, warmup=args.warmup,
-                      cores_per_node=os.cpu_count(), timing="max over ranks, barrier to return, seconds",
-                      fastest=[names[int(i)] for i in np.argmin(median, axis=0)],
-                      measured=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        print(f"allreduce tuning on {comm.size} ranks ({setting['nodes']} x {setting['ranks_per_node']}), "
-              f"{os.cpu_count()} cores per node, "
-              f"{description}")
+        record = TuningTable(
+            {
+                **setting,
+                "sizes_bytes": sizes,
+                "median_seconds": {name: median[i].tolist() for i, name in enumerate(names)},
+            }
+        ).to_record()
+        record.update(
+            description=description,
+            dtype="float32",
+            reps=args.reps,
+            warmup=args.warmup,
+            cores_per_node=os.cpu_count(),
+            timing="max over ranks, barrier to return, seconds",
+            fastest=[names[int(i)] for i in np.argmin(median, axis=0)],
+            measured=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        print(
+            f"allreduce tuning on {comm.size} ranks ({setting['nodes']} x {setting['ranks_per_node']}), "
+            f"{os.cpu_count()} cores per node, "
+            f"{description}"
+        )
         print(_table(sizes, ["MPI_Allreduce" if n == "mpi" else n for n in names], median))
         os.makedirs(args.out_dir, exist_ok=True)
         path = os.path.join(args.out_dir, table_name(**setting))

@@ -10,9 +10,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
-from ..wait_avoiding.group_allreduce import group_allreduce
-from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
 from ..provenance import results_file, run_attributes
+from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
+from ..wait_avoiding.group_allreduce import group_allreduce
 
 __all__ = ["main"]
 
@@ -20,8 +20,7 @@ MIB = 1 << 20
 SCENARIOS = ("none", "random2", "straggler")
 IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce")
 #: The ratios reported, ``(label, numerator, denominator)``, where both ran.
-RATIOS = (("WA/blocking", "wait_avoiding", "group_blocking"),
-          ("global/WA", "global_allreduce", "wait_avoiding"))
+RATIOS = (("WA/blocking", "wait_avoiding", "group_blocking"), ("global/WA", "global_allreduce", "wait_avoiding"))
 
 
 def delayed_ranks(scenario, size, iterations, seed):
@@ -52,7 +51,7 @@ def kept_steps(bounds, warmup):
     """Steps in the statistics: all but the first ``warmup`` of each round."""
     kept = np.zeros(bounds[-1][1], dtype=bool)
     for first, end in bounds:
-        kept[first + warmup:end] = True
+        kept[first + warmup : end] = True
     return kept
 
 
@@ -89,8 +88,7 @@ class Steps:
 
     @classmethod
     def empty(cls, count):
-        return cls(np.zeros(count), np.zeros(count), np.zeros(count),
-                   np.ones(count, dtype=bool))
+        return cls(np.zeros(count), np.zeros(count), np.zeros(count), np.ones(count, dtype=bool))
 
     def store(self, lo, hi, other):
         """Put ``other``'s steps at ``lo:hi``."""
@@ -99,8 +97,7 @@ class Steps:
 
     def gather(self, comm):
         """Every rank's steps on rank 0 (collective over ``comm``)."""
-        return Steps(*(np.array(comm.gather(getattr(self, field.name)))
-                       for field in fields(self)))
+        return Steps(*(np.array(comm.gather(getattr(self, field.name))) for field in fields(self)))
 
 
 def _process_cpu():
@@ -120,25 +117,24 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
     steps = Steps.empty(len(delays))
     wa = None
     if implementation == "wait_avoiding":
-        wa = WaitAvoidingGroupAllreduce(comm.data, buf, group_size=group_size,
-                                        op="avg", waits=waits,
-                                        first_iteration=first).open()
+        wa = WaitAvoidingGroupAllreduce(
+            comm.data, buf, group_size=group_size, op="avg", waits=waits, first_iteration=first
+        ).open()
     comm.data.Barrier()
     for i, delayed in enumerate(delays[:, comm.rank]):
         t = first + i
         cpu, main_cpu = _process_cpu(), time.thread_time()
-        start = time.perf_counter()     # the CPU readings stay out of the wall time
+        start = time.perf_counter()  # the CPU readings stay out of the wall time
         if delayed:
             time.sleep(delay_s)
         if wa is not None:
-            result = wa.allreduce(buf, t)     # buf is lent; the model moves to value
+            result = wa.allreduce(buf, t)  # buf is lent; the model moves to value
             steps.fresh[i] = result.fresh
             if not result.fresh:
                 combine_stale(result.value, buf, group_size)
             buf = result.value
         elif implementation == "group_blocking":
-            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg",
-                            check=False)
+            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg", check=False)
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / comm.size
@@ -158,8 +154,8 @@ def combine_stale(mean, contribution, group_size, chunk=1 << 16):
     """
     scaled = np.empty(min(chunk, mean.size), dtype=mean.dtype)
     for lo in range(0, mean.size, chunk):
-        out, part = mean[lo:lo + chunk], scaled[:min(chunk, mean.size - lo)]
-        np.multiply(contribution[lo:lo + chunk], 1.0 / (group_size + 1), out=part)
+        out, part = mean[lo : lo + chunk], scaled[: min(chunk, mean.size - lo)]
+        np.multiply(contribution[lo : lo + chunk], 1.0 / (group_size + 1), out=part)
         out *= group_size / (group_size + 1)
         out += part
 
@@ -182,51 +178,69 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench wagma",
         description="Time per iteration of the wait-avoiding group allreduce, the "
-                    "blocking group allreduce and MPI_Allreduce under injected delays.")
+        "blocking group allreduce and MPI_Allreduce under injected delays.",
+    )
     parser.add_argument("--size-mib", type=float, default=16.0)
-    parser.add_argument("--group-size", type=int, default=None,
-                        help="S (default 2**ceil(log2(P)/2), the paper's ~sqrt(P))")
-    parser.add_argument("--iterations", type=int, default=180,
-                        help="steps per implementation and scenario")
-    parser.add_argument("--rounds", type=int, default=6,
-                        help="the steps are run in this many rounds, the implementations "
-                             "taking turns within each (so drift in the machine's load "
-                             "reaches all of them alike)")
-    parser.add_argument("--warmup", type=int, default=10,
-                        help="first steps of each round left out of the statistics (the "
-                             "wait-avoiding collective is opened anew each round: its "
-                             "first steps allocate buffers and start a thread)")
+    parser.add_argument(
+        "--group-size", type=int, default=None, help="S (default 2**ceil(log2(P)/2), the paper's ~sqrt(P))"
+    )
+    parser.add_argument("--iterations", type=int, default=180, help="steps per implementation and scenario")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="the steps are run in this many rounds, the implementations "
+        "taking turns within each (so drift in the machine's load "
+        "reaches all of them alike)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=10,
+        help="first steps of each round left out of the statistics (the "
+        "wait-avoiding collective is opened anew each round: its "
+        "first steps allocate buffers and start a thread)",
+    )
     parser.add_argument("--delay-ms", type=float, default=50.0)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="comma-separated, from: " + ", ".join(SCENARIOS))
-    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS),
-                        help="comma-separated, from: " + ", ".join(IMPLEMENTATIONS)
-                             + " (a pair alone: no third one's after-effects in the "
-                               "rounds of the two compared)")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS)
+    )
+    parser.add_argument(
+        "--implementations",
+        default=",".join(IMPLEMENTATIONS),
+        help="comma-separated, from: "
+        + ", ".join(IMPLEMENTATIONS)
+        + " (a pair alone: no third one's after-effects in the "
+        "rounds of the two compared)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--waits", choices=WAITS, default="auto",
-                        help="how the two group allreduces wait for transfers: spin "
-                             "(MPI_Waitall), yield (test with a back-off), auto (yield "
-                             "when the node has more ranks than cores)")
-    parser.add_argument("--out", default=None,
-                        help="HDF5 file (default results/wagma_n{ranks}.h5)")
+    parser.add_argument(
+        "--waits",
+        choices=WAITS,
+        default="auto",
+        help="how the two group allreduces wait for transfers: spin "
+        "(MPI_Waitall), yield (test with a back-off), auto (yield "
+        "when the node has more ranks than cores)",
+    )
+    parser.add_argument("--out", default=None, help="HDF5 file (default results/wagma_n{ranks}.h5)")
     args = parser.parse_args(argv)
     scenarios = args.scenarios.split(",")
     if any(s not in SCENARIOS for s in scenarios):
         parser.error(f"--scenarios must be from {', '.join(SCENARIOS)}, got {args.scenarios}")
     chosen = tuple(args.implementations.split(","))
     if any(i not in IMPLEMENTATIONS for i in chosen) or len(set(chosen)) != len(chosen):
-        parser.error(f"--implementations must be distinct names from "
-                     f"{', '.join(IMPLEMENTATIONS)}, got {args.implementations}")
+        parser.error(
+            f"--implementations must be distinct names from {', '.join(IMPLEMENTATIONS)}, got {args.implementations}"
+        )
     if not 1 <= args.rounds <= args.iterations:
-        parser.error(f"--rounds must be in 1..--iterations ({args.iterations}), "
-                     f"got {args.rounds}")
+        parser.error(f"--rounds must be in 1..--iterations ({args.iterations}), got {args.rounds}")
     bounds = round_bounds(args.iterations, args.rounds)
     shortest = min(end - first for first, end in bounds)
     if not 0 <= args.warmup < shortest:
-        parser.error(f"--warmup must be in 0..{shortest - 1} (the shortest round has "
-                     f"{shortest} steps), got {args.warmup}")
+        parser.error(
+            f"--warmup must be in 0..{shortest - 1} (the shortest round has {shortest} steps), got {args.warmup}"
+        )
     if args.delay_ms < 0 or args.size_mib <= 0:
         parser.error("--delay-ms >= 0 and --size-mib > 0 needed")
     waits = resolve_waits(args.waits, MPI.COMM_WORLD)
@@ -240,14 +254,17 @@ def main(argv=None):
             measured = {i: Steps.empty(args.iterations) for i in chosen}
             for r, (first, end) in enumerate(bounds):
                 for implementation in round_order(r, chosen):
-                    measured[implementation].store(first, end, _run(
-                        implementation, comm, buf, group_size, delays[first:end],
-                        args.delay_ms / 1e3, waits, first))
+                    measured[implementation].store(
+                        first,
+                        end,
+                        _run(
+                            implementation, comm, buf, group_size, delays[first:end], args.delay_ms / 1e3, waits, first
+                        ),
+                    )
             steps[scenario] = delays, {i: measured[i].gather(comm.data) for i in chosen}
         idle = comm.data.gather(idle_progress_cpu(comm, buf, group_size, args.idle_seconds))
         if comm.rank == 0:
-            _report(comm.size, group_size, args, attrs, chosen, steps, idle, waits,
-                    bounds)
+            _report(comm.size, group_size, args, attrs, chosen, steps, idle, waits, bounds)
 
 
 def _fast_ms(seconds, delays, kept):
@@ -268,8 +285,7 @@ def round_fast_ms(seconds, delays, bounds, warmup):
     how far its overall ratio can be trusted.
     """
     steps = np.arange(seconds.shape[1])
-    return np.array([_fast_ms(seconds, delays, (steps >= first + warmup) & (steps < end))
-                     for first, end in bounds])
+    return np.array([_fast_ms(seconds, delays, (steps >= first + warmup) & (steps < end)) for first, end in bounds])
 
 
 def ratio_spread(numerator, denominator):
@@ -294,58 +310,81 @@ def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
     kept = kept_steps(bounds, args.warmup)
     ratios = [(label, a, b) for label, a, b in RATIOS if a in chosen and b in chosen]
     with_wa = "wait_avoiding" in chosen
-    print(f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
-          f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
-          f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
-          f"{args.delay_ms:g} ms, group allreduces' "
-          f"waits {waits}; {attrs['mpi_library']}")
-    print(f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
-          f"steps, first {args.warmup} steps of each round left out); "
-          f"'-': every rank delayed")
-    print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in chosen)
-          + "".join(f"  {label:>11}" for label, _, _ in ratios)
-          + ("  WA fresh" if with_wa else ""))
+    print(
+        f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
+        f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
+        f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
+        f"{args.delay_ms:g} ms, group allreduces' "
+        f"waits {waits}; {attrs['mpi_library']}"
+    )
+    print(
+        f"ms per iteration on the ranks not delayed in that step (mean over ranks and "
+        f"steps, first {args.warmup} steps of each round left out); "
+        f"'-': every rank delayed"
+    )
+    print(
+        f"{'scenario':>10} "
+        + " ".join(f"{i:>18}" for i in chosen)
+        + "".join(f"  {label:>11}" for label, _, _ in ratios)
+        + ("  WA fresh" if with_wa else "")
+    )
     for scenario, (delays, measured) in steps.items():
         ms = {i: _fast_ms(measured[i].seconds, delays, kept) for i in chosen}
-        line = (f"{scenario:>10} " + " ".join(f"{ms[i]:18.2f}" for i in chosen)
-                + "".join(f"  {ms[a] / ms[b]:11.2f}" for _, a, b in ratios))
+        line = (
+            f"{scenario:>10} "
+            + " ".join(f"{ms[i]:18.2f}" for i in chosen)
+            + "".join(f"  {ms[a] / ms[b]:11.2f}" for _, a, b in ratios)
+        )
         if with_wa:
             line += f"  {measured['wait_avoiding'].fresh[:, kept].mean():8.0%}"
         print(line.replace("nan", "  -"))
-    per_round = {scenario: {i: round_fast_ms(measured[i].seconds, delays, bounds,
-                                             args.warmup) for i in chosen}
-                 for scenario, (delays, measured) in steps.items()}
+    per_round = {
+        scenario: {i: round_fast_ms(measured[i].seconds, delays, bounds, args.warmup) for i in chosen}
+        for scenario, (delays, measured) in steps.items()
+    }
     if ratios:
-        print(f"the same ratios round by round (median [min, max] over the {args.rounds} "
-              f"rounds; each round runs the implementations back to back):")
+        print(
+            f"the same ratios round by round (median [min, max] over the {args.rounds} "
+            f"rounds; each round runs the implementations back to back):"
+        )
         for scenario, rounds in per_round.items():
-            print(f"{scenario:>10}" + "".join(
-                f"   {label} {_spread(ratio_spread(rounds[a], rounds[b]))}"
-                for label, a, b in ratios))
-    print("CPU ms per rank and step, whole process / main thread (mean over all ranks "
-          "and the kept steps; the difference is the progress thread's)")
+            print(
+                f"{scenario:>10}"
+                + "".join(f"   {label} {_spread(ratio_spread(rounds[a], rounds[b]))}" for label, a, b in ratios)
+            )
+    print(
+        "CPU ms per rank and step, whole process / main thread (mean over all ranks "
+        "and the kept steps; the difference is the progress thread's)"
+    )
     print(f"{'scenario':>10} " + " ".join(f"{i:>18}" for i in chosen))
     for scenario, (_, measured) in steps.items():
-        print(f"{scenario:>10} " + " ".join(
-            f"{measured[i].process_cpu[:, kept].mean() * 1e3:10.2f} /"
-            f"{measured[i].main_cpu[:, kept].mean() * 1e3:6.2f}"
-            for i in chosen))
-    print(f"idle progress thread: {max(idle) * 100:.2f}% of a core "
-          f"(largest over ranks, {args.idle_seconds:g} s idle)")
+        print(
+            f"{scenario:>10} "
+            + " ".join(
+                f"{measured[i].process_cpu[:, kept].mean() * 1e3:10.2f} /"
+                f"{measured[i].main_cpu[:, kept].mean() * 1e3:6.2f}"
+                for i in chosen
+            )
+        )
+    print(f"idle progress thread: {max(idle) * 100:.2f}% of a core (largest over ranks, {args.idle_seconds:g} s idle)")
     with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
-        f.attrs.update(size_bytes=int(args.size_mib * MIB), group_size=group_size,
-                       iterations=args.iterations, rounds=args.rounds,
-                       warmup_per_round=args.warmup,
-                       delay_ms=args.delay_ms,
-                       seed=args.seed, sync_steps="none", dtype="float32",
-                       waits=waits)
+        f.attrs.update(
+            size_bytes=int(args.size_mib * MIB),
+            group_size=group_size,
+            iterations=args.iterations,
+            rounds=args.rounds,
+            warmup_per_round=args.warmup,
+            delay_ms=args.delay_ms,
+            seed=args.seed,
+            sync_steps="none",
+            dtype="float32",
+            waits=waits,
+        )
         f["idle_progress_cpu_fraction"] = np.array(idle)
         f["kept_steps"] = kept
         f["kept_steps"].attrs["axes"] = "step (in the statistics: not a round's warm-up)"
-        f["round_order"] = np.array([[chosen.index(i) for i in round_order(r, chosen)]
-                                     for r in range(args.rounds)])
-        f["round_order"].attrs["axes"] = ("round, turn (index into the implementations "
-                                          "attribute)")
+        f["round_order"] = np.array([[chosen.index(i) for i in round_order(r, chosen)] for r in range(args.rounds)])
+        f["round_order"].attrs["axes"] = "round, turn (index into the implementations attribute)"
         f.attrs["implementations"] = ",".join(chosen)
         for scenario, (delays, measured) in steps.items():
             g = f.create_group(scenario)
@@ -358,13 +397,9 @@ def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
                 m = measured[implementation]
                 g[implementation] = m.seconds
                 g[implementation].attrs["axes"] = "rank, step (seconds: delay + collective)"
-                g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(
-                    m.seconds, delays, kept)
-                g[implementation].attrs["fast_rank_ms_per_round"] = per_round[
-                    scenario][implementation]
-                for name, cpu in (("process_cpu", m.process_cpu),
-                                  ("main_thread_cpu", m.main_cpu)):
+                g[implementation].attrs["fast_rank_ms_per_iteration"] = _fast_ms(m.seconds, delays, kept)
+                g[implementation].attrs["fast_rank_ms_per_round"] = per_round[scenario][implementation]
+                for name, cpu in (("process_cpu", m.process_cpu), ("main_thread_cpu", m.main_cpu)):
                     g[f"{implementation}_{name}"] = cpu
                     g[f"{implementation}_{name}"].attrs["axes"] = "rank, step (CPU seconds)"
-                    g[f"{implementation}_{name}"].attrs["ms_per_step"] = float(
-                        cpu[:, kept].mean() * 1e3)
+                    g[f"{implementation}_{name}"].attrs["ms_per_step"] = float(cpu[:, kept].mean() * 1e3)

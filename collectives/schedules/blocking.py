@@ -2,7 +2,6 @@
 
 from ..agreement import check_arguments
 from ..buffers import describe
-from .partition import block_offsets
 from .halving_doubling import (
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
@@ -10,6 +9,7 @@ from .halving_doubling import (
     rhd_allreduce,
 )
 from .library import library_allreduce, library_allreduce_in_place, library_dtype_problem
+from .partition import block_offsets
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
 __all__ = [
@@ -97,13 +97,16 @@ def reduction_problem(info, algorithm, algorithms, op):
     ``info`` comes from :func:`~collectives.buffers.describe`; ``algorithm``
     must be a key of ``algorithms`` and ``op`` one of :data:`OPS`.
     """
-    return (info.problem
-            or choice_problem("algorithm", algorithm, tuple(algorithms))
-            or choice_problem("op", op, OPS)
-            or (algorithm == "mpi" and library_dtype_problem(info.dtype))
-            or (op == "avg" and info.dtype.startswith("int")
-                and f"op 'avg' needs a floating-point buffer, got {info.dtype}")
-            or None)
+    return (
+        info.problem
+        or choice_problem("algorithm", algorithm, tuple(algorithms))
+        or choice_problem("op", op, OPS)
+        or (algorithm == "mpi" and library_dtype_problem(info.dtype))
+        or (
+            op == "avg" and info.dtype.startswith("int") and f"op 'avg' needs a floating-point buffer, got {info.dtype}"
+        )
+        or None
+    )
 
 
 def _prepare(collective, data, comm, algorithm, algorithms, op, check):
@@ -113,12 +116,13 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     """
     info = describe(data)
     if algorithm == "auto" and collective == "allreduce":
-        tuning = comm.tuning        # collective the first time: before any rank can stop on a problem
+        tuning = comm.tuning  # collective the first time: before any rank can stop on a problem
         if not info.problem:
             algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype)
     problem = reduction_problem(info, algorithm, algorithms, op)
-    check_arguments(comm, collective, problem, info.error, check, numel=info.numel,
-                    dtype=info.dtype, algorithm=algorithm, op=op)
+    check_arguments(
+        comm, collective, problem, info.error, check, numel=info.numel, dtype=info.dtype, algorithm=algorithm, op=op
+    )
     return algorithms[algorithm], info.numel
 
 
@@ -159,8 +163,7 @@ def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
         ValueError, TypeError: on every rank, before any data moves, when
             any rank's arguments are bad or they differ across ranks.
     """
-    schedule, _ = _prepare("allreduce", data, comm, algorithm,
-                        ALLREDUCE_CHOICES, op, check)
+    schedule, _ = _prepare("allreduce", data, comm, algorithm, ALLREDUCE_CHOICES, op, check)
     if schedule is library_allreduce and library_allreduce_in_place(data, comm, _scale(op, comm)):
         return data
     _run(schedule, data, comm, _scale(op, comm))
@@ -182,8 +185,7 @@ def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
     Returns:
         ``(lo, hi)``: the element range of this rank's block.
     """
-    schedule, numel = _prepare("reduce_scatter", data, comm, algorithm,
-                        REDUCE_SCATTER_ALGORITHMS, op, check)
+    schedule, numel = _prepare("reduce_scatter", data, comm, algorithm, REDUCE_SCATTER_ALGORITHMS, op, check)
     _run(schedule, data, comm, _scale(op, comm))
     off = block_offsets(numel, comm.size)
     return off[comm.rank], off[comm.rank + 1]
@@ -203,8 +205,7 @@ def allgather(data, *, comm, algorithm="ring", check=True):
     Returns:
         ``data``.
     """
-    schedule, _ = _prepare("allgather", data, comm, algorithm,
-                        ALLGATHER_ALGORITHMS, "sum", check)
+    schedule, _ = _prepare("allgather", data, comm, algorithm, ALLGATHER_ALGORITHMS, "sum", check)
     _run(schedule, data, comm)
     return data
 
@@ -218,10 +219,11 @@ def broadcast(data, *, comm, root=0, check=True):
     """
     info = describe(data)
     problem = info.problem or (
-        None if isinstance(root, int) and 0 <= root < comm.size
-        else f"root must be a rank in range({comm.size}), got {root!r}")
-    check_arguments(comm, "broadcast", problem, info.error, check, numel=info.numel,
-                    dtype=info.dtype, root=root)
+        None
+        if isinstance(root, int) and 0 <= root < comm.size
+        else f"root must be a rank in range({comm.size}), got {root!r}"
+    )
+    check_arguments(comm, "broadcast", problem, info.error, check, numel=info.numel, dtype=info.dtype, root=root)
     with comm.open_buffer(data) as buf:
         comm.data.Bcast(buf.msg(0, buf.numel), root)
     return data

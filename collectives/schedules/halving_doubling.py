@@ -96,8 +96,13 @@ def _halving(buf, comm, fold, voff):
         lo, hi = voff[vlo], voff[vhi]
         if scratch is None:
             scratch = buf.scratch(hi - lo)
-        comm.exchange(buf.msg(voff[slo], voff[shi]), fold.real(v ^ mask),
-                      scratch.msg(0, hi - lo), fold.real(v ^ mask), _TAG_HALVING)
+        comm.exchange(
+            buf.msg(voff[slo], voff[shi]),
+            fold.real(v ^ mask),
+            scratch.msg(0, hi - lo),
+            fold.real(v ^ mask),
+            _TAG_HALVING,
+        )
         buf.add_(lo, hi, scratch)
         mask >>= 1
     return voff[v], voff[v + 1]
@@ -114,9 +119,13 @@ def _doubling(buf, comm, fold, voff):
     while mask < fold.p2:
         base = v & ~(mask - 1)
         peer = base ^ mask
-        comm.exchange(buf.msg(voff[base], voff[base + mask]), fold.real(v ^ mask),
-                      buf.msg(voff[peer], voff[peer + mask]), fold.real(v ^ mask),
-                      _TAG_DOUBLING)
+        comm.exchange(
+            buf.msg(voff[base], voff[base + mask]),
+            fold.real(v ^ mask),
+            buf.msg(voff[peer], voff[peer + mask]),
+            fold.real(v ^ mask),
+            _TAG_DOUBLING,
+        )
         mask <<= 1
 
 
@@ -195,8 +204,7 @@ def recursive_doubling_allreduce(buf, comm, scale=None):
         mask = 1
         while mask < fold.p2:
             peer = fold.real(fold.vrank ^ mask)
-            comm.exchange(buf.msg(0, buf.numel), peer,
-                          scratch.msg(0, buf.numel), peer, _TAG_DOUBLING)
+            comm.exchange(buf.msg(0, buf.numel), peer, scratch.msg(0, buf.numel), peer, _TAG_DOUBLING)
             buf.add_(0, buf.numel, scratch)
             mask <<= 1
         if scale is not None:

@@ -22,8 +22,10 @@ def library_dtype_problem(dtype: str):
     """None if the library can sum ``dtype``, else a sentence saying it cannot."""
     if dtype in LIBRARY_DTYPES:
         return None
-    return (f"algorithm 'mpi' (the library's MPI_Allreduce) needs a dtype MPI can sum, one of "
-            f"{', '.join(LIBRARY_DTYPES)}; got {dtype}")
+    return (
+        f"algorithm 'mpi' (the library's MPI_Allreduce) needs a dtype MPI can sum, one of "
+        f"{', '.join(LIBRARY_DTYPES)}; got {dtype}"
+    )
 
 
 def library_allreduce(buf, comm, scale=None):

@@ -29,8 +29,7 @@ def ring_reduce_scatter(buf, comm, scale=None):
         for s in range(p - 1):
             out, into = (r - s - 1) % p, (r - s - 2) % p
             lo, hi = off[into], off[into + 1]
-            comm.exchange(buf.msg(off[out], off[out + 1]), right,
-                          scratch.msg(0, hi - lo), left, _TAG_REDUCE_SCATTER)
+            comm.exchange(buf.msg(off[out], off[out + 1]), right, scratch.msg(0, hi - lo), left, _TAG_REDUCE_SCATTER)
             buf.add_(lo, hi, scratch)
     if scale is not None:
         buf.scale_(off[r], off[r + 1], scale)
@@ -47,8 +46,7 @@ def ring_allgather(buf, comm):
     right, left = (r + 1) % p, (r - 1) % p
     for s in range(p - 1):
         out, into = (r - s) % p, (r - s - 1) % p
-        comm.exchange(buf.msg(off[out], off[out + 1]), right,
-                      buf.msg(off[into], off[into + 1]), left, _TAG_ALLGATHER)
+        comm.exchange(buf.msg(off[out], off[out + 1]), right, buf.msg(off[into], off[into + 1]), left, _TAG_ALLGATHER)
 
 
 def ring_allreduce(buf, comm, scale=None):

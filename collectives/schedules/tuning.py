@@ -34,13 +34,19 @@ from mpi4py import MPI
 
 from ..mpi_library import mpi_library
 
-__all__ = ["DEFAULT_TUNING_DIR", "TUNING_ENV", "TuningTable", "load_tuning", "node_shape", "table_name",
-           "tuning_setting"]
+__all__ = [
+    "DEFAULT_TUNING_DIR",
+    "TUNING_ENV",
+    "TuningTable",
+    "load_tuning",
+    "node_shape",
+    "table_name",
+    "tuning_setting",
+]
 
 TUNING_ENV = "COLLECTIVES_TUNING"
 #: The repository's tables (next to the package, as an editable install has it).
-DEFAULT_TUNING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                  "results", "tuning")
+DEFAULT_TUNING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tuning")
 
 
 def node_shape(comm) -> tuple:
@@ -85,16 +91,20 @@ class TuningTable:
         self.setting = {key: record[key] for key in ("library", "version", "ranks", "nodes", "ranks_per_node")}
         self.source = source
         self._chosen = {}
-        if not self.sizes or self.sizes != sorted(self.sizes) or \
-                any(len(times) != len(self.sizes) for times in self.seconds.values()):
-            raise ValueError(f"tuning table {source or record}: sizes must ascend and every algorithm "
-                             f"must have one time per size")
+        if (
+            not self.sizes
+            or self.sizes != sorted(self.sizes)
+            or any(len(times) != len(self.sizes) for times in self.seconds.values())
+        ):
+            raise ValueError(
+                f"tuning table {source or record}: sizes must ascend and every algorithm must have one time per size"
+            )
 
     def fastest(self, nbytes: int, allowed: tuple) -> str:
         """The fastest of ``allowed`` (a tuple of names) at the measured size nearest ``nbytes``
         (log scale), or None if the table measured none of them."""
         key = (nbytes, allowed)
-        if key not in self._chosen:         # called for every auto allreduce: decide each size once
+        if key not in self._chosen:  # called for every auto allreduce: decide each size once
             candidates = [name for name in self.seconds if name in allowed]
             target = math.log2(max(nbytes, 1))
             index = min(range(len(self.sizes)), key=lambda i: abs(math.log2(self.sizes[i]) - target))
@@ -124,8 +134,12 @@ def _find(location, setting):
         return None
     table = _read(path)
     if table.setting != setting:
-        warnings.warn(f"tuning table {path} ignored: measured for {table.setting}, this is {setting}; "
-                      f"allreduce(algorithm='auto') uses the fixed thresholds", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tuning table {path} ignored: measured for {table.setting}, this is {setting}; "
+            f"allreduce(algorithm='auto') uses the fixed thresholds",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return table
 

@@ -1,7 +1,7 @@
 """StragglAR (Devraj et al.): straggler-aware allreduce schedules, their verifier and cost model."""
 
-from .generator import generate, lower_bound
 from .cost import broadcast_time, rhd_time, ring_time, stragglar_time
+from .generator import generate, lower_bound
 from .schedule import Schedule, Transfer
 from .verify import ScheduleError, verify
 

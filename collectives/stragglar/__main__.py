@@ -25,12 +25,10 @@ def schedule_text(schedule) -> str:
     grid = schedule_grid(schedule)
     reduce = {(r, t.dst) for r, ts in enumerate(schedule.rounds) for t in ts if t.reduce}
     width = max(4, len(f"c{schedule.num_chunks - 1}+") + 1)
-    head = "round " + "".join(f"{k}{'*' if k == schedule.straggler else ''}".rjust(width)
-                              for k in range(schedule.n))
+    head = "round " + "".join(f"{k}{'*' if k == schedule.straggler else ''}".rjust(width) for k in range(schedule.n))
     lines = [head]
     for r, row in enumerate(grid):
-        cells = ["." if c < 0 else f"c{c}{'+' if (r, k) in reduce else ''}"
-                 for k, c in enumerate(row)]
+        cells = ["." if c < 0 else f"c{c}{'+' if (r, k) in reduce else ''}" for k, c in enumerate(row)]
         lines.append(f"{r:5d} " + "".join(cell.rjust(width) for cell in cells))
     return "\n".join(lines)
 
@@ -41,8 +39,10 @@ def _schedule(args):
         print(schedule.to_json())
     else:
         print(f"{schedule!r}; lower bound {lower_bound(args.n)} rounds; verified")
-        print("cell: chunk received in that round (+: reduced with the straggler's "
-              "exchange, .: nothing); * marks the straggler")
+        print(
+            "cell: chunk received in that round (+: reduced with the straggler's "
+            "exchange, .: nothing); * marks the straggler"
+        )
         print(schedule_text(schedule))
     if args.plot:
         plot_schedule(schedule, args.plot)
@@ -55,12 +55,18 @@ def cost_table(ns, size, alpha, beta):
     rows = []
     for n in ns:
         rounds = len(verify(generate(n)).rounds)
-        rows.append((n, rounds, {
-            "Ring": ring_time(n, size, alpha, beta),
-            "RHD": rhd_time(n, size, alpha, beta),
-            "Broadcast": broadcast_time(n, size, alpha, beta),
-            "StragglAR": stragglar_time(n, size, alpha, beta, rounds),
-        }))
+        rows.append(
+            (
+                n,
+                rounds,
+                {
+                    "Ring": ring_time(n, size, alpha, beta),
+                    "RHD": rhd_time(n, size, alpha, beta),
+                    "Broadcast": broadcast_time(n, size, alpha, beta),
+                    "StragglAR": stragglar_time(n, size, alpha, beta, rounds),
+                },
+            )
+        )
     return rows
 
 
@@ -69,20 +75,25 @@ def _cost(args):
     size, alpha = args.size_gib * GIB, args.alpha_us * 1e-6
     beta = 1.0 / (args.bandwidth_gibs * GIB)
     rows = cost_table(ns, size, alpha, beta)
-    print(f"alpha-beta model: s = {args.size_gib:g} GiB, alpha = {args.alpha_us:g} us, "
-          f"beta = 1/({args.bandwidth_gibs:g} GiB/s); times in ms")
-    print(f"{'n':>5} {'rounds':>6} {'Ring':>8} {'RHD':>8} {'Bcast':>8} {'StragglAR':>9} "
-          f"{'vs Ring':>8} {'vs RHD':>7}")
+    print(
+        f"alpha-beta model: s = {args.size_gib:g} GiB, alpha = {args.alpha_us:g} us, "
+        f"beta = 1/({args.bandwidth_gibs:g} GiB/s); times in ms"
+    )
+    print(f"{'n':>5} {'rounds':>6} {'Ring':>8} {'RHD':>8} {'Bcast':>8} {'StragglAR':>9} {'vs Ring':>8} {'vs RHD':>7}")
     for n, rounds, t in rows:
-        print(f"{n:5d} {rounds:6d} {t['Ring'] * 1e3:8.3f} {t['RHD'] * 1e3:8.3f} "
-              f"{t['Broadcast'] * 1e3:8.3f} {t['StragglAR'] * 1e3:9.3f} "
-              f"{t['Ring'] / t['StragglAR']:7.2f}x {t['RHD'] / t['StragglAR']:6.2f}x")
+        print(
+            f"{n:5d} {rounds:6d} {t['Ring'] * 1e3:8.3f} {t['RHD'] * 1e3:8.3f} "
+            f"{t['Broadcast'] * 1e3:8.3f} {t['StragglAR'] * 1e3:9.3f} "
+            f"{t['Ring'] / t['StragglAR']:7.2f}x {t['RHD'] / t['StragglAR']:6.2f}x"
+        )
     if args.plot:
-        speedups = {name: [t[name] / t["StragglAR"] for _, _, t in rows]
-                    for name in ("Ring", "RHD", "Broadcast")}
-        plot_speedup(ns, speedups, args.plot,
-                     f"s = {args.size_gib:g} GiB, alpha = {args.alpha_us:g} us, "
-                     f"1/beta = {args.bandwidth_gibs:g} GiB/s")
+        speedups = {name: [t[name] / t["StragglAR"] for _, _, t in rows] for name in ("Ring", "RHD", "Broadcast")}
+        plot_speedup(
+            ns,
+            speedups,
+            args.plot,
+            f"s = {args.size_gib:g} GiB, alpha = {args.alpha_us:g} us, 1/beta = {args.bandwidth_gibs:g} GiB/s",
+        )
         print(f"wrote {args.plot}")
 
 
@@ -104,21 +115,23 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m collectives.stragglar",
         description="StragglAR schedules (generated and verified) and the alpha-beta cost model; "
-                    "COMMAND --help lists each command's options.")
+        "COMMAND --help lists each command's options.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sched = sub.add_parser("schedule", help="generate, verify and show a schedule")
     sched.add_argument("-n", type=int, required=True, help="number of ranks")
-    sched.add_argument("--straggler", type=int, default=None,
-                       help="the straggler's rank (default n - 1)")
+    sched.add_argument("--straggler", type=int, default=None, help="the straggler's rank (default n - 1)")
     sched.add_argument("--json", action="store_true", help="print the schedule as JSON")
     sched.add_argument("--plot", default=None, help="write a rounds-by-ranks PNG here")
     cost = sub.add_parser("cost", help="alpha-beta times and StragglAR's speedups")
-    cost.add_argument("--n", default="4,8,16,32,64,128,256",
-                      help="comma-separated rank counts, or 'even' for 4, 6, ..., 256")
+    cost.add_argument(
+        "--n", default="4,8,16,32,64,128,256", help="comma-separated rank counts, or 'even' for 4, 6, ..., 256"
+    )
     cost.add_argument("--size-gib", type=float, default=1.0)
     cost.add_argument("--alpha-us", type=float, default=3.0)
-    cost.add_argument("--bandwidth-gibs", type=float, default=450.0,
-                      help="1/beta in GiB/s (the paper: H100 NVLink, 450)")
+    cost.add_argument(
+        "--bandwidth-gibs", type=float, default=450.0, help="1/beta in GiB/s (the paper: H100 NVLink, 450)"
+    )
     cost.add_argument("--plot", default=None, help="write the speedup figure here")
     table = sub.add_parser("rounds", help="round counts for every even n, markdown")
     table.add_argument("--max-n", type=int, default=256)

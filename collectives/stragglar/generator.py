@@ -65,7 +65,7 @@ def plan(n: int) -> tuple[list, str]:
         return _algorithm1(n), "Algorithm 1"
     m, span = n - 1, (n - 1).bit_length()
     template = _template(m, span) if span + 1 < m else None
-    if template is None:    # n = 3, 5: too few ranks for a template
+    if template is None:  # n = 3, 5: too few ranks for a template
         lacking = [set(range(m)) - {g} for g in range(m)]
         return _finish(lacking, 0, lower_bound(n) - 1, m), "flow planner"
     steady, lacking = _steady_rounds(m, *template)
@@ -80,6 +80,7 @@ def _relabel(rounds, n, straggler):
 
 
 # --- Powers of two: Algorithm 1 ---------------------------------------------
+
 
 def _algorithm1(n):
     """Algorithm 1 of the paper, for n = 2**k, in n + k - 2 rounds.
@@ -230,9 +231,8 @@ def _try_profile(m, a_max, e_depth, counts, threes_inside):
     """Try the b values of one profile; return ``(d, cells, a_max)`` or None."""
     if threes_inside and (e_depth < 3 or counts.get(3, 0) < threes_inside):
         return None
-    leaders = [a_max] + sorted((h for h, c in counts.items() if h >= 3 for _ in range(c)),
-                               reverse=True)
-    del leaders[len(leaders) - threes_inside:]
+    leaders = [a_max] + sorted((h for h, c in counts.items() if h >= 3 for _ in range(c)), reverse=True)
+    del leaders[len(leaders) - threes_inside :]
     best = _max_gaps(leaders, e_depth)
     if best is None:
         return None
@@ -262,10 +262,11 @@ def _max_gaps(leaders, e_depth):
     for first in range(1, caps[0] + 1):
         layer = {first: (first, [first])}
         for h, cap in zip(leaders[1:], caps[1:]):
-            layer = {j: max((s + j, gaps + [j]) for prev, (s, gaps) in layer.items()
-                            if prev + j <= h)
-                     for j in range(1, cap + 1)
-                     if any(prev + j <= h for prev in layer)}
+            layer = {
+                j: max((s + j, gaps + [j]) for prev, (s, gaps) in layer.items() if prev + j <= h)
+                for j in range(1, cap + 1)
+                if any(prev + j <= h for prev in layer)
+            }
         for last, (s, gaps) in layer.items():
             if last + first <= leaders[0] and (best is None or s > sum(best)):
                 best = gaps
@@ -346,8 +347,7 @@ def _select_cells(d, a_max, e_depth):
             open_slots.setdefault(tuple(cells), []).append(y)
     if any(quota[e] for e in range(e_depth, a_max)):
         return None
-    first = _split_pairs({pair: len(ys) for pair, ys in open_slots.items()},
-                         {e: quota[e] for e in range(e_depth)})
+    first = _split_pairs({pair: len(ys) for pair, ys in open_slots.items()}, {e: quota[e] for e in range(e_depth)})
     if first is None:
         return None
     for pair, ys in open_slots.items():
@@ -414,9 +414,15 @@ def _steady_rounds(m, d, cells, a_max):
     pairs = {a: list(zip(senders[a], receivers[a], strict=True)) for a in senders}
     rounds = []
     for t in range(m):
-        rounds.append([(t, m, t, True), (m, t, t, True)] + [
-            ((c + xs) % m, (c + xr) % m, c, False)
-            for a in range(1, min(t, a_max) + 1) for c in [t - a] for xs, xr in pairs[a]])
+        rounds.append(
+            [(t, m, t, True), (m, t, t, True)]
+            + [
+                ((c + xs) % m, (c + xr) % m, c, False)
+                for a in range(1, min(t, a_max) + 1)
+                for c in [t - a]
+                for xs, xr in pairs[a]
+            ]
+        )
     missing = [set() for _ in range(m)]
     for c in range(max(0, m - a_max), m):
         for x in range(1, m):
@@ -426,6 +432,7 @@ def _steady_rounds(m, d, cells, a_max):
 
 
 # --- The flow planner (endgame, tiny n) -------------------------------------
+
 
 def _finish(lacking, start, last, m):
     """Rounds from ``start`` on that leave every chunk on every rank.
@@ -451,8 +458,7 @@ def _plan_rounds(lacking, start, last, m, rnd):
     holders).
     """
     missing = [set(chunks) for chunks in lacking]
-    holders = {c: {g for g in range(m) if c not in missing[g]} | {m}
-               for c in set().union(*missing) if c < start}
+    holders = {c: {g for g in range(m) if c not in missing[g]} | {m} for c in set().union(*missing) if c < start}
     rounds = []
     for t in range(start, last + 1):
         copies = _round_copies(t, last, m, holders, missing, rnd)
@@ -487,8 +493,7 @@ def _round_copies(t, last, m, holders, missing, rnd):
     left = last - t + 1
     busy = t if t < m else None
     send = {c: [g for g in h if g != busy and (g < m or t >= m)] for c, h in holders.items()}
-    need = {c: max(0, -(-(m + 1 - 2 ** (left - 1) * len(h)) // 2 ** (left - 1)))
-            for c, h in holders.items()}
+    need = {c: max(0, -(-(m + 1 - 2 ** (left - 1) * len(h)) // 2 ** (left - 1))) for c, h in holders.items()}
     options = {g: [c for c in holders if c in missing[g]] for g in range(m) if g != busy}
     for lists in (options, send):
         for values in lists.values():
@@ -518,7 +523,7 @@ def _place_minimums(match, options, rnd):
         srcs = sorted((g for g in match.send[c] if g not in match.receiver), key=load.__getitem__)
         dsts = [g for g, opts in options.items() if c in opts and g not in match.chunk]
         rnd.shuffle(dsts)
-        for u, v in list(zip(srcs, dsts))[:match.need[c]]:
+        for u, v in list(zip(srcs, dsts))[: match.need[c]]:
             match.assign(u, v, c)
 
 
@@ -533,9 +538,9 @@ class _Match:
     def __init__(self, need, send):
         self.need, self.send = need, send
         self.cursor = dict.fromkeys(send, 0)
-        self.chunk = {}      # receiver -> chunk
-        self.sender = {}     # receiver -> sender
-        self.receiver = {}   # sender -> receiver
+        self.chunk = {}  # receiver -> chunk
+        self.sender = {}  # receiver -> sender
+        self.receiver = {}  # sender -> receiver
         self.flow = dict.fromkeys(need, 0)
 
     def assign(self, u, v, c):

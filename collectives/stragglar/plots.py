@@ -9,8 +9,10 @@ def _pyplot():
     """matplotlib.pyplot on the file-only Agg backend, imported on first use
     (it is slow to import and only the plotting commands need it)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -36,22 +38,20 @@ def plot_schedule(schedule, path: str):
     rounds, n = grid.shape
     fig, ax = plt.subplots(figsize=(max(4, 0.55 * n + 1.5), max(3, 0.4 * rounds + 1.2)))
     shown = np.ma.masked_less(grid, 0)
-    ax.imshow(shown, cmap="tab20", vmin=0, vmax=max(schedule.num_chunks - 1, 1),
-              aspect="auto", interpolation="nearest")
+    ax.imshow(shown, cmap="tab20", vmin=0, vmax=max(schedule.num_chunks - 1, 1), aspect="auto", interpolation="nearest")
     if n <= 32:
         for r, transfers in enumerate(schedule.rounds):
             for t in transfers:
-                ax.text(t.dst, r, f"c{t.chunk}\n{'+' if t.reduce else '<'}{t.src}",
-                        ha="center", va="center", fontsize=7)
+                ax.text(
+                    t.dst, r, f"c{t.chunk}\n{'+' if t.reduce else '<'}{t.src}", ha="center", va="center", fontsize=7
+                )
                 if t.reduce:
-                    ax.add_patch(plt.Rectangle((t.dst - 0.5, r - 0.5), 1, 1, fill=False,
-                                               hatch="//", linewidth=0))
+                    ax.add_patch(plt.Rectangle((t.dst - 0.5, r - 0.5), 1, 1, fill=False, hatch="//", linewidth=0))
     ax.set_xticks(range(n))
     ax.set_xticklabels([f"{k}{'*' if k == schedule.straggler else ''}" for k in range(n)])
     ax.set_xlabel("rank (* straggler)")
     ax.set_ylabel("round")
-    ax.set_title(f"StragglAR, n = {n}: {rounds} rounds "
-                 f"(cell: chunk received; +src reduce, <src copy)", fontsize=9)
+    ax.set_title(f"StragglAR, n = {n}: {rounds} rounds (cell: chunk received; +src reduce, <src copy)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

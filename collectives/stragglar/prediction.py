@@ -143,8 +143,10 @@ class StragglerPredictor:
         return self.hits / self.predicted if self.predicted else float("nan")
 
     def __repr__(self):
-        return (f"StragglerPredictor(P={self.ranks}, straggler={self.straggler}, "
-                f"{self.hits}/{self.predicted} hits over {self.observed} synchronizations)")
+        return (
+            f"StragglerPredictor(P={self.ranks}, straggler={self.straggler}, "
+            f"{self.hits}/{self.predicted} hits over {self.observed} synchronizations)"
+        )
 
 
 def predictor_problem(ranks, decay, confidence, min_lead_s):

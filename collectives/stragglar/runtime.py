@@ -25,9 +25,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..agreement import agree
-from ..schedules.blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
 from ..buffers import describe
 from ..comm import Communicator
+from ..schedules.blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
 from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
@@ -93,18 +93,37 @@ class StragglerAwareAllreduce:
                 ar(grads)
     """
 
-    def __init__(self, comm: Communicator, straggler: int, template, *,
-                 algorithm: str = "stragglar", op: str = "sum",
-                 schedule: Schedule | None = None, reduce_scatter: str = "ring"):
+    def __init__(
+        self,
+        comm: Communicator,
+        straggler: int,
+        template,
+        *,
+        algorithm: str = "stragglar",
+        op: str = "sum",
+        schedule: Schedule | None = None,
+        reduce_scatter: str = "ring",
+    ):
         info = describe(template)
-        problem = (reduction_problem(info, reduce_scatter, REDUCE_SCATTER_ALGORITHMS, op)
-                   or choice_problem("algorithm", algorithm, STRAGGLER_AWARE_ALGORITHMS)
-                   or _rank_problem(straggler, comm.size))
+        problem = (
+            reduction_problem(info, reduce_scatter, REDUCE_SCATTER_ALGORITHMS, op)
+            or choice_problem("algorithm", algorithm, STRAGGLER_AWARE_ALGORITHMS)
+            or _rank_problem(straggler, comm.size)
+        )
         if problem is None and algorithm == "stragglar" and comm.size > 1:
             schedule, problem = _checked_schedule(schedule, comm.size, straggler)
-        agree(comm, "StragglerAwareAllreduce", problem, info.error,
-              straggler=straggler, numel=info.numel, dtype=info.dtype,
-              algorithm=algorithm, op=op, reduce_scatter=reduce_scatter)
+        agree(
+            comm,
+            "StragglerAwareAllreduce",
+            problem,
+            info.error,
+            straggler=straggler,
+            numel=info.numel,
+            dtype=info.dtype,
+            algorithm=algorithm,
+            op=op,
+            reduce_scatter=reduce_scatter,
+        )
         self.comm, self.straggler, self.algorithm, self.op = comm, straggler, algorithm, op
         self.schedule = schedule
         self.numel, self.dtype = info.numel, info.dtype
@@ -129,12 +148,13 @@ class StragglerAwareAllreduce:
         """
         info = describe(data)
         problem = info.problem or (
-            None if (info.numel, info.dtype) == (self.numel, self.dtype) else
-            f"data must have {self.numel} elements of {self.dtype} like the template, "
-            f"got {info.numel} of {info.dtype}")
+            None
+            if (info.numel, info.dtype) == (self.numel, self.dtype)
+            else f"data must have {self.numel} elements of {self.dtype} like the template, "
+            f"got {info.numel} of {info.dtype}"
+        )
         if self.peers is not None and check:
-            agree(self.peers, self.algorithm, problem, info.error,
-                  numel=info.numel, dtype=info.dtype)
+            agree(self.peers, self.algorithm, problem, info.error, numel=info.numel, dtype=info.dtype)
         elif problem:
             raise info.error(f"{self.algorithm}: {problem}")
         if self.comm.size == 1:
@@ -173,16 +193,14 @@ class StragglerAwareAllreduce:
         between the straggler and the first non-straggler, then doubling."""
         n, rank, s = self.comm.size, self.comm.rank, self.straggler
         if self.peers is not None and self.peers.size > 1:
-            (rhd_allreduce if self.peers.size & (self.peers.size - 1) == 0
-             else ring_allreduce)(buf, self.peers)
+            (rhd_allreduce if self.peers.size & (self.peers.size - 1) == 0 else ring_allreduce)(buf, self.peers)
         # Virtual order: the straggler, then the non-stragglers by rank.
         order = [s] + [r for r in range(n) if r != s]
         me = order.index(rank)
         whole = buf.msg(0, buf.numel)
         if me < 2:
             scratch = buf.scratch(buf.numel)
-            self.comm.exchange(whole, order[1 - me], scratch.msg(0, buf.numel),
-                               order[1 - me], _TAG_BROADCAST)
+            self.comm.exchange(whole, order[1 - me], scratch.msg(0, buf.numel), order[1 - me], _TAG_BROADCAST)
             buf.add_(0, buf.numel, scratch)
             scale = self._scale()
             if scale is not None:
@@ -208,8 +226,10 @@ class StragglerAwareAllreduce:
         self.close()
 
     def __repr__(self):
-        return (f"StragglerAwareAllreduce({self.algorithm}, n={self.comm.size}, "
-                f"straggler={self.straggler}, {self.numel} x {self.dtype}, op={self.op})")
+        return (
+            f"StragglerAwareAllreduce({self.algorithm}, n={self.comm.size}, "
+            f"straggler={self.straggler}, {self.numel} x {self.dtype}, op={self.op})"
+        )
 
 
 def stragglar_allreduce(data, *, comm: Communicator, straggler: int, op: str = "sum"):
@@ -221,8 +241,7 @@ def stragglar_allreduce(data, *, comm: Communicator, straggler: int, op: str = "
 
 
 def _rank_problem(straggler, size):
-    if isinstance(straggler, (int, np.integer)) and not isinstance(straggler, bool) \
-            and 0 <= straggler < size:
+    if isinstance(straggler, (int, np.integer)) and not isinstance(straggler, bool) and 0 <= straggler < size:
         return None
     return f"straggler must be a rank in range({size}), got {straggler!r}"
 
@@ -241,8 +260,10 @@ def _checked_schedule(schedule, n, straggler):
         if schedule is None:
             return _generated(n, straggler), None
         if (schedule.n, schedule.straggler) != (n, straggler):
-            return None, (f"schedule is for n={schedule.n}, straggler={schedule.straggler}; "
-                          f"this communicator needs n={n}, straggler={straggler}")
+            return None, (
+                f"schedule is for n={schedule.n}, straggler={schedule.straggler}; "
+                f"this communicator needs n={n}, straggler={straggler}"
+            )
         return verify(schedule), None
     except ValueError as exc:
         return None, str(exc)

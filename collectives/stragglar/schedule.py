@@ -61,22 +61,29 @@ class Schedule:
 
     def to_json(self) -> str:
         """``{"n", "straggler", "rounds": [[{"src", "dst", "chunk", "reduce"}...]...]}``."""
-        return json.dumps({"n": self.n, "straggler": self.straggler, "rounds": [
-            [{"src": t.src, "dst": t.dst, "chunk": t.chunk, "reduce": t.reduce} for t in r]
-            for r in self.rounds]})
+        return json.dumps(
+            {
+                "n": self.n,
+                "straggler": self.straggler,
+                "rounds": [
+                    [{"src": t.src, "dst": t.dst, "chunk": t.chunk, "reduce": t.reduce} for t in r] for r in self.rounds
+                ],
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
         """Parse :meth:`to_json`'s format; ``ValueError`` names what is missing."""
         data = json.loads(text)
         try:
-            rounds = [[Transfer(int(t["src"]), int(t["dst"]), int(t["chunk"]), bool(t["reduce"]))
-                       for t in r] for r in data["rounds"]]
+            rounds = [
+                [Transfer(int(t["src"]), int(t["dst"]), int(t["chunk"]), bool(t["reduce"])) for t in r]
+                for r in data["rounds"]
+            ]
             return cls(int(data["n"]), int(data["straggler"]), rounds)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a StragglAR schedule: missing or malformed {exc}") from None
 
     def __repr__(self):
         transfers = sum(len(r) for r in self.rounds)
-        return (f"Schedule(n={self.n}, straggler={self.straggler}, "
-                f"{len(self.rounds)} rounds, {transfers} transfers)")
+        return f"Schedule(n={self.n}, straggler={self.straggler}, {len(self.rounds)} rounds, {transfers} transfers)"

@@ -71,12 +71,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..schedules.blocking import allreduce
 from ..buffers import describe
+from ..schedules.blocking import allreduce
 from .cost import break_even_lead
 from .generator import lower_bound
-from .runtime import StragglerAwareAllreduce
 from .prediction import StragglerPredictor
+from .runtime import StragglerAwareAllreduce
 
 __all__ = ["PredictedStragglerSync"]
 
@@ -124,15 +124,15 @@ class PredictedStragglerSync:
         self.comm, self.op = comm, op
         self.predictor = StragglerPredictor(comm.size, **predictor)
         self._fallback = fallback or (lambda buf: allreduce(buf, comm=comm, op=op, check=False))
-        self._plans = OrderedDict()         # (straggler, numel, dtype) -> StragglerAwareAllreduce
-        self._templates = {}                # (numel, dtype) -> a buffer of that shape
+        self._plans = OrderedDict()  # (straggler, numel, dtype) -> StragglerAwareAllreduce
+        self._templates = {}  # (numel, dtype) -> a buffer of that shape
         for template in templates:
             info = describe(template)
             self._templates.setdefault((info.numel, info.dtype), template)
         self._cached = cached_plans * max(1, len(self._templates))
         self._break_even = break_even_lead(comm.size, lower_bound(comm.size)) if comm.size > 1 else 0.0
         self.allreduce_s = self.tail_s = float("nan")
-        self._reduce_s = (float("nan"),) * 2    # this rank's T and F at its last fallback synchronization
+        self._reduce_s = (float("nan"),) * 2  # this rank's T and F at its last fallback synchronization
         self._mine = np.zeros(3)
         self._received = np.zeros((comm.size, 3))
         self._request = None
@@ -168,7 +168,7 @@ class PredictedStragglerSync:
         info = describe(buffer)
         key = (self.straggler, info.numel, info.dtype)
         plan = self._plans.get(key)
-        if plan is None:            # no prediction, or a buffer shape not planned for
+        if plan is None:  # no prediction, or a buffer shape not planned for
             self._fallback(buffer)
             self._ran_stragglar = False
         else:
@@ -191,8 +191,9 @@ class PredictedStragglerSync:
             gate = (1 + self._break_even) * self.allreduce_s - self.tail_s
             self.predictor.min_lead_s = max(0.0, gate) if np.isfinite(gate) else np.inf
         predicted, last, lead = self.predictor.observe(arrivals)
-        self.log.append((len(self.log), predicted if self._ran_stragglar else -1, last, lead,
-                         self.predictor.min_lead_s))
+        self.log.append(
+            (len(self.log), predicted if self._ran_stragglar else -1, last, lead, self.predictor.min_lead_s)
+        )
         if not self._ran_stragglar:
             self._reduce_s = (reduced - self._started, reduced - self._began)
         if self.straggler is not None:
@@ -203,7 +204,7 @@ class PredictedStragglerSync:
     def _plan(self, key, template):
         if key in self._plans:
             return
-        while len(self._plans) >= self._cached:     # the same eviction on every rank
+        while len(self._plans) >= self._cached:  # the same eviction on every rank
             _, old = self._plans.popitem(last=False)
             old.close()
         self._plans[key] = StragglerAwareAllreduce(self.comm, key[0], template, op=self.op)

@@ -52,11 +52,13 @@ def verify(schedule: Schedule) -> Schedule:
             sent, held = state[t.src][t.chunk], state[t.dst][t.chunk]
             if t.reduce:
                 if sent is None or held is None:
-                    raise _broken(r, t, "reduces a chunk that "
-                                  f"rank {t.src if sent is None else t.dst} holds no data of")
+                    raise _broken(
+                        r, t, f"reduces a chunk that rank {t.src if sent is None else t.dst} holds no data of"
+                    )
                 if sent & held:
-                    raise _broken(r, t, "double counting: contributions of ranks "
-                                  f"{_ranks(sent & held)} would be added twice")
+                    raise _broken(
+                        r, t, f"double counting: contributions of ranks {_ranks(sent & held)} would be added twice"
+                    )
                 updates.append((t.dst, t.chunk, sent | held))
             else:
                 if sent != everyone:
@@ -67,8 +69,9 @@ def verify(schedule: Schedule) -> Schedule:
     for rank in range(n):
         for chunk in range(schedule.num_chunks):
             if state[rank][chunk] != everyone:
-                raise ScheduleError(f"after {len(schedule.rounds)} rounds rank {rank} does not "
-                                    f"hold chunk {chunk} fully reduced")
+                raise ScheduleError(
+                    f"after {len(schedule.rounds)} rounds rank {rank} does not hold chunk {chunk} fully reduced"
+                )
     return schedule
 
 

@@ -55,8 +55,8 @@ class ActivationState:
     def __init__(self, rank: int, world_size: int, target: int = -1):
         self.rank = rank
         self.dims = world_size.bit_length() - 1
-        self.target = target      # highest version activated on this rank
-        self.low = self.dims      # ``target`` was sent on every dimension > low
+        self.target = target  # highest version activated on this rank
+        self.low = self.dims  # ``target`` was sent on every dimension > low
 
     def activate(self, version: int):
         """This rank activates ``version`` itself (root of its tree)."""
@@ -80,8 +80,7 @@ class ActivationState:
         return [(self.rank ^ (1 << j), self.target, j) for j in range(first, stop)]
 
     def __repr__(self):
-        return (f"ActivationState(rank={self.rank}, target={self.target}, "
-                f"low={self.low})")
+        return f"ActivationState(rank={self.rank}, target={self.target}, low={self.low})"
 
 
 class RandomActivators:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .activation import RandomActivators
 from ..agreement import agree
 from ..backoff import Backoff
-from ..schedules.blocking import allreduce, reduction_problem
 from ..buffers import describe
 from ..comm import Communicator, node_oversubscribed
+from ..schedules.blocking import allreduce, reduction_problem
+from .activation import RandomActivators
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
@@ -202,9 +202,23 @@ class WaitAvoidingGroupAllreduce:
                     wa.sync_allreduce(model, t, op="avg")
     """
 
-    def __init__(self, comm, like, *, group_size, tau=None, op="sum",
-                 activation="first", activator_seed=0, algorithm="auto", history=0,
-                 first_iteration=0, waits="auto", dynamic_groups=True, late=None):
+    def __init__(
+        self,
+        comm,
+        like,
+        *,
+        group_size,
+        tau=None,
+        op="sum",
+        activation="first",
+        activator_seed=0,
+        algorithm="auto",
+        history=0,
+        first_iteration=0,
+        waits="auto",
+        dynamic_groups=True,
+        late=None,
+    ):
         self._raw = comm
         self._like = like
         self.first_iteration = first_iteration
@@ -233,31 +247,29 @@ class WaitAvoidingGroupAllreduce:
             self.grouping = ButterflyGrouping(world_size, self.group_size, self.dynamic_groups)
         except (TypeError, ValueError) as exc:
             return str(exc), type(exc)
-        if self.tau is not None and (isinstance(self.tau, bool) or
-                                     not isinstance(self.tau, int) or self.tau < 1):
+        if self.tau is not None and (isinstance(self.tau, bool) or not isinstance(self.tau, int) or self.tau < 1):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
         if self.late is not None and self.late not in LATE:
-            return (f"late must be None or one of {', '.join(map(repr, LATE))}, "
-                    f"got {self.late!r}"), ValueError
-        problem = reduction_problem(info, self.algorithm,
-                                    (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
+            return (f"late must be None or one of {', '.join(map(repr, LATE))}, got {self.late!r}"), ValueError
+        problem = reduction_problem(info, self.algorithm, (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
         if problem:
             return problem, ValueError
         if self.activation not in ACTIVATIONS:
-            return (f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
-                    f"got {self.activation!r}"), ValueError
-        if isinstance(self.activator_seed, bool) or not isinstance(
-                self.activator_seed, int) or self.activator_seed < 0:
+            return (
+                f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}"
+            ), ValueError
+        if isinstance(self.activator_seed, bool) or not isinstance(self.activator_seed, int) or self.activator_seed < 0:
             return f"activator_seed must be an int >= 0, got {self.activator_seed!r}", ValueError
         if self.waits not in WAITS:
-            return (f"waits must be one of {', '.join(map(repr, WAITS))}, "
-                    f"got {self.waits!r}"), ValueError
+            return (f"waits must be one of {', '.join(map(repr, WAITS))}, got {self.waits!r}"), ValueError
         if not isinstance(self._history, int) or self._history < 0:
             return f"history must be an int >= 0, got {self._history!r}", ValueError
-        if isinstance(self.first_iteration, bool) or not isinstance(
-                self.first_iteration, int) or self.first_iteration < 0:
-            return (f"first_iteration must be an int >= 0, "
-                    f"got {self.first_iteration!r}"), ValueError
+        if (
+            isinstance(self.first_iteration, bool)
+            or not isinstance(self.first_iteration, int)
+            or self.first_iteration < 0
+        ):
+            return (f"first_iteration must be an int >= 0, got {self.first_iteration!r}"), ValueError
         return None
 
     def is_group_version(self, t: int) -> bool:
@@ -278,12 +290,24 @@ class WaitAvoidingGroupAllreduce:
         problem, error = self._problem or (None, ValueError)
         info = self._like_info
         try:
-            agree(self._main, "WaitAvoidingGroupAllreduce", problem, error,
-                  numel=info.numel, dtype=info.dtype, group_size=self.group_size,
-                  tau=self.tau, op=self.op, activation=self.activation,
-                  activator_seed=self.activator_seed,
-                  algorithm=self.algorithm, first_iteration=self.first_iteration,
-                  waits=self.waits, dynamic_groups=self.dynamic_groups, late=self.late)
+            agree(
+                self._main,
+                "WaitAvoidingGroupAllreduce",
+                problem,
+                error,
+                numel=info.numel,
+                dtype=info.dtype,
+                group_size=self.group_size,
+                tau=self.tau,
+                op=self.op,
+                activation=self.activation,
+                activator_seed=self.activator_seed,
+                algorithm=self.algorithm,
+                first_iteration=self.first_iteration,
+                waits=self.waits,
+                dynamic_groups=self.dynamic_groups,
+                late=self.late,
+            )
         except (TypeError, ValueError):
             self._main.close()
             self._state = "closed"
@@ -294,18 +318,21 @@ class WaitAvoidingGroupAllreduce:
         self.waits_used = resolve_waits(self.waits, self._main.data)
         self._t = self.first_iteration
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
-            self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE,
-                                          yield_while_waiting=True)
+            self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
             self._engine = ProgressEngine(
-                self._progress, self._like,
+                self._progress,
+                self._like,
                 masks=self.grouping.masks,
                 schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
                 is_group_version=self.is_group_version,
                 scale=1.0 / self.group_size if self.op == "avg" else None,
                 activation=self.activation,
                 activator=self._activators,
-                history=self._history, first_iteration=self.first_iteration,
-                yield_awaited=self.waits_used == "yield", late=self.late)
+                history=self._history,
+                first_iteration=self.first_iteration,
+                yield_awaited=self.waits_used == "yield",
+                late=self.late,
+            )
             self._engine.start()
             atexit.register(self._engine.halt)
         self._state = "open"
@@ -323,14 +350,14 @@ class WaitAvoidingGroupAllreduce:
         if self._state != "open":
             return
         self._state = "closing"
-        agree(self._main, "WaitAvoidingGroupAllreduce.close", None,
-              iterations_run=self._t)
+        agree(self._main, "WaitAvoidingGroupAllreduce.close", None, iterations_run=self._t)
         left = self._stop_engine() if self._engine else []
         self._main.close()
         self._state = "closed"
         if left:
-            raise RuntimeError(f"rank {self._main.rank}: unmatched messages on the "
-                               f"{' and '.join(left)} channel at close()")
+            raise RuntimeError(
+                f"rank {self._main.rank}: unmatched messages on the {' and '.join(left)} channel at close()"
+            )
 
     def _stop_engine(self):
         """Quiesce, stop and join the progress thread; the channels with
@@ -347,8 +374,11 @@ class WaitAvoidingGroupAllreduce:
         atexit.unregister(engine.halt)
         engine.stop()
         progress = self._progress
-        left = [name for name, c in (("data", progress.data), ("control", progress.control))
-                if c.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)]
+        left = [
+            name
+            for name, c in (("data", progress.data), ("control", progress.control))
+            if c.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+        ]
         progress.close()
         return left
 
@@ -430,20 +460,20 @@ class WaitAvoidingGroupAllreduce:
 
     def _expect(self, t, *, group, buffer):
         if self._state != "open":
-            raise RuntimeError(f"WaitAvoidingGroupAllreduce is {self._state}; "
-                               f"call open() (or use a with block) first")
+            raise RuntimeError(f"WaitAvoidingGroupAllreduce is {self._state}; call open() (or use a with block) first")
         if t != self._t:
             raise ValueError(f"t must be the next iteration, {self._t}, got {t}")
         if self.is_group_version(t) != group:
             kind = "a group version" if self.is_group_version(t) else "a sync step"
             call = "allreduce" if self.is_group_version(t) else "sync_allreduce"
-            raise ValueError(f"iteration {t} is {kind} (tau={self.tau}): "
-                             f"call {call}()")
+            raise ValueError(f"iteration {t} is {kind} (tau={self.tau}): call {call}()")
         info, like = describe(buffer), self._like_info
         if info.problem or (info.numel, info.dtype) != (like.numel, like.dtype):
-            raise ValueError(f"buffer must be contiguous with {like.numel} elements "
-                             f"of {like.dtype} like the one given at construction, "
-                             f"got {info.problem or f'{info.numel} of {info.dtype}'}")
+            raise ValueError(
+                f"buffer must be contiguous with {like.numel} elements "
+                f"of {like.dtype} like the one given at construction, "
+                f"got {info.problem or f'{info.numel} of {info.dtype}'}"
+            )
 
     # -- introspection ------------------------------------------------------------
 
@@ -492,12 +522,14 @@ def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvo
     over N asynchronous activators and one synchronous allreduce, with N =
     ``LIMITER`` = 32 in its training scripts; 0: no limiter.
     """
-    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(), tau=_limited(limiter),
-                                      activation="first", late=late, **options)
+    return WaitAvoidingGroupAllreduce(
+        comm, like, group_size=comm.Get_size(), tau=_limited(limiter), activation="first", late=late, **options
+    )
 
 
-def majority_allreduce(comm, like, *, late="drop", activation="random", limiter=0,
-                       **options) -> WaitAvoidingGroupAllreduce:
+def majority_allreduce(
+    comm, like, *, late="drop", activation="random", limiter=0, **options
+) -> WaitAvoidingGroupAllreduce:
     """Eager-SGD's majority allreduce: a reduction over all P ranks that one
     rank per version activates, drawn from a seeded sequence the same on
     every rank (``activation="random"``, ``activator_seed``; the reference's
@@ -507,5 +539,6 @@ def majority_allreduce(comm, like, *, late="drop", activation="random", limiter=
     use in ``ffrand_allreduce.c`` is commented out), hence 0 here."""
     if activation not in ("random", "half"):
         raise ValueError(f"a majority allreduce's activation must be 'random' or 'half', got {activation!r}")
-    return WaitAvoidingGroupAllreduce(comm, like, group_size=comm.Get_size(), tau=_limited(limiter),
-                                      activation=activation, late=late, **options)
+    return WaitAvoidingGroupAllreduce(
+        comm, like, group_size=comm.Get_size(), tau=_limited(limiter), activation=activation, late=late, **options
+    )

@@ -1,8 +1,8 @@
 """Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
 
 from ..agreement import check_arguments
-from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
 from ..buffers import describe
+from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
 from .groups import ButterflyGrouping
 
 __all__ = [
@@ -18,8 +18,7 @@ __all__ = [
 TAG_GROUP = 31
 
 
-def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
-                                 src=None):
+def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
     """Sum over the group spanned by ``masks`` into ``buf``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
@@ -39,21 +38,18 @@ def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
         for phase, mask in enumerate(masks):
             peer = comm.rank ^ mask
             if phase == 0 and src is not None:
-                comm.exchange(src.msg(0, buf.numel), peer, buf.msg(0, buf.numel),
-                              peer, tag)
+                comm.exchange(src.msg(0, buf.numel), peer, buf.msg(0, buf.numel), peer, tag)
                 buf.add_(0, buf.numel, src)
                 continue
             if scratch is None:
                 scratch = buf.scratch(buf.numel)
-            comm.exchange(buf.msg(0, buf.numel), peer, scratch.msg(0, buf.numel),
-                          peer, tag)
+            comm.exchange(buf.msg(0, buf.numel), peer, scratch.msg(0, buf.numel), peer, tag)
             buf.add_(0, buf.numel, scratch)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
 
 
-def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
-                               src=None):
+def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
     """Sum over the group spanned by ``masks`` into ``buf``, halving then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
@@ -76,25 +72,21 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP,
     for phase, mask in enumerate(masks):
         windows.append((lo, hi))
         mid = lo + (hi - lo) // 2
-        (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else (
-            (mid, hi), (lo, mid))
+        (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else ((mid, hi), (lo, mid))
         if phase == 0 and src is not None:
-            comm.exchange(src.msg(slo, shi), rank ^ mask,
-                          buf.msg(lo, hi), rank ^ mask, tag)
+            comm.exchange(src.msg(slo, shi), rank ^ mask, buf.msg(lo, hi), rank ^ mask, tag)
             buf.add_(lo, hi, src, at=lo)
             continue
         if scratch is None:
             scratch = buf.scratch(hi - lo)
-        comm.exchange(buf.msg(slo, shi), rank ^ mask,
-                      scratch.msg(0, hi - lo), rank ^ mask, tag)
+        comm.exchange(buf.msg(slo, shi), rank ^ mask, scratch.msg(0, hi - lo), rank ^ mask, tag)
         buf.add_(lo, hi, scratch)
     if scale is not None:
         buf.scale_(lo, hi, scale)
     for mask, (wlo, whi) in zip(reversed(masks), reversed(windows)):
         # The partner holds the other half of the window split in this phase.
         olo, ohi = (wlo, lo) if lo > wlo else (hi, whi)
-        comm.exchange(buf.msg(lo, hi), rank ^ mask,
-                      buf.msg(olo, ohi), rank ^ mask, tag)
+        comm.exchange(buf.msg(lo, hi), rank ^ mask, buf.msg(olo, ohi), rank ^ mask, tag)
         lo, hi = wlo, whi
 
 
@@ -110,8 +102,7 @@ def choose_group_allreduce(nbytes: int) -> str:
     return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
 
 
-def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
-                    dynamic_groups=True, check=True):
+def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto", dynamic_groups=True, check=True):
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
     The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
@@ -153,11 +144,21 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto",
         masks = ()
     if algorithm == "auto" and not problem:
         algorithm = choose_group_allreduce(data.nbytes)
-    problem = problem or reduction_problem(
-        info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
-    check_arguments(comm, "group_allreduce", problem, error, check, numel=info.numel,
-                    dtype=info.dtype, algorithm=algorithm, op=op,
-                    group_size=group_size, t=t, dynamic_groups=dynamic_groups)
+    problem = problem or reduction_problem(info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
+    check_arguments(
+        comm,
+        "group_allreduce",
+        problem,
+        error,
+        check,
+        numel=info.numel,
+        dtype=info.dtype,
+        algorithm=algorithm,
+        op=op,
+        group_size=group_size,
+        t=t,
+        dynamic_groups=dynamic_groups,
+    )
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)

@@ -54,13 +54,9 @@ def check_group_size(world_size: int, group_size: int) -> None:
     world_size = _as_int("world_size", world_size)
     group_size = _as_int("group_size", group_size)
     if not is_power_of_two(world_size):
-        raise ValueError(
-            f"world_size must be a power of two (butterfly groups need a hypercube), got {world_size}"
-        )
+        raise ValueError(f"world_size must be a power of two (butterfly groups need a hypercube), got {world_size}")
     if not is_power_of_two(group_size) or group_size > world_size:
-        raise ValueError(
-            f"group_size must be a power of two <= world size {world_size}, got {group_size}"
-        )
+        raise ValueError(f"group_size must be a power of two <= world size {world_size}, got {group_size}")
 
 
 def _log2(n: int) -> int:
@@ -162,9 +158,7 @@ class ButterflyGrouping:
     def _check_rank(self, rank: int) -> int:
         rank = _as_int("rank", rank)
         if not 0 <= rank < self.world_size:
-            raise ValueError(
-                f"rank must be in range(world_size) = range({self.world_size}), got {rank}"
-            )
+            raise ValueError(f"rank must be in range(world_size) = range({self.world_size}), got {rank}")
         return rank
 
     def partners(self, t: int, rank: int) -> tuple[int, ...]:

@@ -6,15 +6,15 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from .activation import ActivationState, version_from_tag, version_tag
 from ..backoff import Backoff
 from ..buffers import address, copy_into, copy_of, empty_like, zeros_like
+from .activation import ActivationState, version_from_tag, version_tag
 
 __all__ = ["ProgressEngine"]
 
 # Control messages: two int64s, ``[kind, dim]``; the tag carries the version.
-_ACTIVATE = 0   # "activate every version up to this one", sent along dimension dim
-_ARRIVE = 1     # "my main thread reached this version" (majority activation)
+_ACTIVATE = 0  # "activate every version up to this one", sent along dimension dim
+_ARRIVE = 1  # "my main thread reached this version" (majority activation)
 
 
 class ProgressEngine:
@@ -97,9 +97,22 @@ class ProgressEngine:
             ``"accumulate"``: consume contributions (above).
     """
 
-    def __init__(self, comm, like, *, masks, schedule, is_group_version,
-                 scale=None, activation="first", activator=None, history=0,
-                 first_iteration=0, yield_awaited=False, late=None):
+    def __init__(
+        self,
+        comm,
+        like,
+        *,
+        masks,
+        schedule,
+        is_group_version,
+        scale=None,
+        activation="first",
+        activator=None,
+        history=0,
+        first_iteration=0,
+        yield_awaited=False,
+        late=None,
+    ):
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
@@ -126,12 +139,12 @@ class ProgressEngine:
         # read instead.
         self._consumed = late is not None
         self._zeros = zeros_like(like) if late is not None else None
-        self._reading = None      # the published buffer the executing version reads
+        self._reading = None  # the published buffer the executing version reads
         self._free = []
         self.started = first_iteration - 1
         self._next = self._following(first_iteration - 1)
         self._executing = False
-        self._awaited = None      # the version the main thread waits for
+        self._awaited = None  # the version the main thread waits for
         self._results = {}
         self._requests = []
         self._sent = self._received = 0
@@ -142,9 +155,7 @@ class ProgressEngine:
         self._activation = ActivationState(self._rank, self._size, first_iteration - 1)
         self._arrivals = {}
         self._pending_sends = []
-        self._thread = threading.Thread(
-            target=self._run, name=f"wait-avoiding-progress-{self._rank}",
-            daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"wait-avoiding-progress-{self._rank}", daemon=True)
 
     # -- main-thread side ---------------------------------------------------
 
@@ -176,10 +187,10 @@ class ProgressEngine:
             self._settle(contribution)
             self._publish(contribution, t)
             if not fresh and self._late == "drop":
-                self._consumed = True   # its version began without it: no version reads it
+                self._consumed = True  # its version began without it: no version reads it
             activates = fresh and self._activates(t)
             if activates or (fresh and self._quorum is not None):
-                self._requests.append(t)   # activations to send, or an arrival to announce
+                self._requests.append(t)  # activations to send, or an arrival to announce
             execute_here = activates and self._next == t and not self._executing
             if execute_here:
                 work = self._begin(t)
@@ -188,11 +199,11 @@ class ProgressEngine:
         if not execute_here:
             self._wake.set()
             return self._result(t)
-        with self._messaging:   # forward what came in, activate t as its root
+        with self._messaging:  # forward what came in, activate t as its root
             self._poll()
             self._serve_requests()
         outcome = self._execute(work, self._awaited_comm)
-        self._wake.set()    # activations of later versions may wait for this one
+        self._wake.set()  # activations of later versions may wait for this one
         return outcome
 
     def publish_copy(self, contribution, t: int):
@@ -240,7 +251,8 @@ class ProgressEngine:
             raise ValueError(
                 "buf is a buffer this collective holds (the contribution published "
                 f"as iteration {self._published_iteration}, or one it replaced): "
-                "pass the buffer of the last result (result.value) or one of your own")
+                "pass the buffer of the last result (result.value) or one of your own"
+            )
 
     def counts(self):
         """``(sent, received)`` control messages; a received one counts once
@@ -275,9 +287,7 @@ class ProgressEngine:
 
     def _raise_if_failed(self):
         if self._error is not None:
-            raise RuntimeError(
-                f"the progress thread of rank {self._rank} failed: "
-                f"{self._error!r}") from self._error
+            raise RuntimeError(f"the progress thread of rank {self._rank} failed: {self._error!r}") from self._error
 
     # -- progress-thread side -----------------------------------------------
 
@@ -290,8 +300,8 @@ class ProgressEngine:
                     if self._stop:
                         return
                     quiet = self._executing
-                if quiet:   # the main thread executes a version and wakes
-                    self._wake.wait()   # this one when it is done
+                if quiet:  # the main thread executes a version and wakes
+                    self._wake.wait()  # this one when it is done
                     continue
                 with self._messaging:
                     progressed = self._poll()
@@ -349,8 +359,7 @@ class ProgressEngine:
             self._arrivals[version] = count
             return
         self._send_activations(self._activation.activate(version))
-        self._arrivals = {v: n for v, n in self._arrivals.items()
-                          if v > self._activation.target}
+        self._arrivals = {v: n for v, n in self._arrivals.items() if v > self._activation.target}
 
     def _execute_activated(self) -> bool:
         progressed = False
@@ -407,10 +416,8 @@ class ProgressEngine:
     def _execute(self, work, comm):
         """Run ``work`` from :meth:`_begin`; ``(result, contribution_iteration)``."""
         version, source, contribution_iteration, result = work
-        with comm.open_buffer(result) as out, \
-                comm.open_buffer(source, writeback=False) as inp:
-            self._schedule(out, comm, self._masks(version), self._scale,
-                           version_tag(version, self._tag_space), inp)
+        with comm.open_buffer(result) as out, comm.open_buffer(source, writeback=False) as inp:
+            self._schedule(out, comm, self._masks(version), self._scale, version_tag(version, self._tag_space), inp)
         with self._lock:
             self._executing, self._reading = False, None
             if source is not self._published and source is not self._zeros:
@@ -432,8 +439,7 @@ class ProgressEngine:
 
     def _send(self, peer, version, kind, dim):
         payload = np.array([kind, dim], dtype=np.int64)
-        request = self._comm.control.Isend(
-            payload, peer, version_tag(version, self._tag_space))
+        request = self._comm.control.Isend(payload, peer, version_tag(version, self._tag_space))
         self._pending_sends.append((request, payload))
         with self._lock:
             self._sent += 1

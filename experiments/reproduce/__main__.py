@@ -16,13 +16,14 @@ import sys
 import time
 import traceback
 
+from collectives.logs import configure_logging
+
 from ..mpirun import find_mpiexec
 from ..options import HelpFormatter
 from .claims import CLAIMS
 from .context import Context
 from .record import write_claim
 from .report import claim_file, write_report
-from collectives.logs import configure_logging
 
 
 def _names(text):
@@ -30,13 +31,23 @@ def _names(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog=".venv/bin/python -m experiments.reproduce",
-                                     description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
-    parser.add_argument("--only", action="append", type=_names, default=None, metavar="NAME[,NAME]",
-                        help="measure only these claims (repeatable): " + ", ".join(c.name for c in CLAIMS))
+    parser = argparse.ArgumentParser(
+        prog=".venv/bin/python -m experiments.reproduce",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        type=_names,
+        default=None,
+        metavar="NAME[,NAME]",
+        help="measure only these claims (repeatable): " + ", ".join(c.name for c in CLAIMS),
+    )
     parser.add_argument("--full", action="store_true", help="the long versions (hours on 2 cores)")
-    parser.add_argument("--out-dir", default="results",
-                        help="REPORT.md and reproduce/ (claim files, runs, figures) go here")
+    parser.add_argument(
+        "--out-dir", default="results", help="REPORT.md and reproduce/ (claim files, runs, figures) go here"
+    )
     parser.add_argument("--list", action="store_true", help="list the claims and exit")
     args = parser.parse_args(argv)
     configure_logging()
@@ -59,18 +70,22 @@ def main(argv=None):
         began = time.monotonic()
         try:
             result = claim.run(Context(os.path.join(args.out_dir, "reproduce", name), args.full, mpiexec))
-        except Exception:       # one claim's failure must not lose the others' rows
+        except Exception:  # one claim's failure must not lose the others' rows
             traceback.print_exc()
             failed.append(name)
             continue
-        write_claim(claim_file(args.out_dir, name), name, claim.title, claim.paper, result,
-                    time.monotonic() - began, args.full)
+        write_claim(
+            claim_file(args.out_dir, name), name, claim.title, claim.paper, result, time.monotonic() - began, args.full
+        )
         for row in result.rows:
             print(f"  {row.claim}: paper {row.paper}, ours {row.shown} -> {row.verdict}", flush=True)
         write_report(args.out_dir)
     path = write_report(args.out_dir)
-    print(f"\nwrote {path} ({(time.monotonic() - start) / 60:.1f} min)"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)
+    print(
+        f"\nwrote {path} ({(time.monotonic() - start) / 60:.1f} min)"
+        + (f"; failed: {', '.join(failed)}" if failed else ""),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

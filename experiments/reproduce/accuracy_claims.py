@@ -16,16 +16,29 @@ from .record import DIFFERS, IN_KIND, ClaimResult, Row
 from .runs import ratio_verdict, train, train_time
 from .seed_spread import DIVERGED_BELOW, gap_counts, spread_of
 
-__all__ = ["ACCURACY_SEEDS", "ACCURACY_TASK", "EMULATED_RANKS", "GLOBAL_BATCH", "accuracy", "accuracy_emulated",
-           "task"]
+__all__ = ["ACCURACY_SEEDS", "ACCURACY_TASK", "EMULATED_RANKS", "GLOBAL_BATCH", "accuracy", "accuracy_emulated", "task"]
 
 #: The task of the accuracy claims (docs/reproduce.md, "The accuracy task"): an MLP on the
 #: synthetic CIFAR-shaped images, 8 epochs with a one-epoch warm-up to learning rate 0.1 and
 #: x0.1 for the last two, four evaluations an epoch.  Chosen for its small seed spread:
 #: Allreduce-SGD on 8 ranks, seeds 0-4, ended within 2.3 points (90.9-93.2 %), where ResNet-20 for
 #: 2 epochs at lr 0.2, the earlier task, spread over 21.2 points (62.7-83.9 %) and decided nothing.
-ACCURACY_TASK = ["--dataset", "synthetic-cifar", "--model", "mlp", "--epochs", "8", "--lr", "0.1",
-                 "--warmup-epochs", "1", "--decay-epochs", "6", "--eval-every", "0.25"]
+ACCURACY_TASK = [
+    "--dataset",
+    "synthetic-cifar",
+    "--model",
+    "mlp",
+    "--epochs",
+    "8",
+    "--lr",
+    "0.1",
+    "--warmup-epochs",
+    "1",
+    "--decay-epochs",
+    "6",
+    "--eval-every",
+    "0.25",
+]
 #: Every rank count trains the same global batch, ``GLOBAL_BATCH / P`` per rank: the same steps
 #: (16 an epoch over the 4096 images) and schedule at 8, 16 and 64 ranks, so that what changes
 #: with P is how far the averaging reaches (groups of about sqrt(P), rings of P).
@@ -89,21 +102,29 @@ def _order_row(claim, paper, a, b, direction, stale_note):
     b), ``"not lower"``, ``"not higher"`` or ``"equal"``; a gap counts only
     beyond the larger seed spread (:func:`~.seed_spread.gap_counts`)."""
     gap, noise, counts = gap_counts(a, b)
-    holds = {"lower": counts and gap < 0, "not lower": gap >= -noise, "not higher": gap <= noise,
-             "equal": not counts}[direction]
+    holds = {"lower": counts and gap < 0, "not lower": gap >= -noise, "not higher": gap <= noise, "equal": not counts}[
+        direction
+    ]
     why = f"gap {gap:+.1f} points against a seed spread of {noise:.1f}: " + (
-        ("beyond it" if counts else "within it, so not ordered") if direction == "lower" else
-        "within it" if not counts else "beyond it")
+        ("beyond it" if counts else "within it, so not ordered")
+        if direction == "lower"
+        else "within it"
+        if not counts
+        else "beyond it"
+    )
     if not holds and stale_note:
         why += f"; {stale_note}"
     # The paper's gaps are between trained models: a variant that learned and then lost it
     # (DIVERGED_BELOW) sits below the others for another reason, so the row cannot hold.
-    diverged = [f"{s.label or 'one variant'} diverged on {s.diverged} of {len(s.seeds)} seeds" for s in (a, b)
-                if s.diverged]
+    diverged = [
+        f"{s.label or 'one variant'} diverged on {s.diverged} of {len(s.seeds)} seeds" for s in (a, b) if s.diverged
+    ]
     if diverged:
         holds = False
-        why += (f"; {' and '.join(diverged)} (last epoch below {DIVERGED_BELOW:.0%} of the best evaluation): "
-                f"not the paper's gap between trained models")
+        why += (
+            f"; {' and '.join(diverged)} (last epoch below {DIVERGED_BELOW:.0%} of the best evaluation): "
+            f"not the paper's gap between trained models"
+        )
     return Row(claim, paper, gap, "{:+.1f} points", verdict=IN_KIND if holds else DIFFERS, why=why)
 
 
@@ -116,40 +137,114 @@ def _rows(stats, labels, where, stale_note, times=None):
     places = {"allreduce_sgd": "not lower", "local_sgd": "not lower", "sgp2": "not higher"}
     for key, paper in FIGURE5.items():
         if key == "wagma":
-            rows.append(Row(f"WAGMA-SGD: top-1 accuracy, % ({where})", f"{paper:.1f}", ours_text=wagma.text(),
-                            verdict=IN_KIND, why="the reference of the gaps below; another task's accuracy"))
+            rows.append(
+                Row(
+                    f"WAGMA-SGD: top-1 accuracy, % ({where})",
+                    f"{paper:.1f}",
+                    ours_text=wagma.text(),
+                    verdict=IN_KIND,
+                    why="the reference of the gaps below; another task's accuracy",
+                )
+            )
             continue
-        row = _order_row(f"{labels[key]}: top-1 accuracy {places[key]} than WAGMA-SGD's ({where})",
-                         f"{paper:.1f} against 75.3", stats[key], wagma, places[key], stale_note)
+        row = _order_row(
+            f"{labels[key]}: top-1 accuracy {places[key]} than WAGMA-SGD's ({where})",
+            f"{paper:.1f} against 75.3",
+            stats[key],
+            wagma,
+            places[key],
+            stale_note,
+        )
         row.ours_text, row.ours = f"{stats[key].text()}; {row.shown} vs WAGMA-SGD", float("nan")
         rows.append(row)
-    rows.append(_order_row(f"Allreduce-SGD and local SGD (period 1) equal in exact arithmetic ({where})",
-                           "equal", stats["allreduce_sgd"], stats["local_sgd"], "equal", None))
+    rows.append(
+        _order_row(
+            f"Allreduce-SGD and local SGD (period 1) equal in exact arithmetic ({where})",
+            "equal",
+            stats["allreduce_sgd"],
+            stats["local_sgd"],
+            "equal",
+            None,
+        )
+    )
     for key in ("allreduce_sgd", "local_sgd"):
-        rows.append(_order_row(f"WAGMA-SGD very close to {labels[key]} ({where})", "0.3-0.6 points",
-                               wagma, stats[key], "equal", stale_note))
+        rows.append(
+            _order_row(
+                f"WAGMA-SGD very close to {labels[key]} ({where})",
+                "0.3-0.6 points",
+                wagma,
+                stats[key],
+                "equal",
+                stale_note,
+            )
+        )
     for key in ("dpsgd", "adpsgd"):
-        rows.append(_order_row(f"{labels[key]} much lower than WAGMA-SGD ({where})", "lower",
-                               stats[key], wagma, "lower", stale_note))
+        rows.append(
+            _order_row(
+                f"{labels[key]} much lower than WAGMA-SGD ({where})", "lower", stats[key], wagma, "lower", stale_note
+            )
+        )
         lower = min((stats["allreduce_sgd"], stats["local_sgd"]), key=lambda s: s.mean)
-        rows.append(_order_row(f"{labels[key]} below Allreduce-SGD and local SGD, the lower of them ({where})",
-                               "lower", stats[key], lower, "lower", None))
-    rows.append(_order_row(f"SGP (2n) below WAGMA-SGD ({where})",
-                           f"{FIGURE5['sgp2'] - FIGURE5['wagma']:+.1f} points", stats["sgp2"], wagma, "lower",
-                           stale_note))
-    rows.append(_order_row(f"SGP (1n) below SGP (2n) ({where})", "lower (Figure 8, BLEU)", stats["sgp1"],
-                           stats["sgp2"], "lower", None))
+        rows.append(
+            _order_row(
+                f"{labels[key]} below Allreduce-SGD and local SGD, the lower of them ({where})",
+                "lower",
+                stats[key],
+                lower,
+                "lower",
+                None,
+            )
+        )
+    rows.append(
+        _order_row(
+            f"SGP (2n) below WAGMA-SGD ({where})",
+            f"{FIGURE5['sgp2'] - FIGURE5['wagma']:+.1f} points",
+            stats["sgp2"],
+            wagma,
+            "lower",
+            stale_note,
+        )
+    )
+    rows.append(
+        _order_row(
+            f"SGP (1n) below SGP (2n) ({where})", "lower (Figure 8, BLEU)", stats["sgp1"], stats["sgp2"], "lower", None
+        )
+    )
     # Section 5.2 gives no accuracy for eager-SGD; its summary, "WAGMA-SGD achieves the highest
     # accuracy-vs-time among all parallel SGD variants", places it at most level with WAGMA-SGD.
-    rows.append(_order_row(f"eager-SGD: top-1 accuracy not higher than WAGMA-SGD's ({where})",
-                           "WAGMA-SGD the highest accuracy-vs-time", stats["eager_sgd"], wagma, "not higher",
-                           stale_note))
+    rows.append(
+        _order_row(
+            f"eager-SGD: top-1 accuracy not higher than WAGMA-SGD's ({where})",
+            "WAGMA-SGD the highest accuracy-vs-time",
+            stats["eager_sgd"],
+            wagma,
+            "not higher",
+            stale_note,
+        )
+    )
     for key, claim in ABLATIONS.items():
-        rows.append(_order_row(f"ablation {labels[key]}: below WAGMA-SGD ({where})",
-                               f"{claim - FIGURE5['wagma']:+.1f} points", stats[key], wagma, "lower", stale_note))
-    rows.append(_order_row(f"ablation 3: S = P does not raise accuracy ({where})", "not higher",
-                           stats["wagma_sp"], wagma, "not higher", stale_note))
+        rows.append(
+            _order_row(
+                f"ablation {labels[key]}: below WAGMA-SGD ({where})",
+                f"{claim - FIGURE5['wagma']:+.1f} points",
+                stats[key],
+                wagma,
+                "lower",
+                stale_note,
+            )
+        )
+    rows.append(
+        _order_row(
+            f"ablation 3: S = P does not raise accuracy ({where})",
+            "not higher",
+            stats["wagma_sp"],
+            wagma,
+            "not higher",
+            stale_note,
+        )
+    )
     if times:
+
         def time_ratio(key, base, paper, note):
             """``key``'s mean time over ``base``'s and its verdict: a ratio within the
             larger relative spread of the two variants' times over the seeds has no direction."""
@@ -160,11 +255,27 @@ def _rows(stats, labels, where, stale_note, times=None):
         for key, claim in FIGURE5_TIME.items():
             ours, verdict, why = time_ratio(key, "wagma", claim, f"training time for the same epochs ({where})")
             paper = f"{claim:.2f}x" + (" (Figure 4's throughput)" if key == "eager_sgd" else "")
-            rows.append(Row(f"WAGMA-SGD's training-time speedup over {labels[key]} ({where})", paper,
-                            ours, "{:.2f}x", verdict=verdict, why=why))
+            rows.append(
+                Row(
+                    f"WAGMA-SGD's training-time speedup over {labels[key]} ({where})",
+                    paper,
+                    ours,
+                    "{:.2f}x",
+                    verdict=verdict,
+                    why=why,
+                )
+            )
         slowdown, verdict, why = time_ratio("wagma_sp", "wagma", ABLATION_S_P_SLOWDOWN, f"training time ({where})")
-        rows.append(Row(f"ablation 3: S = P lowers throughput by ({where})", f"{ABLATION_S_P_SLOWDOWN:.2f}x",
-                        slowdown, "{:.2f}x", verdict=verdict, why=why))
+        rows.append(
+            Row(
+                f"ablation 3: S = P lowers throughput by ({where})",
+                f"{ABLATION_S_P_SLOWDOWN:.2f}x",
+                slowdown,
+                "{:.2f}x",
+                verdict=verdict,
+                why=why,
+            )
+        )
     return rows
 
 
@@ -179,8 +290,11 @@ def _figures(ctx, runs, labels, suffix, title):
     first = {key: seeded[min(seeded)] for key, seeded in runs.items()}
     names = [f"figure5{suffix}.png", f"ablations{suffix}.png"]
     accuracy_figure({labels[k]: first[k] for k in main}, ctx.path(names[0]), f"Figure 5 in kind: {title}")
-    accuracy_figure({labels[k]: first[k] for k in ("wagma", *ABLATIONS, "wagma_sp")}, ctx.path(names[1]),
-                    f"Ablations 1-4 of section 5.2: {title}")
+    accuracy_figure(
+        {labels[k]: first[k] for k in ("wagma", *ABLATIONS, "wagma_sp")},
+        ctx.path(names[1]),
+        f"Ablations 1-4 of section 5.2: {title}",
+    )
     return names
 
 
@@ -192,17 +306,25 @@ def accuracy(ctx):
 
     def run_one(key, seed):
         _, algo, extra = variants(ranks)[key]
-        return train(ctx, f"{key}_s{seed}", ranks, algo,
-                     [*task(ranks), *extra, "--imbalance", PAPER_IMBALANCE, "--seed", str(seed)])
+        return train(
+            ctx,
+            f"{key}_s{seed}",
+            ranks,
+            algo,
+            [*task(ranks), *extra, "--imbalance", PAPER_IMBALANCE, "--seed", str(seed)],
+        )
 
     runs = _seeded(run_one, list(labels))
     stats = {key: spread_of(seeded, labels[key]) for key, seeded in runs.items()}
     # Where WAGMA-SGD's place differs, the likely cause: 8 processes time-slice the cores, so the
     # first to finish a step activates its group's allreduce while most of the group still computes.
-    stale_note = (f"{stats['wagma'].stale:.0%} of WAGMA-SGD's contributions were stale ({ranks} processes on "
-                  f"{os.cpu_count()} cores)")
-    rows = _rows(stats, labels, f"measured, P = {ranks}", stale_note,
-                 {key: _times(seeded) for key, seeded in runs.items()})
+    stale_note = (
+        f"{stats['wagma'].stale:.0%} of WAGMA-SGD's contributions were stale ({ranks} processes on "
+        f"{os.cpu_count()} cores)"
+    )
+    rows = _rows(
+        stats, labels, f"measured, P = {ranks}", stale_note, {key: _times(seeded) for key, seeded in runs.items()}
+    )
     figures = _figures(ctx, runs, labels, "", f"{ranks} processes, {PAPER_IMBALANCE}")
     return ClaimResult(
         f"{ranks} processes on {os.cpu_count()} cores train the accuracy task (`{' '.join(task(ranks))}`) "
@@ -212,8 +334,11 @@ def accuracy(ctx):
         f"epoch's evaluations (four) and of the final one.  A gap counts only beyond the larger seed spread "
         f"of the two.  WAGMA tau 10, S = 4 (ablation 4: 2); local SGD period 1; eager-SGD as its authors ran "
         f"it (a random activator, late gradients dropped); the paper's accuracies are ResNet-50's on "
-        f"ImageNet at 64 nodes, so the claims are the gaps.", rows, figures,
-        [os.path.basename(r.path) for seeded in runs.values() for r in seeded.values()])
+        f"ImageNet at 64 nodes, so the claims are the gaps.",
+        rows,
+        figures,
+        [os.path.basename(r.path) for seeded in runs.values() for r in seeded.values()],
+    )
 
 
 def accuracy_emulated(ctx):
@@ -232,9 +357,27 @@ def accuracy_emulated(ctx):
             # One thread: batches of 4 to 16 samples gain nothing from a second, and OpenMP's
             # spinning threads crawl where the cores are shared (32 steps at P = 16 on 2 busy
             # cores: 23 s with one thread, 124 s with two).
-            status = emulate(["--ranks", str(ranks), "--algo", algo, *task(ranks), *extra, "--imbalance",
-                              PAPER_IMBALANCE, "--compute-ms", "600", "--seed", str(seed), "--threads", "1",
-                              "--no-progress", "--out", out])
+            status = emulate(
+                [
+                    "--ranks",
+                    str(ranks),
+                    "--algo",
+                    algo,
+                    *task(ranks),
+                    *extra,
+                    "--imbalance",
+                    PAPER_IMBALANCE,
+                    "--compute-ms",
+                    "600",
+                    "--seed",
+                    str(seed),
+                    "--threads",
+                    "1",
+                    "--no-progress",
+                    "--out",
+                    out,
+                ]
+            )
             if status:
                 raise RuntimeError(f"experiments.emulate of {key} on {ranks} ranks failed ({status})")
             return load_run(out)
@@ -253,5 +396,8 @@ def accuracy_emulated(ctx):
         f"update rules on every replica; the same task (the global batch of {GLOBAL_BATCH} split over the "
         f"ranks), seeds and gap rule as the measured claim; training "
         f"times are the simulator's.  WAGMA tau 10, S = sqrt(P) (4 and 8; ablation 4 halves it, as the paper "
-        f"does at 64); local SGD period 1; eager-SGD as its authors ran it.", rows,
-        figures, sources)
+        f"does at 64); local SGD period 1; eager-SGD as its authors ran it.",
+        rows,
+        figures,
+        sources,
+    )

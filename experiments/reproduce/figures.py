@@ -9,13 +9,15 @@ __all__ = ["accuracy_figure", "speedup_figure", "throughput_figure"]
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
 def _save(plt, fig, ax, title, path):
-    ax.set_title(textwrap.fill(title, 72), fontsize="medium")      # two lines rather than cut off
+    ax.set_title(textwrap.fill(title, 72), fontsize="medium")  # two lines rather than cut off
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -48,8 +50,12 @@ def accuracy_figure(runs, path, title):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, run in runs.items():
-        ax.plot(np.asarray(run.eval["clock"]) / 60, 100 * np.asarray(run.eval["accuracy"], dtype=float),
-                marker=".", label=label)
+        ax.plot(
+            np.asarray(run.eval["clock"]) / 60,
+            100 * np.asarray(run.eval["accuracy"], dtype=float),
+            marker=".",
+            label=label,
+        )
     ax.set_xlabel("Training time (minutes)")
     ax.set_ylabel("Top-1 test accuracy (%)")
     return _save(plt, fig, ax, title, path)

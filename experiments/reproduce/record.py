@@ -41,8 +41,10 @@ class Row:
 
     def __post_init__(self):
         if self.verdict not in (REPRODUCED, IN_KIND, DIFFERS):
-            raise ValueError(f"verdict must be one of {REPRODUCED!r}, {IN_KIND!r}, {DIFFERS!r}, "
-                             f"got {self.verdict!r} (row {self.claim!r})")
+            raise ValueError(
+                f"verdict must be one of {REPRODUCED!r}, {IN_KIND!r}, {DIFFERS!r}, "
+                f"got {self.verdict!r} (row {self.claim!r})"
+            )
 
     @property
     def shown(self) -> str:
@@ -77,10 +79,18 @@ def write_claim(path, name, title, paper, result, seconds, full):
     row's fields as attributes."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with h5py.File(path, "w") as f:
-        f.attrs.update(name=name, title=title, paper=paper, setting=result.setting, seconds=float(seconds),
-                       full=bool(full), cores=os.cpu_count() or 0,
-                       finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       figures=np.array(result.figures, dtype="S"), sources=np.array(result.sources, dtype="S"))
+        f.attrs.update(
+            name=name,
+            title=title,
+            paper=paper,
+            setting=result.setting,
+            seconds=float(seconds),
+            full=bool(full),
+            cores=os.cpu_count() or 0,
+            finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            figures=np.array(result.figures, dtype="S"),
+            sources=np.array(result.sources, dtype="S"),
+        )
         rows = f.create_group("rows")
         for i, row in enumerate(result.rows):
             rows.create_group(f"{i:03d}").attrs.update(dataclasses.asdict(row))
@@ -95,10 +105,24 @@ def read_claim(path) -> dict:
     """The claim file ``path``: its attributes (text lists decoded) and
     ``rows``, a list of :class:`Row`."""
     with h5py.File(path, "r") as f:
-        attrs = {k: ([_text(v) for v in value] if isinstance(value, np.ndarray) and value.dtype.kind == "S"
-                     else value.item() if isinstance(value, np.generic) else value)
-                 for k, value in f.attrs.items()}
-        rows = [Row(**{k: (float(v) if k == "ours" else _text(v))
-                       for k, v in f["rows"][key].attrs.items() if k in _ROW_FIELDS})
-                for key in sorted(f["rows"])]
+        attrs = {
+            k: (
+                [_text(v) for v in value]
+                if isinstance(value, np.ndarray) and value.dtype.kind == "S"
+                else value.item()
+                if isinstance(value, np.generic)
+                else value
+            )
+            for k, value in f.attrs.items()
+        }
+        rows = [
+            Row(
+                **{
+                    k: (float(v) if k == "ours" else _text(v))
+                    for k, v in f["rows"][key].attrs.items()
+                    if k in _ROW_FIELDS
+                }
+            )
+            for key in sorted(f["rows"])
+        ]
     return {**attrs, "rows": rows}

@@ -58,18 +58,24 @@ class SeedSpread:
 
     def text(self) -> str:
         """``"81.2 +- 1.3 (final 80.9 +- 2.0; 3 seeds)"``: the means and half the ranges."""
-        return (f"{self.mean:.1f} +- {self.spread / 2:.1f} (final {self.final_mean:.1f} +- "
-                f"{self.final_spread / 2:.1f}; {len(self.seeds)} seeds)")
+        return (
+            f"{self.mean:.1f} +- {self.spread / 2:.1f} (final {self.final_mean:.1f} +- "
+            f"{self.final_spread / 2:.1f}; {len(self.seeds)} seeds)"
+        )
 
 
 def spread_of(runs: dict, label: str = "") -> SeedSpread:
     """The :class:`SeedSpread` of ``{seed: run}``, named ``label``."""
     seeds = tuple(sorted(runs))
     summaries = [summarize(runs[s]) for s in seeds]
-    return SeedSpread(seeds, tuple(100 * summary["final_accuracy"] for summary in summaries),
-                      tuple(100 * last_epoch_accuracy(runs[s]) for s in seeds),
-                      float(np.mean([summary["stale_fraction"] for summary in summaries])),
-                      tuple(100 * float(np.nanmax(runs[s].eval["accuracy"])) for s in seeds), label)
+    return SeedSpread(
+        seeds,
+        tuple(100 * summary["final_accuracy"] for summary in summaries),
+        tuple(100 * last_epoch_accuracy(runs[s]) for s in seeds),
+        float(np.mean([summary["stale_fraction"] for summary in summaries])),
+        tuple(100 * float(np.nanmax(runs[s].eval["accuracy"])) for s in seeds),
+        label,
+    )
 
 
 def gap_counts(a: SeedSpread, b: SeedSpread) -> tuple[float, float, bool]:

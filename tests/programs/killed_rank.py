@@ -44,7 +44,7 @@ while step < steps:
         comm.Free()
         comm = survivors
         comm.Set_errhandler(MPI.ERRORS_RETURN)
-        continue                                    # the step again, on the survivors
+        continue  # the step again, on the survivors
     report["sizes"].append(comm.Get_size())
     report["sums"].append(float(ones[0]))
     step += 1

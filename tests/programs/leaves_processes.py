@@ -46,7 +46,7 @@ os.rename(sys.argv[1] + rank + ".tmp", sys.argv[1] + rank)
 while True:
     signal.pause()
 """
-DEADLINE = 120      # seconds for everything to start
+DEADLINE = 120  # seconds for everything to start
 
 
 def _daemon(waiter, pid_file):
@@ -79,22 +79,37 @@ def main(out_dir, mode, slurm_dir=None):
     pids = {}
     _daemon(waiter, out / "daemon.pid")
     pids["daemon"] = _wait_for(out / "daemon.pid")
-    job = subprocess.Popen([*mpiexec_command(2), sys.executable, str(waiter), str(out / "rank-")],
-                           start_new_session=True, stdin=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        [*mpiexec_command(2), sys.executable, str(waiter), str(out / "rank-")],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     pids["mpiexec"] = job.pid
     for rank in range(2):
         pids[f"rank {rank}"] = _wait_for(out / f"rank-{rank}")
     if slurm_dir:
-        started = subprocess.run([str(ROOT / "scripts" / "local-slurm"), "start", slurm_dir, "2"],
-                                 capture_output=True, text=True)
+        started = subprocess.run(
+            [str(ROOT / "scripts" / "local-slurm"), "start", slurm_dir, "2"], capture_output=True, text=True
+        )
         if started.returncode != 0:
             sys.exit(f"leaves_processes: local-slurm: {started.stderr.strip()}")
         for daemon in ("munged", "slurmctld", "slurmd"):
             pids[daemon] = int(Path(slurm_dir, f"{daemon}.pid").read_text())
         env = dict(os.environ, SLURM_CONF=str(Path(slurm_dir) / "slurm.conf"))
-        subprocess.run(["sbatch", "--parsable", "-n", "1", "--output=/dev/null",
-                        f"--wrap=exec {sys.executable} {waiter} {out / 'slurm-job'}"],
-                       env=env, check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-n",
+                "1",
+                "--output=/dev/null",
+                f"--wrap=exec {sys.executable} {waiter} {out / 'slurm-job'}",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         pids["slurm job"] = _wait_for(out / "slurm-job")
     record = {"token": os.environ["WAGMA_STAGE"].split(":")[-1], "pids": pids}
     (out / "processes.json.tmp").write_text(json.dumps(record))

@@ -14,12 +14,26 @@ from .local_sgd import LocalSGD
 from .sgp import SGP
 from .wagma_sgd import WagmaSGD
 
-__all__ = ["ADPSGD", "ALGORITHMS", "Algorithm", "AllreduceSGD", "DPSGD", "EagerSGD", "EnsembleSync",
-           "HierarchicalSGD", "LocalSGD", "SGP", "WagmaSGD", "create"]
+__all__ = [
+    "ADPSGD",
+    "ALGORITHMS",
+    "Algorithm",
+    "AllreduceSGD",
+    "DPSGD",
+    "EagerSGD",
+    "EnsembleSync",
+    "HierarchicalSGD",
+    "LocalSGD",
+    "SGP",
+    "WagmaSGD",
+    "create",
+]
 
 #: Algorithms by the name the CLI and the Slurm scripts use.
-ALGORITHMS = {cls.name: cls for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, EnsembleSync, HierarchicalSGD,
-                                          LocalSGD, SGP, WagmaSGD)}
+ALGORITHMS = {
+    cls.name: cls
+    for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, EnsembleSync, HierarchicalSGD, LocalSGD, SGP, WagmaSGD)
+}
 
 
 def create(name, model, optimizer, comm, *, init_sync=True, **options) -> Algorithm:
@@ -39,7 +53,8 @@ def create(name, model, optimizer, comm, *, init_sync=True, **options) -> Algori
             names the option and the accepted values).
     """
     require_communicator(comm)
-    problem = None if name in ALGORITHMS else \
-        f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {name!r}"
+    problem = (
+        None if name in ALGORITHMS else f"algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, got {name!r}"
+    )
     agree(comm, "wagma.algorithms.create", problem, ValueError, algorithm=name)
     return ALGORITHMS[name](model, optimizer, comm, init_sync=init_sync, **options)

@@ -51,8 +51,7 @@ class ADPSGD(Algorithm):
     def __init__(self, model, optimizer, comm, **options):
         super().__init__(model, optimizer, comm, **options)
         self.lock = threading.Lock()
-        self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()),
-                                     lock=self.lock).open()
+        self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()), lock=self.lock).open()
         self._exchanges = None
 
     def _step(self):

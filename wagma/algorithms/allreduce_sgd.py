@@ -85,25 +85,23 @@ class AllreduceSGD(Algorithm):
         super().__init__(model, optimizer, comm, **options)
         self._open_straggler_sync(self.config.sync, self.flat.grads.values())
         self.buckets = self._make_buckets(int(self.config.bucket_cap_mb * 1e6))
-        self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets)
-                           for p in params}
-        self._grad_view = {id(p): self.flat._view(self.flat.grads, p, dtype, offset)
-                           for p, dtype, offset in self.flat._slices}
+        self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets) for p in params}
+        self._grad_view = {
+            id(p): self.flat._view(self.flat.grads, p, dtype, offset) for p, dtype, offset in self.flat._slices
+        }
         self._background = BackgroundAllreduce(comm.data, op="avg").open()
         self._sync = True
         self._callback_queued = False
-        self._local = False     # gradients accumulated in no_sync() and not averaged since
+        self._local = False  # gradients accumulated in no_sync() and not averaged since
         self._averaged = False  # whether a backward pass averaged the gradients since the last step
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
-                       for p in self.flat.parameters]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready) for p in self.flat.parameters]
 
     def _make_buckets(self, cap_bytes):
         """``(dtype, lo, hi, parameters)`` slices of the flat gradients."""
         buckets = []
         for p, dtype, offset in reversed(self.flat._slices):
-            if buckets and buckets[-1][0] == dtype and (
-                    (buckets[-1][2] - offset) * p.element_size() <= cap_bytes):
+            if buckets and buckets[-1][0] == dtype and ((buckets[-1][2] - offset) * p.element_size() <= cap_bytes):
                 _, _, hi, params = buckets[-1]
                 buckets[-1] = (dtype, offset, hi, params + [p])
             else:
@@ -124,7 +122,7 @@ class AllreduceSGD(Algorithm):
         view = self._grad_view[id(p)]
         if p.grad is not view and (p.grad.data_ptr() != view.data_ptr() or p.grad.shape != view.shape):
             with torch.no_grad():
-                view.copy_(p.grad)      # a fresh gradient, after optimizer.zero_grad()
+                view.copy_(p.grad)  # a fresh gradient, after optimizer.zero_grad()
             p.grad = view
         if not self._sync:
             self._local = True
@@ -135,8 +133,7 @@ class AllreduceSGD(Algorithm):
         if self._stragglar_sync():
             return
         self._waiting[self._bucket_of[id(p)]] -= 1
-        while len(self._launched) < len(self.buckets) and \
-                self._waiting[len(self._launched)] == 0:
+        while len(self._launched) < len(self.buckets) and self._waiting[len(self._launched)] == 0:
             self._launch(len(self._launched))
 
     def _launch(self, b):
@@ -158,7 +155,7 @@ class AllreduceSGD(Algorithm):
         """Average the whole flat gradient over all ranks: the buckets not
         launched yet, then wait for all (or StragglAR with a predicted
         straggler)."""
-        self.flat.attach_grads()        # unused parameters' None gradients count as zeros
+        self.flat.attach_grads()  # unused parameters' None gradients count as zeros
         sync = self.straggler_sync
         if sync is not None:
             sync.begin(reduction_started=self._first_launch if self._launched else None)

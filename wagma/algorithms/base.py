@@ -126,8 +126,9 @@ class Algorithm:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        leading = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                   for n in ("model", "optimizer", "comm")]
+        leading = [
+            inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("model", "optimizer", "comm")
+        ]
         leading.append(inspect.Parameter("init_sync", inspect.Parameter.KEYWORD_ONLY, default=True))
         cls.__signature__ = keyword_signature(cls.Options, leading)
 
@@ -147,8 +148,14 @@ class Algorithm:
         self.skipped, self.ensemble = None, None
         problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
         config = None if problem else self.Options(**options).resolve(comm.size)
-        agree(comm, self.name, problem, ValueError, init_sync=init_sync,
-              options=sorted(config.as_dict().items()) if config else None)
+        agree(
+            comm,
+            self.name,
+            problem,
+            ValueError,
+            init_sync=init_sync,
+            options=sorted(config.as_dict().items()) if config else None,
+        )
         problem = same_parameters_problem(comm, model)
         if problem:
             raise ValueError(f"{self.name}: {problem}")
@@ -173,8 +180,10 @@ class Algorithm:
             return f"optimizer must own only the model's parameters; {foreign} of its are not the model's"
         missing = [name for name, p in self.model.named_parameters() if p.requires_grad and id(p) not in owned]
         if missing:
-            return (f"optimizer must own every trainable parameter of the model; it lacks "
-                    f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+            return (
+                f"optimizer must own every trainable parameter of the model; it lacks "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)"
+            )
         if not any(p.requires_grad for p in self.model.parameters()):
             return "model has no trainable parameters (every one has requires_grad=False)"
         return None
@@ -226,7 +235,8 @@ class Algorithm:
             raise RuntimeError(
                 f"{self.name}: optimizer.step() was called {count} time(s) since the last algo.step(), "
                 f"outside it: call algo.step() in its place (it runs the optimizer step and {self.name}'s "
-                f"communication); the replicas have not been averaged as {self.name} averages them")
+                f"communication); the replicas have not been averaged as {self.name} averages them"
+            )
         if self._returned is not None:
             self._period_seconds += entered - self._returned
             self._period_samples += self.samples_per_step or 0
@@ -316,8 +326,7 @@ class Algorithm:
 
     def load_state_dict(self, state: dict):
         if state.get("algorithm") != self.name:
-            raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, "
-                             f"not {self.name!r}")
+            raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, not {self.name!r}")
         saved = state.get("options", {})
         problem = self.Options.keyword_problem(saved)
         # Options added since the state was saved read as their defaults.

@@ -102,19 +102,24 @@ class EagerSGD(Algorithm):
         common = dict(op="avg", late=config.late, limiter=config.limiter, first_iteration=t)
         if config.quorum == "solo":
             return solo_allreduce(self.comm.data, grad, **common).open()
-        return majority_allreduce(self.comm.data, grad, activation=_MAJORITY_ACTIVATION[config.quorum],
-                                  activator_seed=config.activator_seed, **common).open()
+        return majority_allreduce(
+            self.comm.data,
+            grad,
+            activation=_MAJORITY_ACTIVATION[config.quorum],
+            activator_seed=config.activator_seed,
+            **common,
+        ).open()
 
     def _step(self):
         t = self.steps
-        self.flat.attach_grads()        # gradients optimizer.zero_grad() set to None
+        self.flat.attach_grads()  # gradients optimizer.zero_grad() set to None
         self.flat.check_views()
-        if self._collectives is None:   # opened here so a resumed run starts at t
+        if self._collectives is None:  # opened here so a resumed run starts at t
             self._collectives = {dtype: self._open(grad, t) for dtype, grad in self.flat.grads.items()}
         fresh, first = True, next(iter(self.flat.grads))
         for dtype, grad in self.flat.grads.items():
             collective = self._collectives[dtype]
-            if not collective.is_group_version(t):      # the limiter's synchronous version
+            if not collective.is_group_version(t):  # the limiter's synchronous version
                 collective.sync_allreduce(grad, t, op="avg")
                 self.contribution = t
                 continue

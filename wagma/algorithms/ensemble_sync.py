@@ -14,7 +14,7 @@ from .base import Algorithm
 
 __all__ = ["EnsembleSync"]
 
-_TAG_AVERAGE = 1000     # + round % _TAG_ROUNDS: one tag per round on the averaging channel
+_TAG_AVERAGE = 1000  # + round % _TAG_ROUNDS: one tag per round on the averaging channel
 _TAG_ROUNDS = 30000
 
 
@@ -127,7 +127,7 @@ class EnsembleSync(Algorithm):
         self.samples_per_step = int(decision.shares[self.comm.rank])
         if decision.end_step > end:
             self.skipped = (end, decision.end_step)
-            self.steps = decision.end_step - 1      # step() adds the one of this call
+            self.steps = decision.end_step - 1  # step() adds the one of this call
         if self.comm.rank == 0 and decision.weights[0] >= 0:
             self.ensemble = (decision.end_step, [p.detach().clone() for p in self.model.parameters()])
 
@@ -135,7 +135,7 @@ class EnsembleSync(Algorithm):
         weight = decision.weights[self.comm.rank] / decision.weights[decision.weights >= 0].sum()
         tag = _TAG_AVERAGE + decision.round % _TAG_ROUNDS
         for tensor in self.flat.params.values():
-            host = tensor.detach().cpu().numpy()        # a view on the CPU, a staging copy from a GPU
+            host = tensor.detach().cpu().numpy()  # a view on the CPU, a staging copy from a GPU
             host *= weight
             member_allreduce(host, self._averages, decision.members, tag)
             if tensor.device.type != "cpu":

@@ -1,6 +1,5 @@
 """Hierarchical SGD (seed 000, PyTorch's HierarchicalModelAverager): model averaging at several levels."""
 
-
 from collectives import Communicator, allreduce
 
 from ..options.algorithms import HierarchicalSGDOptions
@@ -66,7 +65,7 @@ class HierarchicalSGD(Algorithm):
     def _step(self):
         t = self.steps
         if t < self.warmup_steps:
-            self.flat.attach_grads()        # gradients optimizer.zero_grad() set to None
+            self.flat.attach_grads()  # gradients optimizer.zero_grad() set to None
             for tensor in self.flat.grads.values():
                 allreduce(tensor, comm=self.comm, op="avg")
         self._optimizer_step()

@@ -13,7 +13,7 @@ __all__ = ["SGP", "out_peer_offsets"]
 def out_peer_offsets(t: int, peers: int, ranks: int) -> tuple:
     """The offsets 2**k of step t's out-peers on the exponential graph of
     ``ranks`` ranks: k = (t * peers + j) mod ceil(log2 P) for j < ``peers``."""
-    rounds = max(1, (ranks - 1).bit_length())      # ceil(log2 P)
+    rounds = max(1, (ranks - 1).bit_length())  # ceil(log2 P)
     return tuple(1 << ((t * peers + j) % rounds) for j in range(peers))
 
 
@@ -63,12 +63,12 @@ class SGP(Algorithm):
         share = 1.0 / (self.peers + 1)
         w = self.weight.item()
         for tensor in self.flat.params.values():
-            tensor.mul_(w * share)                       # x / (peers + 1)
+            tensor.mul_(w * share)  # x / (peers + 1)
             neighbor_sum(tensor, comm=self.comm, offsets=receive_from, check=False)
         self.weight.mul_(share)
         neighbor_sum(self.weight, comm=self.comm, offsets=receive_from, check=False)
         for tensor in self.flat.params.values():
-            tensor.div_(self.weight.item())              # z = x / w
+            tensor.div_(self.weight.item())  # z = x / w
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -90,9 +90,16 @@ class WagmaSGD(Algorithm):
         if self.wait_avoiding and self._collectives is None:
             self._collectives = {
                 dtype: WaitAvoidingGroupAllreduce(
-                    self.comm.data, tensor, group_size=self.group_size, tau=self.tau,
-                    op="avg", first_iteration=t, dynamic_groups=not self.fixed_groups).open()
-                for dtype, tensor in self.flat.params.items()}
+                    self.comm.data,
+                    tensor,
+                    group_size=self.group_size,
+                    tau=self.tau,
+                    op="avg",
+                    first_iteration=t,
+                    dynamic_groups=not self.fixed_groups,
+                ).open()
+                for dtype, tensor in self.flat.params.items()
+            }
         if averages_globally(t, self.tau):
             self.contribution = t
             self._global_average(t)
@@ -113,8 +120,14 @@ class WagmaSGD(Algorithm):
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
                 self.contribution = t
-                group_allreduce(tensor, comm=self.comm, group_size=self.group_size,
-                                t=t, op="avg", dynamic_groups=not self.fixed_groups)
+                group_allreduce(
+                    tensor,
+                    comm=self.comm,
+                    group_size=self.group_size,
+                    t=t,
+                    op="avg",
+                    dynamic_groups=not self.fixed_groups,
+                )
 
     def _global_average(self, t):
         """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t."""

@@ -11,9 +11,34 @@ From a notebook::
 from .files import find_run_files, is_partial, read_runs
 from .frame import to_dataframe
 from .plots import plot_accuracy, plot_all, plot_throughput, plot_waits
-from .table import (COLUMNS, ROW_FIELDS, baseline_key, compare, format_table, mean_throughput,
-                    run_label, time_to_accuracy, write_csv)
+from .table import (
+    COLUMNS,
+    ROW_FIELDS,
+    baseline_key,
+    compare,
+    format_table,
+    mean_throughput,
+    run_label,
+    time_to_accuracy,
+    write_csv,
+)
 
-__all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "find_run_files", "format_table",
-           "is_partial", "mean_throughput", "plot_accuracy", "plot_all", "plot_throughput", "plot_waits",
-           "read_runs", "run_label", "time_to_accuracy", "to_dataframe", "write_csv"]
+__all__ = [
+    "COLUMNS",
+    "ROW_FIELDS",
+    "baseline_key",
+    "compare",
+    "find_run_files",
+    "format_table",
+    "is_partial",
+    "mean_throughput",
+    "plot_accuracy",
+    "plot_all",
+    "plot_throughput",
+    "plot_waits",
+    "read_runs",
+    "run_label",
+    "time_to_accuracy",
+    "to_dataframe",
+    "write_csv",
+]

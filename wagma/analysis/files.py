@@ -16,8 +16,9 @@ def find_run_files(paths) -> list[str]:
     found, seen = [], set()
     for path in map(os.fspath, paths):
         if os.path.isdir(path):
-            names = sorted(os.path.join(top, name) for top, _, files in os.walk(path)
-                           for name in files if name.endswith(".h5"))
+            names = sorted(
+                os.path.join(top, name) for top, _, files in os.walk(path) for name in files if name.endswith(".h5")
+            )
         else:
             names = [path]
         for name in names:

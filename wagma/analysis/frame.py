@@ -6,8 +6,7 @@ from .table import ROW_FIELDS, compare
 __all__ = ["to_dataframe"]
 
 
-def to_dataframe(paths, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
-                 skip: int | None = None):
+def to_dataframe(paths, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9, skip: int | None = None):
     """The :func:`~wagma.analysis.table.compare` rows of the run files in
     ``paths`` (files or directories) as a ``pandas.DataFrame``, one column
     per :data:`~wagma.analysis.table.ROW_FIELDS` name.
@@ -19,8 +18,10 @@ def to_dataframe(paths, baseline: str = "allreduce_sgd", target_accuracy: float 
     try:
         import pandas
     except ImportError as error:
-        raise ImportError("to_dataframe needs pandas, which wagma does not depend on; "
-                          "install it, or use wagma.analysis.compare (a list of dicts)") from error
+        raise ImportError(
+            "to_dataframe needs pandas, which wagma does not depend on; "
+            "install it, or use wagma.analysis.compare (a list of dicts)"
+        ) from error
     runs, _ = read_runs(paths)
     rows = compare(runs, baseline=baseline, target_accuracy=target_accuracy, skip=skip)
     return pandas.DataFrame(rows, columns=list(ROW_FIELDS))

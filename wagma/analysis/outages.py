@@ -35,12 +35,17 @@ def outage_row(run: Run, scenario: str, fault_free: Run = None) -> dict:
     step_time = steps["step_time"][others]
     done = int(np.isfinite(clock[others]).all(axis=0).sum())
     train_time = float(np.nanmax(clock[others])) if clock.size else float("nan")
-    row = {"scenario": scenario, "algorithm": str(run.attrs["algorithm"]), "status": str(run.attrs["status"]),
-           "epochs": done / max(int(run.attrs.get("steps_per_epoch", 0)), 1),
-           "train_time_s": train_time,
-           "others_longest_wait_s": float(np.nanmax(step_time) - np.nanmedian(step_time)) if done else float("nan"),
-           "time_lost_s": None, "dead_ranks": json.loads(run.attrs.get("dead_ranks", "[]")),
-           "skipped_steps": int(np.nansum(steps["skipped"]))}
+    row = {
+        "scenario": scenario,
+        "algorithm": str(run.attrs["algorithm"]),
+        "status": str(run.attrs["status"]),
+        "epochs": done / max(int(run.attrs.get("steps_per_epoch", 0)), 1),
+        "train_time_s": train_time,
+        "others_longest_wait_s": float(np.nanmax(step_time) - np.nanmedian(step_time)) if done else float("nan"),
+        "time_lost_s": None,
+        "dead_ranks": json.loads(run.attrs.get("dead_ranks", "[]")),
+        "skipped_steps": int(np.nansum(steps["skipped"])),
+    }
     if fault_free is not None and row["status"] == "complete" and fault_free.attrs["status"] == "complete":
         row["time_lost_s"] = train_time - float(np.nanmax(fault_free.steps["clock"]))
     return row
@@ -48,14 +53,18 @@ def outage_row(run: Run, scenario: str, fault_free: Run = None) -> dict:
 
 def format_outage_table(rows) -> str:
     """A markdown table of :func:`outage_row` rows."""
-    lines = ["| scenario | algorithm | status | epochs | training time (s) | longest wait of the others (s) "
-             "| time lost to the fault (s) | skipped steps | dead ranks |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | algorithm | status | epochs | training time (s) | longest wait of the others (s) "
+        "| time lost to the fault (s) | skipped steps | dead ranks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lost = "-" if r["time_lost_s"] is None else f"{r['time_lost_s']:.2f}"
-        lines.append(f"| {r['scenario']} | {r['algorithm']} | {r['status']} | {r['epochs']:.1f} "
-                     f"| {r['train_time_s']:.2f} | {r['others_longest_wait_s']:.2f} | {lost} "
-                     f"| {r['skipped_steps']} | {', '.join(map(str, r['dead_ranks'])) or '-'} |")
+        lines.append(
+            f"| {r['scenario']} | {r['algorithm']} | {r['status']} | {r['epochs']:.1f} "
+            f"| {r['train_time_s']:.2f} | {r['others_longest_wait_s']:.2f} | {lost} "
+            f"| {r['skipped_steps']} | {', '.join(map(str, r['dead_ranks'])) or '-'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -67,8 +76,12 @@ def _per_rank_panels(runs, field, ylabel, title, path, label_of):
     for ax, (label, run) in zip(axes, runs.items()):
         epochs, faulty = _epochs(run), _faulty_ranks(run)
         for rank, values in enumerate(run.steps[field]):
-            ax.plot(epochs, values, label=f"rank {rank}{' (fault)' if rank in faulty else ''}",
-                    linewidth=2.0 if rank in faulty else 1.0)
+            ax.plot(
+                epochs,
+                values,
+                label=f"rank {rank}{' (fault)' if rank in faulty else ''}",
+                linewidth=2.0 if rank in faulty else 1.0,
+            )
         _panel(ax, label_of(label, run), "epoch", ylabel)
     return _save(plt, fig, title, path)
 

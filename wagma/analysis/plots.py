@@ -12,13 +12,15 @@ from .table import mean_throughput, run_label
 
 __all__ = ["plot_accuracy", "plot_all", "plot_throughput", "plot_waits"]
 
-_MAX_COLUMNS = 2000     # steps shown per rank in a wait image (longer runs are binned)
+_MAX_COLUMNS = 2000  # steps shown per rank in a wait image (longer runs are binned)
 
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -43,8 +45,7 @@ def _save(plt, fig, title, path):
 def _grid(plt, count, width=5.5, height=4.0, **options):
     columns = min(count, 3)
     rows = math.ceil(count / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False,
-                             **options)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, **options)
     for ax in axes.flat[count:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:count])
@@ -66,7 +67,7 @@ def plot_throughput(rows: list[dict], path: str) -> str | None:
     panels = sorted({(r["imbalance"], r["compute"]) for r in rows}, key=lambda k: (k[0] != "none", k))
     several = len({(r["model"], r["dataset"]) for r in rows}) > 1
     lines = sorted({(r["label"], r["model"], r["dataset"]) for r in rows})
-    colors = {line: f"C{i % 10}" for i, line in enumerate(lines)}     # the same in every panel
+    colors = {line: f"C{i % 10}" for i, line in enumerate(lines)}  # the same in every panel
     fig, axes = _grid(plt, len(panels))
     for ax, (imbalance, compute) in zip(axes, panels):
         mine = [r for r in rows if (r["imbalance"], r["compute"]) == (imbalance, compute)]
@@ -110,6 +111,7 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
     if not runs:
         return None
     plt = _pyplot()
+
     def key(run):
         return int(run.attrs.get("ranks", 0)), str(run.attrs.get("dataset", "?"))
 
@@ -124,11 +126,21 @@ def plot_accuracy(runs: list[Run], path: str, target_accuracy: float | None = No
             label = f"{name}, P={panel[0]}"
             if names.count(name) > 1:
                 label += f" ({os.path.basename(run.path)})"
-            ax.plot(run.eval["clock"], 100 * np.asarray(run.eval["accuracy"], dtype=float), marker=".",
-                    color=colors[name], label=label)
+            ax.plot(
+                run.eval["clock"],
+                100 * np.asarray(run.eval["accuracy"], dtype=float),
+                marker=".",
+                color=colors[name],
+                label=label,
+            )
         if target_accuracy is not None:
-            ax.axhline(100 * target_accuracy, color="gray", linestyle=":", linewidth=1,
-                       label=f"target {100 * target_accuracy:g}%")
+            ax.axhline(
+                100 * target_accuracy,
+                color="gray",
+                linestyle=":",
+                linewidth=1,
+                label=f"target {100 * target_accuracy:g}%",
+            )
         _panel(ax, f"{panel[1]}, P={panel[0]}", "training time (s)", "accuracy of the averaged model (%)")
     return _save(plt, fig, "Accuracy against training time", path)
 
@@ -159,17 +171,28 @@ def plot_waits(run: Run, path: str) -> str | None:
         return None
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
+
     image, width = _binned(wait, _MAX_COLUMNS)
     fig = plt.figure(figsize=(10, 7))
     grid = fig.add_gridspec(2, 2, width_ratios=(40, 1))
     top = fig.add_subplot(grid[0, 0])
     bottom = fig.add_subplot(grid[1, 0], sharex=top)
     peak = float(np.nanmax(image)) if np.any(image > 0) else 1.0
-    shown = top.imshow(image, aspect="auto", interpolation="nearest", origin="lower", cmap="viridis",
-                       vmin=0, vmax=peak,
-                       extent=(-0.5 * width, (image.shape[1] - 0.5) * width, -0.5, ranks - 0.5))
-    fig.colorbar(shown, cax=fig.add_subplot(grid[0, 1]),
-                 label="wait time (ms)" + (f", mean of {width} steps" if width > 1 else ""))
+    shown = top.imshow(
+        image,
+        aspect="auto",
+        interpolation="nearest",
+        origin="lower",
+        cmap="viridis",
+        vmin=0,
+        vmax=peak,
+        extent=(-0.5 * width, (image.shape[1] - 0.5) * width, -0.5, ranks - 0.5),
+    )
+    fig.colorbar(
+        shown,
+        cax=fig.add_subplot(grid[0, 1]),
+        label="wait time (ms)" + (f", mean of {width} steps" if width > 1 else ""),
+    )
     top.yaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_ylabel("rank")
@@ -184,18 +207,23 @@ def plot_waits(run: Run, path: str) -> str | None:
     bottom.set_title("cumulative wait time per rank")
     bottom.grid(True, alpha=0.3)
     attrs = run.attrs
-    return _save(plt, fig, f"{run_label(run)}, P={ranks}, imbalance "
-                           f"{attrs.get('imbalance', '?')}: {os.path.basename(run.path)}", path)
+    return _save(
+        plt,
+        fig,
+        f"{run_label(run)}, P={ranks}, imbalance {attrs.get('imbalance', '?')}: {os.path.basename(run.path)}",
+        path,
+    )
 
 
-def plot_all(runs: list[Run], rows: list[dict], folder: str,
-             target_accuracy: float | None = None) -> list[str]:
+def plot_all(runs: list[Run], rows: list[dict], folder: str, target_accuracy: float | None = None) -> list[str]:
     """Every figure into ``folder`` (created): ``throughput.png``,
     ``accuracy_vs_time.png`` (if any run has evaluations) and one
     ``waits_<file stem>.png`` per run with steps; returns the paths written."""
     os.makedirs(folder, exist_ok=True)
-    written = [plot_throughput(rows, os.path.join(folder, "throughput.png")),
-               plot_accuracy(runs, os.path.join(folder, "accuracy_vs_time.png"), target_accuracy)]
+    written = [
+        plot_throughput(rows, os.path.join(folder, "throughput.png")),
+        plot_accuracy(runs, os.path.join(folder, "accuracy_vs_time.png"), target_accuracy),
+    ]
     names = set()
     for run in runs:
         stem = os.path.basename(run.path)[:-3] if run.path.endswith(".h5") else os.path.basename(run.path)

@@ -25,10 +25,18 @@ def spread_rows(rows: list[dict]) -> list[dict]:
     groups = {}
     for row in rows:
         groups.setdefault((row["label"], row["ranks"]), []).append(row)
-    return [{"label": label, "ranks": ranks, "runs": len(members),
-             **{field: _stats(r[field] for r in members)
-                for field in ("final_accuracy", "last_epoch_accuracy", "stale_fraction")}}
-            for (label, ranks), members in groups.items()]
+    return [
+        {
+            "label": label,
+            "ranks": ranks,
+            "runs": len(members),
+            **{
+                field: _stats(r[field] for r in members)
+                for field in ("final_accuracy", "last_epoch_accuracy", "stale_fraction")
+            },
+        }
+        for (label, ranks), members in groups.items()
+    ]
 
 
 def _range(stats, scale=100.0, spec=".1f"):
@@ -43,7 +51,17 @@ def format_spread(rows: list[dict], markdown: bool = False) -> str:
     """:func:`spread_rows` as a table: accuracies in percent, their range
     (min-max) and mean over the runs, and the mean stale fraction."""
     cells = [list(SPREAD_COLUMNS)]
-    cells += [[r["label"], str(r["ranks"]), str(r["runs"]), _range(r["final_accuracy"]),
-               _mean(r["final_accuracy"]), _range(r["last_epoch_accuracy"]), _mean(r["last_epoch_accuracy"]),
-               _mean(r["stale_fraction"], 1.0, ".2f")] for r in rows]
+    cells += [
+        [
+            r["label"],
+            str(r["ranks"]),
+            str(r["runs"]),
+            _range(r["final_accuracy"]),
+            _mean(r["final_accuracy"]),
+            _range(r["last_epoch_accuracy"]),
+            _mean(r["last_epoch_accuracy"]),
+            _mean(r["stale_fraction"], 1.0, ".2f"),
+        ]
+        for r in rows
+    ]
     return render(cells, ["<", ">", ">", ">", ">", ">", ">", ">"], markdown)

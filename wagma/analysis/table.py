@@ -11,15 +11,49 @@ from wagma.results import Run, load_run, summarize
 
 from .files import is_partial
 
-__all__ = ["COLUMNS", "ROW_FIELDS", "baseline_key", "compare", "format_table", "mean_throughput", "render",
-           "run_label", "time_to_accuracy", "write_csv"]
+__all__ = [
+    "COLUMNS",
+    "ROW_FIELDS",
+    "baseline_key",
+    "compare",
+    "format_table",
+    "mean_throughput",
+    "render",
+    "run_label",
+    "time_to_accuracy",
+    "write_csv",
+]
 
 #: The keys of a :func:`compare` row, in CSV order.  Values are in the run
 #: file's units (seconds, accuracy as a fraction); None where there is none.
-ROW_FIELDS = ("file", "algorithm", "label", "ranks", "group_size", "tau", "imbalance", "compute", "model",
-              "dataset", "batch_size", "status", "file_status", "steps", "steps_planned", "skip",
-              "throughput", "baseline", "speedup", "final_accuracy", "last_epoch_accuracy", "best_accuracy",
-              "target_accuracy", "time_to_target", "mean_wait_time", "stale_fraction")
+ROW_FIELDS = (
+    "file",
+    "algorithm",
+    "label",
+    "ranks",
+    "group_size",
+    "tau",
+    "imbalance",
+    "compute",
+    "model",
+    "dataset",
+    "batch_size",
+    "status",
+    "file_status",
+    "steps",
+    "steps_planned",
+    "skip",
+    "throughput",
+    "baseline",
+    "speedup",
+    "final_accuracy",
+    "last_epoch_accuracy",
+    "best_accuracy",
+    "target_accuracy",
+    "time_to_target",
+    "mean_wait_time",
+    "stale_fraction",
+)
 
 
 def _options(run: Run) -> dict:
@@ -27,7 +61,7 @@ def _options(run: Run) -> dict:
     a measured run's config, ``options`` of a simulated one's; {} if none."""
     try:
         config = run.config
-    except ValueError:          # not JSON: an old or hand-made file
+    except ValueError:  # not JSON: an old or hand-made file
         return {}
     options = config.get("algorithm_options", config.get("options")) if isinstance(config, dict) else None
     return options if isinstance(options, dict) else {}
@@ -151,13 +185,22 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
 
 
 def _sort_key(row: dict) -> tuple:
-    return (row["imbalance"] != "none", row["imbalance"], row["compute"], row["ranks"],
-            row["algorithm"], row["label"], row["group_size"], row["tau"], row["model"], row["dataset"],
-            row["file"])
+    return (
+        row["imbalance"] != "none",
+        row["imbalance"],
+        row["compute"],
+        row["ranks"],
+        row["algorithm"],
+        row["label"],
+        row["group_size"],
+        row["tau"],
+        row["model"],
+        row["dataset"],
+        row["file"],
+    )
 
 
-def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
-            skip: int | None = None) -> list[dict]:
+def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9, skip: int | None = None) -> list[dict]:
     """One row (a dict of :data:`ROW_FIELDS`) per run, sorted by imbalance
     (``none`` first), compute mode, P, algorithm and variant.
 
@@ -257,8 +300,7 @@ def render(cells: list[list[str]], aligns: list[str], markdown: bool = False) ->
         rule = ["---:" if align == ">" else "---" for align in aligns]
         return "\n".join("| " + " | ".join(line) + " |" for line in [cells[0], rule, *cells[1:]])
     widths = [max(len(line[i]) for line in cells) for i in range(len(aligns))]
-    lines = ["  ".join(format(c, f"{a}{w}") for c, a, w in zip(line, aligns, widths)).rstrip()
-             for line in cells]
+    lines = ["  ".join(format(c, f"{a}{w}") for c, a, w in zip(line, aligns, widths)).rstrip() for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -114,16 +114,18 @@ class Emulator:
         if schedule.algorithm not in EMULATED:
             raise ValueError(f"the emulator runs {', '.join(EMULATED)}; got {schedule.algorithm!r}")
         if len(models) != schedule.ranks or len(optimizers) != schedule.ranks:
-            raise ValueError(f"the schedule is of {schedule.ranks} ranks: give as many models and optimizers, "
-                             f"got {len(models)} and {len(optimizers)}")
+            raise ValueError(
+                f"the schedule is of {schedule.ranks} ranks: give as many models and optimizers, "
+                f"got {len(models)} and {len(optimizers)}"
+            )
         self.schedule, self.models, self.optimizers = schedule, list(models), list(optimizers)
         self.options = schedule.options
         self._everyone = _global_masks(schedule.ranks)
         self.flats = [FlatParameters(model) for model in self.models]
         self.stale_steps = np.zeros(schedule.ranks, dtype=np.int64)
-        self._published = None      # WAGMA-SGD: {rank: {iteration: {dtype: tensor}}}
-        self._unread = None         # eager-SGD: {(rank, step): {dtype: gradient}}
-        self._weights = None        # SGP: the push-sum weights
+        self._published = None  # WAGMA-SGD: {rank: {iteration: {dtype: tensor}}}
+        self._unread = None  # eager-SGD: {(rank, step): {dtype: gradient}}
+        self._weights = None  # SGP: the push-sum weights
 
     @property
     def ranks(self) -> int:
@@ -249,19 +251,23 @@ class Emulator:
             return
         if not (o["wait_avoiding"] or o["group_averaging"]):
             return
-        if self._published is None:     # the runtime opens its collective at the first step, lending W'_t
+        if self._published is None:  # the runtime opens its collective at the first step, lending W'_t
             self._published = {r: {t - 1: self._copy_params(r)} for r in range(self.ranks)}
         grouping = ButterflyGrouping(self.ranks, o["group_size"])
         iteration = 0 if o["fixed_groups"] else t
         source = self.schedule.arrays["source"][:, t] if o["wait_avoiding"] else np.full(self.ranks, t)
         for group in grouping.groups(iteration):
             for dtype in self.flats[0].params:
-                mean = _butterfly_mean({m: self.flats[m].params[dtype] if source[m] == t
-                                        else self._published[m][source[m]][dtype] for m in group},
-                                       grouping.masks(iteration))
+                mean = _butterfly_mean(
+                    {
+                        m: self.flats[m].params[dtype] if source[m] == t else self._published[m][source[m]][dtype]
+                        for m in group
+                    },
+                    grouping.masks(iteration),
+                )
                 for m in group:
                     own = self.flats[m].params[dtype]
-                    if o["wait_avoiding"]:      # W'_t is published before the replica moves on
+                    if o["wait_avoiding"]:  # W'_t is published before the replica moves on
                         self._published[m].setdefault(t, {})[dtype] = own.clone()
                     own.copy_(mean if source[m] == t else stale_average(mean.clone(), own, o["group_size"]))
         self.stale_steps += source < t
@@ -280,7 +286,7 @@ class Emulator:
 
     def _forget_published(self, t):
         """Drop the contributions no later version reads."""
-        later = self.schedule.arrays["source"][:, t + 1:]
+        later = self.schedule.arrays["source"][:, t + 1 :]
         for r, kept in self._published.items():
             oldest = later[r].min() if later.shape[1] else t + 1
             for s in [s for s in kept if s < oldest]:
@@ -294,10 +300,10 @@ class Emulator:
         if self._unread is None:
             self._unread = {}
         for r, f in enumerate(self.flats):
-            if taken[r, t] > t:         # read by a later version (the "newest" and "accumulate" readings)
+            if taken[r, t] > t:  # read by a later version (the "newest" and "accumulate" readings)
                 self._unread[r, t] = {dtype: g.clone() for dtype, g in f.grads.items()}
         self.stale_steps += taken[:, t] != t
-        rows, steps = np.nonzero(taken[:, :t + 1] == t)
+        rows, steps = np.nonzero(taken[:, : t + 1] == t)
         # Oldest first: the runtime adds what is unread into each newer gradient as it is published.
         read = {r: sorted(steps[rows == r]) for r in range(self.ranks)}
         for dtype, like in self.flats[0].grads.items():
@@ -327,20 +333,23 @@ class Emulator:
         programs = _adpsgd_programs(self.schedule.arrays["exchanges"], self.ranks, self.schedule.steps)
         pending = [{d: torch.zeros_like(p) for d, p in f.params.items()} for f in self.flats]
         unfolded = [False] * self.ranks
-        sent = {}                                   # (exchange, active) -> the model that side sent
+        sent = {}  # (exchange, active) -> the model that side sent
         at, done, reported = [0] * self.ranks, [0] * self.ranks, 0
 
-        def fold(r):        # PairwiseGossip.fold: after an update and at close()
+        def fold(r):  # PairwiseGossip.fold: after an update and at close()
             if unfolded[r]:
                 fold_pending(list(self.flats[r].params.values()), [pending[r][d] for d in self.flats[r].params])
                 unfolded[r] = False
 
         while any(at[r] < len(programs[r]) for r in range(self.ranks)):
-            ready = [r for r in range(self.ranks) if at[r] < len(programs[r])
-                     and _adpsgd_ready(programs[r][at[r]], sent)]
+            ready = [
+                r for r in range(self.ranks) if at[r] < len(programs[r]) and _adpsgd_ready(programs[r][at[r]], sent)
+            ]
             if not ready:
-                raise ValueError("AD-PSGD's exchanges cannot be ordered: a replica waits for a copy its "
-                                 "partner never makes (an exchange table not of one run)")
+                raise ValueError(
+                    "AD-PSGD's exchanges cannot be ordered: a replica waits for a copy its "
+                    "partner never makes (an exchange table not of one run)"
+                )
             r = min(ready, key=lambda q: (done[q], q))
             kind, x, active = programs[r][at[r]]
             at[r] += 1
@@ -359,12 +368,12 @@ class Emulator:
                     for d in pending[r]:
                         apply_half_difference(pending[r][d], sent[x, False][d], received[d].clone())
                     unfolded[r] = True
-            else:       # the active side's half difference
+            else:  # the active side's half difference
                 mine, theirs = sent.pop((x, True)), sent.pop((x, False))
                 for d in pending[r]:
                     apply_half_difference(pending[r][d], mine[d], theirs[d])
                 unfolded[r] = True
-        for r in range(self.ranks):     # close(): the differences still pending
+        for r in range(self.ranks):  # close(): the differences still pending
             fold(r)
 
 

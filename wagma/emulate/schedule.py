@@ -1,8 +1,7 @@
 """Who contributed what to each averaging of a run: what the emulator replays."""
 
-from dataclasses import dataclass, field
-
 import json
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,9 +18,11 @@ __all__ = ["Schedule", "exchanges_from_times", "logged_schedule", "simulated_sch
 #: :attr:`collectives.gossip.PairwiseGossip.log` and the run file's table
 #: ``sync/exchanges`` hold them).  The synchronous algorithms need none:
 #: their arithmetic does not depend on the times.
-NEEDS = {"wagma": ("source",),     # with wait_avoiding
-         "eager_sgd": ("taken",),
-         "adpsgd": ("exchanges",)}
+NEEDS = {
+    "wagma": ("source",),  # with wait_avoiding
+    "eager_sgd": ("taken",),
+    "adpsgd": ("exchanges",),
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Schedule:
     def __post_init__(self):
         needs = NEEDS.get(self.algorithm, ())
         if self.algorithm == "wagma" and not self.options.get("wait_avoiding"):
-            needs = ()          # blocking groups, or none: nobody is ever stale
+            needs = ()  # blocking groups, or none: nobody is ever stale
         missing = [name for name in needs if name not in self.arrays]
         if missing:
             raise ValueError(f"a schedule of {self.algorithm} needs {', '.join(missing)}")
@@ -73,15 +74,26 @@ def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
     simulator's times decide who was fresh (a core or GPU per rank, the
     scenario's imbalance and network).  Raises ValueError as
     :func:`wagma.sim.simulate` does."""
-    from wagma.sim import simulate       # numba compiles the kernels: only when a schedule is asked for
+    from wagma.sim import simulate  # numba compiles the kernels: only when a schedule is asked for
 
     run = simulate(algorithm, scenario, **options)
     arrays = dict(run.schedule)
     if algorithm == "adpsgd":
-        arrays = {"exchanges": exchanges_from_times(arrays["partner"], arrays["begin"], arrays["finish"],
-                                                    arrays["exchange_s"])}
-    return Schedule(algorithm, resolved_options(algorithm, scenario.ranks, options).as_dict(), scenario.ranks,
-                    scenario.steps, arrays, np.asarray(run.steps["clock"]), f"simulated: {scenario!r}", run)
+        arrays = {
+            "exchanges": exchanges_from_times(
+                arrays["partner"], arrays["begin"], arrays["finish"], arrays["exchange_s"]
+            )
+        }
+    return Schedule(
+        algorithm,
+        resolved_options(algorithm, scenario.ranks, options).as_dict(),
+        scenario.ranks,
+        scenario.steps,
+        arrays,
+        np.asarray(run.steps["clock"]),
+        f"simulated: {scenario!r}",
+        run,
+    )
 
 
 def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
@@ -95,18 +107,25 @@ def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
     does both when the request arrives (half of it).  An update at the
     same time as a copy comes first."""
     ranks, steps = finish.shape
-    rows = []       # (rank, time, peer, active, copied_after, applied_after)
+    rows = []  # (rank, time, peer, active, copied_after, applied_after)
     for a in range(0, ranks if ranks > 1 else 0, 2):
         for k in range(steps):
             p, b = int(partner[a, k]), float(begin[a, k])
             arrived, done = b + exchange_s / 2, b + exchange_s
-            rows.append((a, b, p, 1, np.searchsorted(finish[a], b, side="right"),
-                         np.searchsorted(finish[a], done, side="right")))
+            rows.append(
+                (
+                    a,
+                    b,
+                    p,
+                    1,
+                    np.searchsorted(finish[a], b, side="right"),
+                    np.searchsorted(finish[a], done, side="right"),
+                )
+            )
             served = np.searchsorted(finish[p], arrived, side="right")
             rows.append((p, arrived, a, 0, served, served))
     rows.sort(key=lambda row: row[:3])
-    return np.array([(r, peer, active, c, d) for r, _, peer, active, c, d in rows],
-                    dtype=np.int64).reshape(-1, 5)
+    return np.array([(r, peer, active, c, d) for r, _, peer, active, c, d in rows], dtype=np.int64).reshape(-1, 5)
 
 
 def logged_schedule(run) -> Schedule:
@@ -128,23 +147,36 @@ def logged_schedule(run) -> Schedule:
     arrays = {}
     if algorithm == "adpsgd":
         if "exchanges" not in run.tables:
-            raise ValueError(f"{run.path}: an AD-PSGD run without its exchanges (table sync/exchanges: close "
-                             f"the algorithm before the recorder; files of an earlier version lack it)")
+            raise ValueError(
+                f"{run.path}: an AD-PSGD run without its exchanges (table sync/exchanges: close "
+                f"the algorithm before the recorder; files of an earlier version lack it)"
+            )
         arrays["exchanges"] = np.asarray(run.tables["exchanges"], dtype=np.int64)
     if options.get("reallocate"):
-        raise ValueError(f"{run.path}: a run that reallocates work (reallocate=True) changes its batches "
-                         f"from period to period, which the emulator does not replay")
+        raise ValueError(
+            f"{run.path}: a run that reallocates work (reallocate=True) changes its batches "
+            f"from period to period, which the emulator does not replay"
+        )
     if algorithm in ("wagma", "eager_sgd") and (algorithm == "eager_sgd" or options.get("wait_avoiding")):
         if not np.isfinite(logged).all():
-            raise ValueError(f"{run.path}: {algorithm} run without its contributions logged at every step "
-                             f"(step field 'contribution'; files of an earlier version lack it)")
+            raise ValueError(
+                f"{run.path}: {algorithm} run without its contributions logged at every step "
+                f"(step field 'contribution'; files of an earlier version lack it)"
+            )
         logged = logged.astype(np.int64)
         if algorithm == "wagma":
             arrays["source"] = logged
         else:
             arrays["taken"] = _taken_from_log(logged, options.get("late", "drop"))
-    return Schedule(algorithm, resolved_options(algorithm, ranks, options).as_dict(), ranks, steps, arrays,
-                    np.asarray(run.steps["clock"]), f"logged: {run.path}")
+    return Schedule(
+        algorithm,
+        resolved_options(algorithm, ranks, options).as_dict(),
+        ranks,
+        steps,
+        arrays,
+        np.asarray(run.steps["clock"]),
+        f"logged: {run.path}",
+    )
 
 
 def _taken_from_log(logged, late):
@@ -158,7 +190,7 @@ def _taken_from_log(logged, late):
             if c < 0:
                 continue
             if late == "accumulate":
-                taken[r, read_up_to + 1:c + 1] = v
+                taken[r, read_up_to + 1 : c + 1] = v
             else:
                 taken[r, c] = v
             read_up_to = c

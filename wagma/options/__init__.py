@@ -5,8 +5,19 @@ from __future__ import annotations
 from .algorithms import OPTIONS, SYNCS, auto_group_size
 from .base import COMMAND_LINE, LIBRARY, Options, Wording, option
 
-__all__ = ["ALGORITHM_NAMES", "COMMAND_LINE", "LIBRARY", "OPTIONS", "Options", "SYNCS", "Wording",
-           "auto_group_size", "option", "options_problem", "resolved_options"]
+__all__ = [
+    "ALGORITHM_NAMES",
+    "COMMAND_LINE",
+    "LIBRARY",
+    "OPTIONS",
+    "Options",
+    "SYNCS",
+    "Wording",
+    "auto_group_size",
+    "option",
+    "options_problem",
+    "resolved_options",
+]
 
 #: The algorithms' names, as ``create`` and ``--algo`` take them.
 ALGORITHM_NAMES = tuple(sorted(OPTIONS))

@@ -8,10 +8,22 @@ import math
 from .base import Options, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
-__all__ = ["ADPSGDOptions", "AllreduceSGDOptions", "DPSGDOptions", "EAGER_LIMITER", "EagerSGDOptions",
-           "EnsembleSyncOptions", "HierarchicalSGDOptions", "LocalSGDOptions", "OPTIONS", "SGPOptions", "SYNCS",
-           "WagmaOptions",
-           "auto_group_size", "parse_levels"]
+__all__ = [
+    "ADPSGDOptions",
+    "AllreduceSGDOptions",
+    "DPSGDOptions",
+    "EAGER_LIMITER",
+    "EagerSGDOptions",
+    "EnsembleSyncOptions",
+    "HierarchicalSGDOptions",
+    "LocalSGDOptions",
+    "OPTIONS",
+    "SGPOptions",
+    "SYNCS",
+    "WagmaOptions",
+    "auto_group_size",
+    "parse_levels",
+]
 
 #: The values of the ``sync`` option: how the global synchronizations
 #: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
@@ -31,17 +43,24 @@ def auto_group_size(ranks: int) -> int:
 
 
 def _sync():
-    return option("allreduce", check=one_of(*SYNCS), metavar="{allreduce,stragglar}",
-                  help="how the global averages (Allreduce-SGD's of the gradients, local SGD's and WAGMA-SGD's "
-                       "every tau steps of the models) reduce: 'allreduce' (the tuned allreduce) or 'stragglar' "
-                       "(StragglAR with the rank predicted to arrive last as its straggler; the same average up "
-                       "to the order of the float additions, whoever arrives last).")
+    return option(
+        "allreduce",
+        check=one_of(*SYNCS),
+        metavar="{allreduce,stragglar}",
+        help="how the global averages (Allreduce-SGD's of the gradients, local SGD's and WAGMA-SGD's "
+        "every tau steps of the models) reduce: 'allreduce' (the tuned allreduce) or 'stragglar' "
+        "(StragglAR with the rank predicted to arrive last as its straggler; the same average up "
+        "to the order of the float additions, whoever arrives last).",
+    )
 
 
 def _reallocate():
-    return option(False, check=boolean,
-                  help="after each global average, Lemma 1's shares of the global batch for the next period "
-                       "from the ranks' measured speeds (wagma.reallocation).")
+    return option(
+        False,
+        check=boolean,
+        help="after each global average, Lemma 1's shares of the global batch for the next period "
+        "from the ranks' measured speeds (wagma.reallocation).",
+    )
 
 
 def _needs_power_of_two(algorithm, ranks, say, why):
@@ -54,8 +73,9 @@ def _needs_power_of_two(algorithm, ranks, say, why):
 class AllreduceSGDOptions(Options):
     """Allreduce-SGD's options (DDP's bucketed gradient averaging)."""
 
-    bucket_cap_mb: float = option(25.0, check=positive_number, parse=float,
-                                  help="bucket size in MB (10**6 bytes), DDP's default 25.")
+    bucket_cap_mb: float = option(
+        25.0, check=positive_number, parse=float, help="bucket size in MB (10**6 bytes), DDP's default 25."
+    )
     sync: str = _sync()
 
 
@@ -63,9 +83,13 @@ class AllreduceSGDOptions(Options):
 class LocalSGDOptions(Options):
     """Local SGD's options."""
 
-    period: int = option(1, check=int_at_least(1), parse=int,
-                         help="tau: steps between model averages; 1 is synchronous model averaging (the WAGMA "
-                              "paper's baseline, section 5.1), 10 its ablation 1.")
+    period: int = option(
+        1,
+        check=int_at_least(1),
+        parse=int,
+        help="tau: steps between model averages; 1 is synchronous model averaging (the WAGMA "
+        "paper's baseline, section 5.1), 10 its ablation 1.",
+    )
     reallocate: bool = _reallocate()
     sync: str = _sync()
 
@@ -90,19 +114,31 @@ def _int_or_auto(text):
 class WagmaOptions(Options):
     """WAGMA-SGD's options (Algorithm 2's S, tau, alpha and beta)."""
 
-    group_size: int | str = option("auto", check=_group_size, parse=_int_or_auto, metavar="S",
-                                   help="S, the butterfly group size: a power of two <= P, or 'auto' = sqrt(P) "
-                                        "rounded up to a power of two (section 5.2).")
-    tau: int = option(10, check=int_at_least(1), parse=int,
-                      help="the global averaging period (Algorithm 2, line 8; the paper: 10).")
-    wait_avoiding: bool = option(True, check=boolean,
-                                 help="alpha: the wait-avoiding group allreduce between global averages.")
-    group_averaging: bool = option(False, check=boolean,
-                                   help="beta: a blocking group allreduce between global averages "
-                                        "(D-PSGD/SGP-like; needs wait_avoiding off).")
-    fixed_groups: bool = option(False, check=boolean,
-                                help="average in iteration 0's groups at every step, not Algorithm 1's dynamic "
-                                     "butterfly groups (the paper's ablation 2, section 5.2).")
+    group_size: int | str = option(
+        "auto",
+        check=_group_size,
+        parse=_int_or_auto,
+        metavar="S",
+        help="S, the butterfly group size: a power of two <= P, or 'auto' = sqrt(P) "
+        "rounded up to a power of two (section 5.2).",
+    )
+    tau: int = option(
+        10, check=int_at_least(1), parse=int, help="the global averaging period (Algorithm 2, line 8; the paper: 10)."
+    )
+    wait_avoiding: bool = option(
+        True, check=boolean, help="alpha: the wait-avoiding group allreduce between global averages."
+    )
+    group_averaging: bool = option(
+        False,
+        check=boolean,
+        help="beta: a blocking group allreduce between global averages (D-PSGD/SGP-like; needs wait_avoiding off).",
+    )
+    fixed_groups: bool = option(
+        False,
+        check=boolean,
+        help="average in iteration 0's groups at every step, not Algorithm 1's dynamic "
+        "butterfly groups (the paper's ablation 2, section 5.2).",
+    )
     reallocate: bool = _reallocate()
     sync: str = _sync()
 
@@ -111,11 +147,15 @@ class WagmaOptions(Options):
 
     def _relations(self, ranks, say):
         if self.wait_avoiding and self.group_averaging:
-            return (f"{say('wait_avoiding')} and {say('group_averaging')} cannot both be on (Algorithm 2's "
-                    f"alpha and beta): turn {say('wait_avoiding')} off for the blocking group averaging")
+            return (
+                f"{say('wait_avoiding')} and {say('group_averaging')} cannot both be on (Algorithm 2's "
+                f"alpha and beta): turn {say('wait_avoiding')} off for the blocking group averaging"
+            )
         if self.fixed_groups and not (self.wait_avoiding or self.group_averaging):
-            return (f"{say('fixed_groups')} needs {say('wait_avoiding')} or {say('group_averaging')}: with "
-                    f"both off no groups average")
+            return (
+                f"{say('fixed_groups')} needs {say('wait_avoiding')} or {say('group_averaging')}: with "
+                f"both off no groups average"
+            )
         return None
 
     def resolve(self, ranks):
@@ -135,8 +175,10 @@ class ADPSGDOptions(Options):
 
     def ranks_problem(self, ranks, say):
         if ranks > 1 and ranks % 2:
-            return (f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
-                    f"ring), got {say.ranks(ranks)}")
+            return (
+                f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
+                f"ring), got {say.ranks(ranks)}"
+            )
         return None
 
 
@@ -153,9 +195,12 @@ def _peers(value, name, ranks, say):
 class SGPOptions(Options):
     """SGP's options."""
 
-    peers: int = option(1, check=_peers, parse=int,
-                        help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) "
-                             "(the paper: 1 or 2).")
+    peers: int = option(
+        1,
+        check=_peers,
+        parse=int,
+        help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).",
+    )
 
 
 def _limiter(value, name, ranks, say):
@@ -176,19 +221,36 @@ EAGER_LIMITER = {"solo": 32, "majority": 0, "half": 0}
 class EagerSGDOptions(Options):
     """Eager-SGD's options (the partial collective, the late gradient's fate, the limiter)."""
 
-    quorum: str = option("majority", check=one_of("solo", "majority", "half"), metavar="{solo,majority,half}",
-                         help="which partial collective starts a version: 'solo' (the first rank to arrive), "
-                              "'majority' (one rank drawn per version, the same on every rank, as the authors' "
-                              "code does) or 'half' (once ceil(P/2) ranks have arrived).")
-    late: str = option("drop", check=one_of("drop", "newest", "accumulate"), metavar="{drop,newest,accumulate}",
-                       help="what becomes of a gradient its version began without: 'drop' (the authors' code), "
-                            "'newest' (the next version takes the rank's newest gradient) or 'accumulate' (the "
-                            "next version takes the sum of every gradient not yet applied).")
-    limiter: int | str = option("auto", check=_limiter, parse=_int_or_auto, metavar="N",
-                                help="after N partial versions one that waits for every rank; 0: none; 'auto': "
-                                     "32 for solo, 0 otherwise (the authors' code).")
-    activator_seed: int = option(0, check=int_at_least(0), parse=int,
-                                 help="the seed of the majority's activator sequence (the same on every rank).")
+    quorum: str = option(
+        "majority",
+        check=one_of("solo", "majority", "half"),
+        metavar="{solo,majority,half}",
+        help="which partial collective starts a version: 'solo' (the first rank to arrive), "
+        "'majority' (one rank drawn per version, the same on every rank, as the authors' "
+        "code does) or 'half' (once ceil(P/2) ranks have arrived).",
+    )
+    late: str = option(
+        "drop",
+        check=one_of("drop", "newest", "accumulate"),
+        metavar="{drop,newest,accumulate}",
+        help="what becomes of a gradient its version began without: 'drop' (the authors' code), "
+        "'newest' (the next version takes the rank's newest gradient) or 'accumulate' (the "
+        "next version takes the sum of every gradient not yet applied).",
+    )
+    limiter: int | str = option(
+        "auto",
+        check=_limiter,
+        parse=_int_or_auto,
+        metavar="N",
+        help="after N partial versions one that waits for every rank; 0: none; 'auto': "
+        "32 for solo, 0 otherwise (the authors' code).",
+    )
+    activator_seed: int = option(
+        0,
+        check=int_at_least(0),
+        parse=int,
+        help="the seed of the majority's activator sequence (the same on every rank).",
+    )
 
     def ranks_problem(self, ranks, say):
         return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
@@ -206,7 +268,8 @@ def parse_levels(text):
         period, sep, size = (s.strip() for s in item.partition(":"))
         if not sep or not period.isdigit() or not (size.isdigit() or size == "P"):
             raise argparse.ArgumentTypeError(
-                f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}")
+                f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}"
+            )
         levels[int(period)] = size if size == "P" else int(size)
     return levels
 
@@ -234,12 +297,17 @@ class HierarchicalSGDOptions(Options):
     """Hierarchical SGD's options (the names of PyTorch's ``HierarchicalModelAverager``)."""
 
     period_group_size_dict: dict | str = option(
-        "auto", check=_levels, parse=parse_levels, metavar="PERIOD:SIZE,...",
+        "auto",
+        check=_levels,
+        parse=parse_levels,
+        metavar="PERIOD:SIZE,...",
         help="{period: group size}, periods increasing, the last size all ranks ('P'): groups of consecutive "
-             "ranks average every period steps, only the largest firing period; 'auto' = {2: sqrt(P), 10: P} "
-             "(sqrt(P) rounded up to a power of two, or the largest divisor of P below that).")
-    warmup_steps: int = option(0, check=int_at_least(0), parse=int,
-                               help="steps of gradient averaging before the local steps begin.")
+        "ranks average every period steps, only the largest firing period; 'auto' = {2: sqrt(P), 10: P} "
+        "(sqrt(P) rounded up to a power of two, or the largest divisor of P below that).",
+    )
+    warmup_steps: int = option(
+        0, check=int_at_least(0), parse=int, help="steps of gradient averaging before the local steps begin."
+    )
 
     def resolve(self, ranks):
         levels = self.period_group_size_dict
@@ -255,15 +323,28 @@ class HierarchicalSGDOptions(Options):
 class EnsembleSyncOptions(Options):
     """EnsembleSync's options."""
 
-    period: int = option(10, check=int_at_least(1), parse=int,
-                         help="T, local steps between synchronizations.")
-    timeout_s: float = option(30.0, check=positive_number, parse=float,
-                              help="seconds a synchronization waits for late ranks after the first one "
-                                   "reports (the paper: 30).")
+    period: int = option(10, check=int_at_least(1), parse=int, help="T, local steps between synchronizations.")
+    timeout_s: float = option(
+        30.0,
+        check=positive_number,
+        parse=float,
+        help="seconds a synchronization waits for late ranks after the first one reports (the paper: 30).",
+    )
     reallocate: bool = _reallocate()
 
 
 #: The options object of each algorithm, by the name ``create`` and ``--algo`` take.
-OPTIONS: dict[str, type[Options]] = {cls.algorithm: cls for cls in (
-    ADPSGDOptions, AllreduceSGDOptions, DPSGDOptions, EagerSGDOptions, EnsembleSyncOptions,
-    HierarchicalSGDOptions, LocalSGDOptions, SGPOptions, WagmaOptions)}
+OPTIONS: dict[str, type[Options]] = {
+    cls.algorithm: cls
+    for cls in (
+        ADPSGDOptions,
+        AllreduceSGDOptions,
+        DPSGDOptions,
+        EagerSGDOptions,
+        EnsembleSyncOptions,
+        HierarchicalSGDOptions,
+        LocalSGDOptions,
+        SGPOptions,
+        WagmaOptions,
+    )
+}

@@ -37,8 +37,14 @@ COMMAND_LINE = Wording(flags=True)
 Check = Callable[[Any, str, int, Wording], "str | None"]
 
 
-def option(default, *, help: str, check: Check | None = None, parse: Callable[[str], Any] | None = None,
-           metavar: str | None = None):
+def option(
+    default,
+    *,
+    help: str,
+    check: Check | None = None,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+):
     """A field of an :class:`Options` dataclass.
 
     Args:
@@ -51,8 +57,9 @@ def option(default, *, help: str, check: Check | None = None, parse: Callable[[s
             ``default``; booleans become ``--NAME/--no-NAME``).
         metavar: the flag's argument in ``--help``.
     """
-    return dataclasses.field(default=default, metadata={"help": help, "check": check, "parse": parse,
-                                                        "metavar": metavar})
+    return dataclasses.field(
+        default=default, metadata={"help": help, "check": check, "parse": parse, "metavar": metavar}
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,7 @@ class Options:
         if not unknown:
             return None
         accepted = ", ".join(say(n) for n in cls.fields()) or "none"
-        return (f"{', '.join(say(k) for k in unknown)}: not an option of {cls.algorithm}; "
-                f"its options: {accepted}")
+        return f"{', '.join(say(k) for k in unknown)}: not an option of {cls.algorithm}; its options: {accepted}"
 
     def problem(self, ranks: int, say: Wording = LIBRARY) -> str | None:
         """The first problem with these options on ``ranks`` ranks, or None:
@@ -121,8 +127,9 @@ def options_of(algorithm: str):
         cls = dataclass(frozen=True)(cls)
         cls.algorithm = algorithm
         args = [f"    {f.name}: {f.metadata['help']} Default ``{f.default!r}``." for f in dataclasses.fields(cls)]
-        cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + ("Args:\n" + "\n".join(args) if args else
-                                                                "It has no options.")
+        cls.__doc__ = (
+            (cls.__doc__ or "").rstrip() + "\n\n" + ("Args:\n" + "\n".join(args) if args else "It has no options.")
+        )
         return cls
 
     return make
@@ -132,5 +139,12 @@ def keyword_signature(options: type[Options], leading: list[inspect.Parameter]) 
     """A constructor's signature: ``leading`` parameters, then the options
     as keyword-only parameters with their defaults (what ``help()`` and
     editors show for an algorithm class)."""
-    return inspect.Signature([*leading, *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-                                          for name, f in options.fields().items())])
+    return inspect.Signature(
+        [
+            *leading,
+            *(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+                for name, f in options.fields().items()
+            ),
+        ]
+    )

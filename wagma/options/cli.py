@@ -26,8 +26,7 @@ def _help(owners):
     for algorithm, f in owners:
         default = f.default if not isinstance(f.default, bool) else ("on" if f.default else "off")
         texts[(f.metadata["help"], str(default))].append(algorithm)
-    return "; ".join(f"{', '.join(algorithms)}: {text} [{default}]"
-                     for (text, default), algorithms in texts.items())
+    return "; ".join(f"{', '.join(algorithms)}: {text} [{default}]" for (text, default), algorithms in texts.items())
 
 
 def add_algorithm_flags(parser: argparse.ArgumentParser):
@@ -39,18 +38,22 @@ def add_algorithm_flags(parser: argparse.ArgumentParser):
         f = owners[0][1]
         flag = COMMAND_LINE(name)
         if isinstance(f.default, bool):
-            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                           help=_help(owners))
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=_help(owners))
         else:
-            g.add_argument(flag, dest=name, type=f.metadata["parse"] or type(f.default), default=None,
-                           metavar=f.metadata["metavar"], help=_help(owners))
+            g.add_argument(
+                flag,
+                dest=name,
+                type=f.metadata["parse"] or type(f.default),
+                default=None,
+                metavar=f.metadata["metavar"],
+                help=_help(owners),
+            )
 
 
 def options_from_args(args, algorithm: str) -> dict:
     """The keywords of ``create(algorithm, ...)`` that the flags of ``args`` give
     (the flags not given are left out: the options object has their defaults)."""
-    return {name: getattr(args, name) for name in OPTIONS[algorithm].fields()
-            if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in OPTIONS[algorithm].fields() if getattr(args, name, None) is not None}
 
 
 def flags_problem(args, ranks: int) -> str | None:
@@ -61,7 +64,9 @@ def flags_problem(args, ranks: int) -> str | None:
     for name, owners in _fields_by_name().items():
         if name not in fields and getattr(args, name, None) is not None:
             own = ", ".join(COMMAND_LINE(n) for n in fields) or "none"
-            return (f"{COMMAND_LINE(name)} is an option of {' and '.join(a for a, _ in owners)}, not of "
-                    f"{args.algo} (its options: {own})")
+            return (
+                f"{COMMAND_LINE(name)} is an option of {' and '.join(a for a, _ in owners)}, not of "
+                f"{args.algo} (its options: {own})"
+            )
     problem = options_problem(args.algo, ranks, options_from_args(args, args.algo), COMMAND_LINE)
     return None if problem is None else f"--algo {args.algo}: {problem}"

@@ -13,5 +13,17 @@ from .schema import EVAL_FIELDS, SCHEMA, STEP_FIELDS, is_partial, partial_path
 from .summary import last_epoch_accuracy, straggler_summary, summarize
 from .writer import write_run
 
-__all__ = ["EVAL_FIELDS", "SCHEMA", "STEP_FIELDS", "Run", "RunRecorder", "is_partial", "last_epoch_accuracy",
-           "load_run", "partial_path", "straggler_summary", "summarize", "write_run"]
+__all__ = [
+    "EVAL_FIELDS",
+    "SCHEMA",
+    "STEP_FIELDS",
+    "Run",
+    "RunRecorder",
+    "is_partial",
+    "last_epoch_accuracy",
+    "load_run",
+    "partial_path",
+    "straggler_summary",
+    "summarize",
+    "write_run",
+]

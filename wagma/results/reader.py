@@ -18,10 +18,10 @@ class Run:
 
     path: str
     attrs: dict
-    steps: dict = field(default_factory=dict)       # field -> (P, written) array
-    eval: dict = field(default_factory=dict)        # field -> (E,) array
+    steps: dict = field(default_factory=dict)  # field -> (P, written) array
+    eval: dict = field(default_factory=dict)  # field -> (E,) array
     summary: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)      # sync/<name> by name -> array (rounds, stragglers)
+    tables: dict = field(default_factory=dict)  # sync/<name> by name -> array (rounds, stragglers)
 
     @property
     def config(self) -> dict:
@@ -41,8 +41,7 @@ def load_run(path: str) -> Run:
     :func:`summarize`'s, with the stored one's values where present."""
     with h5py.File(path, "r") as f:
         if f.attrs.get("schema") != SCHEMA:
-            raise ValueError(f"{path}: not a run file of schema {SCHEMA!r} "
-                             f"(got {f.attrs.get('schema')!r})")
+            raise ValueError(f"{path}: not a run file of schema {SCHEMA!r} (got {f.attrs.get('schema')!r})")
         attrs = {k: _plain(v) for k, v in f.attrs.items()}
         written = int(f["steps"].attrs["written"])
         steps = {k: f["steps"][k][:, :written] for k in STEP_FIELDS if k in f["steps"]}

@@ -47,11 +47,10 @@ class RunRecorder:
     def __init__(self, comm, path, attrs, *, resume_step=None, flush_seconds=2.0, post_every=8):
         self.ranks = comm.Get_size()
         self.collector = RootCollector(comm, 1 + len(STEP_FIELDS))
-        self.writer = FileWriter(path, attrs, self.ranks, resume_step) \
-            if self.collector.is_root else None
+        self.writer = FileWriter(path, attrs, self.ranks, resume_step) if self.collector.is_root else None
         self.flush_seconds, self.post_every = flush_seconds, post_every
         self._buffer, self._last_flush = [], time.monotonic()
-        self._table_rows = {}     # rows of each sync table handed to the writer
+        self._table_rows = {}  # rows of each sync table handed to the writer
 
     @property
     def path(self):
@@ -114,7 +113,7 @@ class RunRecorder:
         if not self.writer:
             return None
         self.writer.flush(attrs={**(attrs or {}), "dead_ranks": json.dumps(sorted(dead))})
-        if dead:        # the others' steps count as written past the dead ranks' last one
+        if dead:  # the others' steps count as written past the dead ranks' last one
             alive = [r for r in range(self.ranks) if r not in set(dead)]
             self.writer.next_step[list(dead)] = self.writer.next_step[alive].min() if alive else 0
             self.writer.flush(summary={"dead_ranks": len(dead)})

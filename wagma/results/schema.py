@@ -90,6 +90,7 @@ While the run lasts the file is ``NAME.partial.h5`` (:func:`partial_path`);
 at the end it is renamed to ``NAME.h5`` in one ``os.replace``
 (:mod:`wagma.results.recorder`).
 """
+
 import os
 
 import numpy as np
@@ -97,11 +98,25 @@ import numpy as np
 __all__ = ["EVAL_FIELDS", "LATER_STEP_FIELDS", "SCHEMA", "STEP_FIELDS", "is_partial", "partial_path"]
 
 SCHEMA = "wagma-run/1"
-STEP_FIELDS = ("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale", "clock", "samples",
-               "skipped", "contribution")
+STEP_FIELDS = (
+    "step_time",
+    "compute_time",
+    "delay",
+    "comm_time",
+    "wait_time",
+    "loss",
+    "stale",
+    "clock",
+    "samples",
+    "skipped",
+    "contribution",
+)
 #: Step fields that files of an earlier version lack, and how they read.
-LATER_STEP_FIELDS = {"samples": lambda attrs: float(attrs.get("batch_size", 0)), "skipped": lambda attrs: 0.0,
-                     "contribution": lambda attrs: np.nan}
+LATER_STEP_FIELDS = {
+    "samples": lambda attrs: float(attrs.get("batch_size", 0)),
+    "skipped": lambda attrs: 0.0,
+    "contribution": lambda attrs: np.nan,
+}
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 
 _PARTIAL = ".partial.h5"

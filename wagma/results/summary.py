@@ -24,10 +24,13 @@ def straggler_summary(rows) -> dict:
     rows = np.asarray(rows)
     predicted = rows[:, 1] >= 0
     hits = predicted & (rows[:, 1] == rows[:, 2])
-    return {"stragglar_fraction": float(predicted.mean()),
-            "straggler_hit_rate": float(hits.sum() / predicted.sum()) if predicted.any() else math.nan,
-            "straggler_syncs": int(rows.shape[0]), "straggler_predictions": int(predicted.sum()),
-            "straggler_hits": int(hits.sum())}
+    return {
+        "stragglar_fraction": float(predicted.mean()),
+        "straggler_hit_rate": float(hits.sum() / predicted.sum()) if predicted.any() else math.nan,
+        "straggler_syncs": int(rows.shape[0]),
+        "straggler_predictions": int(predicted.sum()),
+        "straggler_hits": int(hits.sum()),
+    }
 
 
 def summarize(run: Run, skip: int = 0) -> dict:
@@ -42,7 +45,7 @@ def summarize(run: Run, skip: int = 0) -> dict:
     clock = run.steps["clock"]
     written = clock.shape[1]
     samples = run.steps.get("samples")
-    if samples is None:         # a run made in memory (the simulator) without the field
+    if samples is None:  # a run made in memory (the simulator) without the field
         samples = np.full_like(clock, LATER_STEP_FIELDS["samples"](run.attrs))
     out = {"steps": written, "samples": float(np.nansum(samples))}
     if written > skip:

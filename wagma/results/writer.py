@@ -28,7 +28,8 @@ def _attr(value):
     if isinstance(value, str):
         return str(value)
     if isinstance(value, (dict, list, tuple)) and not (
-            isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)):
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value)
+    ):
         return json.dumps(value)
     return "null" if value is None else value
 
@@ -49,18 +50,31 @@ class FileWriter:
     def _create(self, attrs, first_step):
         with h5py.File(self.partial, "w") as f:
             f.attrs.update({k: _attr(v) for k, v in attrs.items()})
-            f.attrs.update(schema=SCHEMA, status="running",
-                           resumed_at=np.array([first_step] if first_step else [], dtype=np.int64))
+            f.attrs.update(
+                schema=SCHEMA, status="running", resumed_at=np.array([first_step] if first_step else [], dtype=np.int64)
+            )
             steps = f.create_group("steps")
             for name in STEP_FIELDS:
-                steps.create_dataset(name, shape=(self.ranks, first_step), maxshape=(self.ranks, None),
-                                     dtype="f8", chunks=(self.ranks, _CHUNK), fillvalue=np.nan)
+                steps.create_dataset(
+                    name,
+                    shape=(self.ranks, first_step),
+                    maxshape=(self.ranks, None),
+                    dtype="f8",
+                    chunks=(self.ranks, _CHUNK),
+                    fillvalue=np.nan,
+                )
             steps.attrs["written"] = first_step
             ev = f.create_group("eval")
             for name in EVAL_FIELDS:
                 ev.create_dataset(name, shape=(0,), maxshape=(None,), dtype="f8", chunks=(_CHUNK,))
-            ev.create_dataset("replica_accuracy", shape=(0, self.ranks), maxshape=(None, self.ranks),
-                              dtype="f8", chunks=(_CHUNK, self.ranks), fillvalue=np.nan)
+            ev.create_dataset(
+                "replica_accuracy",
+                shape=(0, self.ranks),
+                maxshape=(None, self.ranks),
+                dtype="f8",
+                chunks=(_CHUNK, self.ranks),
+                fillvalue=np.nan,
+            )
         self.next_step[:] = first_step
 
     def _reopen(self, step):
@@ -98,8 +112,13 @@ class FileWriter:
                 # copies' space unreclaimed in the file).
                 group = f.require_group("sync")
                 if name not in group:
-                    group.create_dataset(name, shape=(0, rows.shape[1]), maxshape=(None, rows.shape[1]),
-                                         dtype="f8", chunks=(_CHUNK, rows.shape[1]))
+                    group.create_dataset(
+                        name,
+                        shape=(0, rows.shape[1]),
+                        maxshape=(None, rows.shape[1]),
+                        dtype="f8",
+                        chunks=(_CHUNK, rows.shape[1]),
+                    )
                     group[name].attrs["columns"] = json.dumps(columns)
                 table, old = group[name], group[name].shape[0]
                 table.resize(rows.shape[0], axis=0)
@@ -139,8 +158,7 @@ class FileWriter:
         self._rows, self._evals, self._tables = [], [], {}
 
 
-def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
-              status: str = "complete"):
+def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None, status: str = "complete"):
     """Write a whole run file at once (the simulator's results, test fixtures).
 
     ``steps``: every :data:`STEP_FIELDS` name -> a ``(P, T)`` array;
@@ -148,14 +166,16 @@ def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None,
     ``replica_accuracy``, ``(E, P)``) -> arrays of one length.  The summary
     is :func:`summarize`'s.
     """
-    steps = {**{k: np.full(np.shape(steps["clock"]), default(attrs)) for k, default in LATER_STEP_FIELDS.items()},
-             **steps}
+    steps = {
+        **{k: np.full(np.shape(steps["clock"]), default(attrs)) for k, default in LATER_STEP_FIELDS.items()},
+        **steps,
+    }
     missing = [k for k in STEP_FIELDS if k not in steps]
     if missing:
         raise ValueError(f"steps is missing {', '.join(missing)}")
     ranks, count = np.shape(steps["clock"])
     writer = FileWriter(path, attrs, ranks, None)
-    with h5py.File(writer.partial, "a") as f:      # whole arrays at once, not rank by rank
+    with h5py.File(writer.partial, "a") as f:  # whole arrays at once, not rank by rank
         for name in STEP_FIELDS:
             f["steps"][name].resize(count, axis=1)
             f["steps"][name][...] = np.asarray(steps[name], dtype=np.float64)

@@ -10,20 +10,29 @@ from dataclasses import asdict, dataclass, field
 import h5py
 import numpy as np
 
-from collectives.wait_avoiding.activation import RandomActivators
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
 from collectives.stragglar.training_sync import PredictedStragglerSync
-from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
+from collectives.wait_avoiding.activation import RandomActivators
 from wagma.imbalance import parse_imbalance
+from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
 from . import kernels
 from .network import COLLECTIVES, GlobalAllreduce, Network
 
-__all__ = ["ALGORITHMS", "STRAGGLER_COLUMNS", "SYNCED", "Scenario", "SimulatedRun", "age_summary", "compute_times",
-           "save", "simulate"]
+__all__ = [
+    "ALGORITHMS",
+    "STRAGGLER_COLUMNS",
+    "SYNCED",
+    "Scenario",
+    "SimulatedRun",
+    "age_summary",
+    "compute_times",
+    "save",
+    "simulate",
+]
 
 
 #: The algorithms whose global synchronizations may run StragglAR with a
@@ -35,8 +44,9 @@ SYNCED = tuple(name for name in ALGORITHM_NAMES if "sync" in OPTIONS[name].field
 #: (:mod:`wagma.options`).
 ALGORITHMS = {name: OPTIONS[name]().as_dict() for name in ALGORITHM_NAMES}
 
-_PREDICTOR = {name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items()
-              if p.kind is p.KEYWORD_ONLY}
+_PREDICTOR = {
+    name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items() if p.kind is p.KEYWORD_ONLY
+}
 
 #: The columns of a predicted run's ``tables["stragglers"]``: those of the
 #: runtime's log (``sync/stragglers`` of a measured run).
@@ -96,8 +106,12 @@ class Scenario:
             raise ValueError(f"compute_ms must be a finite number >= 0, got {self.compute_ms!r}")
         if self.collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
-        problem = predictor_problem(self.ranks, self.decay, self.confidence,
-                                    _PREDICTOR["min_lead_s"] if self.min_lead_s is None else self.min_lead_s)
+        problem = predictor_problem(
+            self.ranks,
+            self.decay,
+            self.confidence,
+            _PREDICTOR["min_lead_s"] if self.min_lead_s is None else self.min_lead_s,
+        )
         if problem:
             raise ValueError(problem)
 
@@ -125,8 +139,10 @@ def _options(algorithm, ranks, options):
     dict; raises ValueError naming the bad one."""
     out = resolved_options(algorithm, ranks, options).as_dict()
     if out.get("reallocate"):
-        raise ValueError("reallocate: the simulator does not model the reallocation of samples "
-                         "(its compute times are drawn per step, not per sample)")
+        raise ValueError(
+            "reallocate: the simulator does not model the reallocation of samples "
+            "(its compute times are drawn per step, not per sample)"
+        )
     return out
 
 
@@ -149,10 +165,13 @@ def _ensemble_sync(scenario, options, compute):
     binomial tree among its m members, 2 ceil(log2 m) whole-buffer
     messages, and the report and decision two empty ones."""
     net = scenario.network
-    costs = np.array([2 * math.ceil(math.log2(m)) * net.message(scenario.nbytes) if m > 1 else 0.0
-                      for m in range(scenario.ranks + 1)])
-    return kernels.ensemble_sync(compute, options["period"], float(options["timeout_s"]), costs,
-                                 2 * net.message(0))
+    costs = np.array(
+        [
+            2 * math.ceil(math.log2(m)) * net.message(scenario.nbytes) if m > 1 else 0.0
+            for m in range(scenario.ranks + 1)
+        ]
+    )
+    return kernels.ensemble_sync(compute, options["period"], float(options["timeout_s"]), costs, 2 * net.message(0))
 
 
 def _prediction(scenario, options, tau, fallback):
@@ -200,9 +219,19 @@ def _run_kernel(algorithm, scenario, options, compute, schedule):
     else:
         s = options["group_size"]
         phases, costs = net.butterfly_phases(s, nbytes)
-        clock, stale, age, source = kernels.wagma(compute, tau, p.bit_length() - 1, s.bit_length() - 1,
-                                                  not options["fixed_groups"], phases, costs,
-                                                  options["wait_avoiding"], net.hop, everyone, *prediction)
+        clock, stale, age, source = kernels.wagma(
+            compute,
+            tau,
+            p.bit_length() - 1,
+            s.bit_length() - 1,
+            not options["fixed_groups"],
+            phases,
+            costs,
+            options["wait_avoiding"],
+            net.hop,
+            everyone,
+            *prediction,
+        )
         schedule["source"] = source
     if options["sync"] != "stragglar":
         return clock, stale, age, None
@@ -218,28 +247,31 @@ def _other_kernel(algorithm, scenario, options, compute, everyone, schedule):
         return kernels.neighbours(compute, offsets, 2 * net.message(nbytes) if p > 1 else 0.0), None, None
     if algorithm == "sgp":
         peers, rounds = options["peers"], max(1, (p - 1).bit_length())
-        offsets = np.array([[1 << ((t * peers + j) % rounds) for j in range(peers)]
-                            for t in range(scenario.steps)], dtype=np.int64)
+        offsets = np.array(
+            [[1 << ((t * peers + j) % rounds) for j in range(peers)] for t in range(scenario.steps)], dtype=np.int64
+        )
         return kernels.neighbours(compute, offsets, peers * net.message(nbytes) if p > 1 else 0.0), None, None
     if algorithm == "adpsgd":
         clock, age, schedule["partner"], schedule["begin"], schedule["finish"] = kernels.adpsgd(
-            compute, 2 * net.message(nbytes))
+            compute, 2 * net.message(nbytes)
+        )
         schedule["exchange_s"] = 2 * net.message(nbytes)
         return clock, None, age
     if algorithm == "eager_sgd":
         quorum = 1 if options["quorum"] == "solo" else (p + 1) // 2
         steps = np.arange(scenario.steps)
         activators = np.full(scenario.steps, -1, dtype=np.int64)
-        if options["quorum"] == "majority":     # the runtime's sequence, version by version
+        if options["quorum"] == "majority":  # the runtime's sequence, version by version
             draw = RandomActivators(options["activator_seed"], p)
             activators[:] = [draw(t) for t in steps]
         limiter = options["limiter"]
         synchronous = (steps + 1) % (limiter + 1) == 0 if limiter else np.zeros(scenario.steps, dtype=bool)
         activation = (p - 1).bit_length() * net.hop
-        group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))   # the group allreduce, S = P
+        group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))  # the group allreduce, S = P
         cost = net.synchronized(group, p).after_last
-        clock, stale, age, schedule["taken"] = kernels.eager_sgd(compute, quorum, activators, synchronous,
-                                                                 activation, cost, kernels.LATE_CODES[options["late"]])
+        clock, stale, age, schedule["taken"] = kernels.eager_sgd(
+            compute, quorum, activators, synchronous, activation, cost, kernels.LATE_CODES[options["late"]]
+        )
         return clock, stale, age
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
@@ -275,8 +307,7 @@ class SimulatedRun(Run):
     schedule: dict = field(default_factory=dict)
 
 
-def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
-             **options) -> SimulatedRun:
+def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None, **options) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
     :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
 
@@ -296,11 +327,15 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
     else:
         compute = np.ascontiguousarray(compute, dtype=np.float64)
         if compute.shape != drawn.shape or not (np.isfinite(compute).all() and (compute >= 0).all()):
-            raise ValueError(f"compute must be [ranks, steps] = {list(drawn.shape)} finite seconds >= 0, "
-                             f"got shape {list(compute.shape)}")
+            raise ValueError(
+                f"compute must be [ranks, steps] = {list(drawn.shape)} finite seconds >= 0, "
+                f"got shape {list(compute.shape)}"
+            )
     if options.get("sync") == "stragglar" and scenario.collective == "stragglar":
-        raise ValueError("sync='stragglar' runs the scenario's collective while no straggler is predicted; "
-                         "collective='stragglar' (the oracle that always knows the last rank) cannot be that")
+        raise ValueError(
+            "sync='stragglar' runs the scenario's collective while no straggler is predicted; "
+            "collective='stragglar' (the oracle that always knows the last rank) cannot be that"
+        )
     skipped = np.zeros_like(compute)
     stragglers, schedule = None, {}
     if algorithm == "ensemble_sync":
@@ -309,26 +344,53 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None,
     else:
         clock, stale, age, stragglers = _run_kernel(algorithm, scenario, options, compute, schedule)
     previous = np.concatenate([np.zeros((scenario.ranks, 1)), clock[:, :-1]], axis=1)
-    waited = np.maximum(clock - previous - compute, 0.0)     # rounding leaves -1e-17 where nobody waits
-    steps = {"step_time": clock - previous, "compute_time": compute, "delay": injected,
-             "comm_time": waited, "wait_time": waited, "loss": np.full_like(clock, np.nan),
-             "stale": np.zeros_like(clock) if stale is None else stale, "clock": clock,
-             "samples": scenario.batch_size * (1 - skipped), "skipped": skipped}
+    waited = np.maximum(clock - previous - compute, 0.0)  # rounding leaves -1e-17 where nobody waits
+    steps = {
+        "step_time": clock - previous,
+        "compute_time": compute,
+        "delay": injected,
+        "comm_time": waited,
+        "wait_time": waited,
+        "loss": np.full_like(clock, np.nan),
+        "stale": np.zeros_like(clock) if stale is None else stale,
+        "clock": clock,
+        "samples": scenario.batch_size * (1 - skipped),
+        "skipped": skipped,
+    }
     if age is None:
         age = np.zeros_like(clock)
     attrs = {
-        "schema": SCHEMA, "kind": "simulated", "status": "complete", "algorithm": algorithm,
-        "ranks": scenario.ranks, "group_size": options.get("group_size") or 0,
-        "tau": options.get("tau", options.get("period", 0)), "imbalance": scenario.imbalance,
-        "compute": "simulated", "compute_ms": scenario.compute_ms, "model": scenario.model,
-        "dataset": "synthetic", "parameters": scenario.parameters, "batch_size": scenario.batch_size,
-        "seed": scenario.seed, "steps_planned": scenario.steps, "steps_per_epoch": 0,
-        "alpha_s": scenario.network.alpha, "beta_s_per_byte": scenario.network.beta,
-        "activation_s": scenario.network.hop, "synchronization_s": scenario.network.synchronization,
-        "collective": scenario.collective, "sync": options.get("sync", "none"),
+        "schema": SCHEMA,
+        "kind": "simulated",
+        "status": "complete",
+        "algorithm": algorithm,
+        "ranks": scenario.ranks,
+        "group_size": options.get("group_size") or 0,
+        "tau": options.get("tau", options.get("period", 0)),
+        "imbalance": scenario.imbalance,
+        "compute": "simulated",
+        "compute_ms": scenario.compute_ms,
+        "model": scenario.model,
+        "dataset": "synthetic",
+        "parameters": scenario.parameters,
+        "batch_size": scenario.batch_size,
+        "seed": scenario.seed,
+        "steps_planned": scenario.steps,
+        "steps_per_epoch": 0,
+        "alpha_s": scenario.network.alpha,
+        "beta_s_per_byte": scenario.network.beta,
+        "activation_s": scenario.network.hop,
+        "synchronization_s": scenario.network.synchronization,
+        "collective": scenario.collective,
+        "sync": options.get("sync", "none"),
         "mean_staleness": age_summary(age)[0],
-        "config": json.dumps({"algorithm": algorithm, "options": _jsonable(options),
-                              "scenario": {**asdict(scenario), "network": asdict(scenario.network)}}),
+        "config": json.dumps(
+            {
+                "algorithm": algorithm,
+                "options": _jsonable(options),
+                "scenario": {**asdict(scenario), "network": asdict(scenario.network)},
+            }
+        ),
     }
     tables = {} if stragglers is None else {"stragglers": stragglers}
     run = SimulatedRun("", attrs, steps, {}, {}, tables=tables, age=age, schedule=schedule)
@@ -349,8 +411,10 @@ def save(run: SimulatedRun, path: str) -> str:
     write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS if k in run.steps})
     with h5py.File(path, "a") as f:
         f.create_dataset("sim/age", data=run.age)
-        f["sim/age"].attrs["meaning"] = ("steps between the step a rank's averaged contribution was computed "
-                                         "at and the step it was averaged in (0: fresh)")
+        f["sim/age"].attrs["meaning"] = (
+            "steps between the step a rank's averaged contribution was computed "
+            "at and the step it was averaged in (0: fresh)"
+        )
         stragglers = run.tables.get("stragglers")
         if stragglers is not None:
             f.create_dataset("sync/stragglers", data=stragglers)

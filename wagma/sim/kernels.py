@@ -31,8 +31,17 @@ from numba import njit
 
 from collectives.stragglar.prediction import predicted_rank, update_scores
 
-__all__ = ["SYNC_FIELDS", "adpsgd", "eager_sgd", "ensemble_sync", "hierarchical_sgd", "local_sgd", "neighbours",
-           "no_prediction", "wagma"]
+__all__ = [
+    "SYNC_FIELDS",
+    "adpsgd",
+    "eager_sgd",
+    "ensemble_sync",
+    "hierarchical_sgd",
+    "local_sgd",
+    "neighbours",
+    "no_prediction",
+    "wagma",
+]
 
 #: The columns of the per-synchronization record of a predicted run (the
 #: runtime's log, :class:`collectives.stragglar.training_sync.PredictedStragglerSync`,
@@ -124,7 +133,7 @@ def _forget_kernels_of_another_predictor(kernels):
             kernel._cache.flush()
         with open(path, "w") as f:
             f.write(digest)
-    except OSError:         # a cache that cannot be written is not reused either
+    except OSError:  # a cache that cannot be written is not reused either
         pass
 
 
@@ -180,8 +189,8 @@ def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
             else:
                 size = sizes[level]
                 for first in range(0, ranks, size):
-                    end = f[first:first + size].max() + costs[level]
-                    done[first:first + size] = end
+                    end = f[first : first + size].max() + costs[level]
+                    done[first : first + size] = end
         clock[:, t] = done
     return clock
 
@@ -226,16 +235,16 @@ def adpsgd(compute, exchange):
     """
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
-    finish = np.empty((ranks, steps))           # end of each step's compute
-    start_at = np.empty((ranks, steps))         # when step k's exchange began (row of the active)
+    finish = np.empty((ranks, steps))  # end of each step's compute
+    start_at = np.empty((ranks, steps))  # when step k's exchange began (row of the active)
     partner = np.empty((ranks, steps), dtype=np.int64)
-    exchanged = np.zeros(ranks)                 # end of each rank's latest exchange
-    previous = np.zeros(ranks)                  # end of its exchange of step k - 1
+    exchanged = np.zeros(ranks)  # end of each rank's latest exchange
+    previous = np.zeros(ranks)  # end of its exchange of step k - 1
     done = np.zeros(ranks)
     for k in range(steps):
         f = done + compute[:, k]
         finish[:, k] = f
-        for r in range(ranks):                  # step k + 1 waits for the exchange of step k - 1
+        for r in range(ranks):  # step k + 1 waits for the exchange of step k - 1
             done[r] = max(f[r], previous[r])
         if ranks > 1:
             for a in range(0, ranks, 2):
@@ -353,8 +362,22 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, activation, hop, collective, planned,
-          predictor, scores, record):
+def wagma(
+    compute,
+    tau,
+    log_ranks,
+    log_group,
+    dynamic,
+    phases,
+    phase_costs,
+    activation,
+    hop,
+    collective,
+    planned,
+    predictor,
+    scores,
+    record,
+):
     """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
     "The wait-avoiding group allreduce").
 
@@ -391,7 +414,7 @@ def wagma(compute, tau, log_ranks, log_group, dynamic, phases, phase_costs, acti
     stale = np.zeros((ranks, steps))
     age = np.zeros((ranks, steps))
     source = np.empty((ranks, steps), dtype=np.int64)
-    published = np.empty((ranks, steps))       # when rank r published its contribution of iteration s
+    published = np.empty((ranks, steps))  # when rank r published its contribution of iteration s
     done = np.zeros(ranks)
     version_end = np.zeros(ranks)
     began = np.empty(ranks)
@@ -449,7 +472,7 @@ def ensemble_sync(compute, period, timeout, costs, notify):
     clock = np.empty((ranks, steps))
     skipped = np.zeros((ranks, steps))
     done = np.zeros(ranks)
-    late = np.full(ranks, -1.0)             # a late rank's report time, -1 while present
+    late = np.full(ranks, -1.0)  # a late rank's report time, -1 while present
     rejoin_from = np.zeros(ranks, np.int64)  # the first step a late rank will skip
     start = 0
     while start < steps:
@@ -483,10 +506,10 @@ def ensemble_sync(compute, period, timeout, costs, notify):
                 if arrival[r] <= close:
                     clock[r, end - 1] = finish
                     done[r] = finish
-                else:                       # late: its report arrives after the close
+                else:  # late: its report arrives after the close
                     late[r] = arrival[r]
                     rejoin_from[r] = end
-            elif late[r] <= close:          # rejoins with weight 0, skipping to this round's end
+            elif late[r] <= close:  # rejoins with weight 0, skipping to this round's end
                 clock[r, rejoin_from[r] - 1] = finish
                 for s in range(rejoin_from[r], end):
                     clock[r, s] = finish

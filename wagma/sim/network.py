@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collectives.schedules.blocking import choose_allreduce
-from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
+from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 
 __all__ = ["COLLECTIVES", "GlobalAllreduce", "Network"]
 
@@ -83,8 +83,12 @@ class Network:
     synchronization: float = 0.0
 
     def __post_init__(self):
-        for name, value in (("alpha", self.alpha), ("beta", self.beta),
-                            ("activation", self.hop), ("synchronization", self.synchronization)):
+        for name, value in (
+            ("alpha", self.alpha),
+            ("beta", self.beta),
+            ("activation", self.hop),
+            ("synchronization", self.synchronization),
+        ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
@@ -121,7 +125,7 @@ class Network:
             return GlobalAllreduce(rhd_time(n, nbytes, self.alpha, self.beta))
         if collective == "recursive_doubling":
             return GlobalAllreduce(math.ceil(math.log2(n)) * self.message(nbytes))
-        rounds = lower_bound(n)        # what the generator reaches (docs/stragglar.md)
+        rounds = lower_bound(n)  # what the generator reaches (docs/stragglar.md)
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
