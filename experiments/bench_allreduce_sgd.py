@@ -53,7 +53,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each implementation")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="gradient bucket size of both")
-    parser.add_argument("--out", default=None, help="HDF5 file [results/allreduce_sgd_vs_ddp_n{ranks}.h5]")
+    parser.add_argument(
+        "--out", default=None, help="HDF5 file [results/allreduce_sgd_vs_ddp/allreduce_sgd_vs_ddp_n{ranks}.h5]"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or not 0 <= args.warmup or args.width < 1 or args.depth < 1:
         parser.error("--steps >= 1, --warmup >= 0, --width >= 1 and --depth >= 1 needed")
@@ -89,7 +91,9 @@ def main(argv=None):
             f"bucket {args.bucket_cap_mb:g} MB, median of {args.steps} steps"
         )
         print(f"  step time ours {ours:.1f} ms, DDP {theirs:.1f} ms, DDP / ours = {theirs / ours:.2f}")
-        with results_file(args.out, f"allreduce_sgd_vs_ddp_n{world.size}.h5", attrs) as f:
+        with results_file(
+            args.out, os.path.join("allreduce_sgd_vs_ddp", f"allreduce_sgd_vs_ddp_n{world.size}.h5"), attrs
+        ) as f:
             f.attrs.update(
                 parameters=params,
                 batch=args.batch,

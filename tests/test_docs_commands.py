@@ -92,7 +92,7 @@ EXPENSIVE = {
     r"^make main\b": "trains 7 algorithms on 8 ranks, about 8 minutes; OUT=results/main replaces the reference",
     r"^make test-mpi\b": "the tests that depend on the MPI library; with MPI=openmpi it first sets up .venv-openmpi",
     r"^make test\b": "the whole suite, about 9 minutes (this test is part of it)",
-    r"^make bench\b": "the allreduce benchmark at its default sizes, writing results/allreduce_n4.h5",
+    r"^make bench\b": "the allreduce benchmark at its default sizes, writing results/allreduce/allreduce_n4.h5",
     r"^\.venv/bin/pip ": "installs packages",
     r"^\.venv/bin/python -m pytest\b": "runs tests (this file among them)",
     r"-m experiments\.train\b": "a training run under mpiexec: tens of seconds to minutes",

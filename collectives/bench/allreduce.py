@@ -96,7 +96,7 @@ def main(argv=None):
     )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--out", default=None, help="HDF5 file (default results/allreduce_n{ranks}.h5)")
+    parser.add_argument("--out", default=None, help="HDF5 file (default results/allreduce/allreduce_n{ranks}.h5)")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mib.split(",")]
     algorithms = args.algorithms.split(",")
@@ -117,7 +117,7 @@ def main(argv=None):
                 f"{attrs['mpi_library']}; auto's tuning table: {tuning}"
             )
             print(_table(names, sizes, times))
-            with results_file(args.out, f"allreduce_n{comm.size}.h5", attrs) as f:
+            with results_file(args.out, os.path.join("allreduce", f"allreduce_n{comm.size}.h5"), attrs) as f:
                 f.attrs.update(
                     dtype="float32",
                     reps=args.reps,

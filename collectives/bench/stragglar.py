@@ -360,7 +360,7 @@ def _parse(argv):
     parser.add_argument(
         "--out",
         default=None,
-        help="HDF5 file (default results/stragglar_n{ranks}.h5; with "
+        help="HDF5 file (default results/stragglar/stragglar_n{ranks}.h5; with "
         "--delay-factors results/stragglar_sync/sync_n{ranks}.h5 and "
         "the tables next to it as .md)",
     )
@@ -537,7 +537,7 @@ def _report(args, attrs, straggler, scan, sweep, alpha, beta):
         f"the straggler's arrival (alpha-beta model) and total from the others' entry"
     )
     print(_size_table(args.sizes, scan, model))
-    with results_file(args.out, f"stragglar_n{n}.h5", attrs) as f:
+    with results_file(args.out, os.path.join("stragglar", f"stragglar_n{n}.h5"), attrs) as f:
         f.attrs.update(
             dtype="float32",
             reps=args.reps,

@@ -223,7 +223,7 @@ def main(argv=None):
         "(MPI_Waitall), yield (test with a back-off), auto (yield "
         "when the node has more ranks than cores)",
     )
-    parser.add_argument("--out", default=None, help="HDF5 file (default results/wagma_n{ranks}.h5)")
+    parser.add_argument("--out", default=None, help="HDF5 file (default results/wagma_bench/wagma_n{ranks}.h5)")
     args = parser.parse_args(argv)
     scenarios = args.scenarios.split(",")
     if any(s not in SCENARIOS for s in scenarios):
@@ -367,7 +367,7 @@ def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
             )
         )
     print(f"idle progress thread: {max(idle) * 100:.2f}% of a core (largest over ranks, {args.idle_seconds:g} s idle)")
-    with results_file(args.out, f"wagma_n{size}.h5", attrs) as f:
+    with results_file(args.out, os.path.join("wagma_bench", f"wagma_n{size}.h5"), attrs) as f:
         f.attrs.update(
             size_bytes=int(args.size_mib * MIB),
             group_size=group_size,

@@ -16,7 +16,7 @@ ranks and at most doubles per round, so n + ceil(log2 n) - 2 rounds.
 * any other n (odd n included): a periodic template for rounds 0..m-1 and a
   flow-based plan for the last ceil(log2 n) - 1 rounds; it meets the lower
   bound for every n tried (verified for all n from 3 to 300 and spot checks
-  up to 1100, see ``results/stragglar_rounds.md``; round counts at the bound
+  up to 1100, see ``results/stragglar_schedules/stragglar_rounds.md``; round counts at the bound
   up to 2050).  The paper's appendix C instead runs a maximum-weight
   matching per round and needs up to ~log2 n more rounds.
 
