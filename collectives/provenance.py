@@ -4,7 +4,9 @@ import contextlib
 import datetime
 import os
 import platform
+import shlex
 import subprocess
+import sys
 
 import h5py
 import mpi4py
@@ -40,7 +42,9 @@ def run_attributes(comm) -> dict:
     """Attributes for an HDF5 file: who ran what, where, with which MPI.
 
     Collective over ``comm`` (gathers the host names); every rank gets the
-    same dictionary. ``slurm_job_id`` is the Slurm job that ran it (empty
+    same dictionary. ``command`` is rank 0's command line as Python was
+    given it (``sys.orig_argv``: ``python -m mpi4py -m collectives.bench
+    wagma ...``), so a file says which command made it; ``slurm_job_id`` is the Slurm job that ran it (empty
     outside Slurm), so a file in a sweep's folder names its job and log;
     ``tuning_environment`` is rank 0's :func:`tuning_environment` (``mpiexec
     -genv`` gives every rank the same).
@@ -48,6 +52,7 @@ def run_attributes(comm) -> dict:
     hosts = sorted(set(comm.allgather(platform.node())))
     return {
         "ranks": comm.Get_size(),
+        "command": comm.bcast(shlex.join(sys.orig_argv), root=0),
         "hostnames": ",".join(hosts),
         "cores_per_host": os.cpu_count() or 0,
         "mpi_library": mpi_library()[2],

@@ -1,6 +1,8 @@
 """What a results file records about the MPI library: strings HDF5 can store, from either library."""
 
 import os
+import shlex
+import sys
 import tempfile
 
 import h5py
@@ -53,6 +55,8 @@ def test_run_attributes_round_trip_through_hdf5():
         == [sorted((k, str(v)) for k, v in attrs.items() if k != "start_time")] * comm.size
     )
     assert attrs["ranks"] == comm.size and attrs["mpi_library"] == mpi_library()[2]
+    # The command that made the file, as rank 0's Python was given it (here: python -m mpi4py ...).
+    assert shlex.split(attrs["command"]) == comm.bcast(sys.orig_argv) and "mpi4py" in attrs["command"]
     with tempfile.TemporaryDirectory(prefix=f"provenance-{comm.rank}-") as folder:
         path = os.path.join(folder, "attrs.h5")
         with h5py.File(path, "w") as f:
