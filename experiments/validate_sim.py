@@ -73,7 +73,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SKIP = 5  # the sweep's table leaves out its first 5 steps
-TOLERANCE = 0.15  # the bound on |simulated / measured - 1|
+TOLERANCE = 0.15  # the bound the simulator is held to: |simulated / measured - 1|
 #: Seconds an activation waits per level of the tree, beyond its message, on
 #: this machine: a progress thread idle while its rank computes polls every
 #: 4 ms (the cap of collectives.backoff.Backoff), so a control message waits

@@ -8,8 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # The word issue (or issues) before a number, with or without a hash, or a hash and a number in
-# parentheses: a tracker's numbering.
-TRACKER = re.compile(r"\b[Ii]ssues?\s*#?\d+|\(#\d+\)")
+# parentheses: a tracker's numbering; and the words for a ticket spoken of as if the reader had it open.
+TRACKER = re.compile(r"\b[Ii]ssues?\s*#?\d+|\(#\d+\)|\b[Tt]he issue(?:'s)?\b")
 # What a checkout does not hold: venvs, caches, a user's own runs, test logs (.gitignore).
 NOT_OURS = {".git", "__pycache__", "runs", "test-logs", "build", "dist"}
 

@@ -1,9 +1,17 @@
-"""docs/layout.md is the map a newcomer reads first: it names every module of
-the three packages, and every path it names exists.  A module added, moved or
-removed without its row fails here, so the map cannot drift from the code."""
+"""The docs follow the code: a module, or an option, added, moved or removed
+without its documentation fails here.
 
+docs/layout.md is the map a newcomer reads first: it names every module of
+the three packages, and every path it names exists.  docs/algorithms.md
+(with fault-tolerance.md and stragglar.md, which take over EnsembleSync and
+``sync``) names every algorithm and every one of its options, as they are
+defined once in :mod:`wagma.options.algorithms`."""
+
+import dataclasses
 import re
 from pathlib import Path
+
+from wagma.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = ROOT / "docs" / "layout.md"
@@ -52,3 +60,18 @@ def test_every_named_path_exists():
         if "/" in path and not path.startswith("runs/") and not (ROOT / path).exists()
     ]
     assert not stale, "docs/layout.md names paths that do not exist:\n" + "\n".join(stale)
+
+
+ALGORITHM_DOCS = ("algorithms.md", "fault-tolerance.md", "stragglar.md")
+
+
+def test_every_algorithm_and_option_is_documented():
+    text = "".join((ROOT / "docs" / name).read_text() for name in ALGORITHM_DOCS)
+    missing = [
+        f"{name}: {option}"
+        for name, cls in ALGORITHMS.items()
+        for option in [name, *(f.name for f in dataclasses.fields(cls.Options))]
+        # An option appears as `option` (the Python keyword) or --option (the command line's flag).
+        if f"`{option}" not in text and f"--{option.replace('_', '-')}" not in text
+    ]
+    assert not missing, f"not named in docs/{', docs/'.join(ALGORITHM_DOCS)}:\n" + "\n".join(missing)
