@@ -180,7 +180,8 @@ def _table(out_dir, files, extra=()):
     subprocess.run([*command, "--plot", out_dir], check=True)
 
 
-def main(argv=None):
+def _parser():
+    """The command line: one subcommand per campaign."""
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.campaign", description=__doc__.splitlines()[0]
     )
@@ -320,6 +321,76 @@ def main(argv=None):
         help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
         "results/stragglersync refreshes the committed reference results",
     )
+    return parser
+
+
+def _main_job(args, mpiexec, out_dir, variants):
+    """Every variant once on ``--ranks`` ranks, digits, the paper's imbalance; the table and figures."""
+    files = []
+    decay = ["--decay-epochs", args.decay_epochs] if args.decay_epochs else []
+    for name, algo, flags in variants:
+        out = os.path.join(out_dir, f"{name}_p{args.ranks}.h5")
+        _run(
+            mpiexec,
+            args.ranks,
+            algo,
+            out,
+            [
+                "--dataset",
+                "digits",
+                "--model",
+                "mlp",
+                "--epochs",
+                str(args.epochs),
+                *decay,
+                *flags,
+                "--imbalance",
+                args.imbalance,
+                "--no-progress",
+            ],
+        )
+        files.append(out)
+    _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
+
+
+def _sweep(args, mpiexec, out_dir, variants):
+    """Every variant at each rank count with emulated compute; the throughput table and plot."""
+    files = []
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        for name, algo, flags in variants:
+            out = os.path.join(out_dir, f"{name}_p{ranks}.h5")
+            _run(
+                mpiexec,
+                ranks,
+                algo,
+                out,
+                [
+                    *flags,
+                    "--dataset",
+                    "synthetic",
+                    "--model",
+                    args.model,
+                    "--compute",
+                    "emulate",
+                    "--compute-ms",
+                    str(args.compute_ms),
+                    "--max-steps",
+                    str(args.steps),
+                    "--batch-size",
+                    "128",
+                    "--epochs",
+                    str(args.steps),
+                    "--imbalance",
+                    args.imbalance,
+                    "--no-progress",
+                ],
+            )
+            files.append(out)
+    _table(out_dir, files, ["--skip-steps", "5"])
+
+
+def main(argv=None):
+    parser = _parser()
     args = parser.parse_args(argv)
     configure_logging()
     if args.campaign == "stragglersync":
@@ -353,32 +424,8 @@ def main(argv=None):
         parser.error("no mpiexec found next to this Python or on PATH; set MPIEXEC")
     out_dir = args.out_dir or default_out_dir(args.campaign)
     os.makedirs(out_dir, exist_ok=True)
-    files = []
     if args.campaign == "main":
-        decay = ["--decay-epochs", args.decay_epochs] if args.decay_epochs else []
-        for name, algo, flags in variants:
-            out = os.path.join(out_dir, f"{name}_p{args.ranks}.h5")
-            _run(
-                mpiexec,
-                args.ranks,
-                algo,
-                out,
-                [
-                    "--dataset",
-                    "digits",
-                    "--model",
-                    "mlp",
-                    "--epochs",
-                    str(args.epochs),
-                    *decay,
-                    *flags,
-                    "--imbalance",
-                    args.imbalance,
-                    "--no-progress",
-                ],
-            )
-            files.append(out)
-        _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
+        _main_job(args, mpiexec, out_dir, variants)
     elif args.campaign == "ensemblesync":
         _ensemblesync(args, mpiexec, out_dir, algos)
     elif args.campaign == "stragglersync":
@@ -386,37 +433,7 @@ def main(argv=None):
     elif args.campaign == "seeds":
         run_seeds(args, mpiexec, out_dir, variants)
     else:
-        for ranks in [int(r) for r in args.ranks.split(",")]:
-            for name, algo, flags in variants:
-                out = os.path.join(out_dir, f"{name}_p{ranks}.h5")
-                _run(
-                    mpiexec,
-                    ranks,
-                    algo,
-                    out,
-                    [
-                        *flags,
-                        "--dataset",
-                        "synthetic",
-                        "--model",
-                        args.model,
-                        "--compute",
-                        "emulate",
-                        "--compute-ms",
-                        str(args.compute_ms),
-                        "--max-steps",
-                        str(args.steps),
-                        "--batch-size",
-                        "128",
-                        "--epochs",
-                        str(args.steps),
-                        "--imbalance",
-                        args.imbalance,
-                        "--no-progress",
-                    ],
-                )
-                files.append(out)
-        _table(out_dir, files, ["--skip-steps", "5"])
+        _sweep(args, mpiexec, out_dir, variants)
     figures = "" if args.campaign in ("stragglersync", "seeds") else " and the figures"
     print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
