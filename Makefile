@@ -141,8 +141,8 @@ format: venv
 # The serial tests, the tests that start jobs (mpiexec), the tests on the
 # one-node Slurm, then the MPI stages.
 test: venv
-	$(call serial_stage,'not mpi and not launcher and not slurm',$(SERIAL_LIMIT))
-	$(call serial_stage,'launcher and not slurm',$(JOBS_LIMIT))
+	$(call serial_stage,'not mpi and not launcher and not driver and not slurm',$(SERIAL_LIMIT))
+	$(call serial_stage,'(launcher or driver) and not slurm',$(JOBS_LIMIT))
 	$(call serial_stage,slurm,$(SLURM_LIMIT))
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 

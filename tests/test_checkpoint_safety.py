@@ -62,7 +62,7 @@ def test_reading_a_checkpoint_that_would_run_code_refuses_it_by_name(tmp_path):
     assert marker.exists()
 
 
-@pytest.mark.launcher
+@pytest.mark.driver
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")
 def test_a_resume_refuses_a_checkpoint_that_would_run_code_on_every_rank(tmp_path):
     checkpoints, marker = tmp_path / "ck", tmp_path / "ran"

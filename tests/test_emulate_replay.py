@@ -23,7 +23,7 @@ from wagma.results import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.launcher, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
+pytestmark = [pytest.mark.driver, pytest.mark.skipif(mpiexec() is None, reason="no mpiexec found")]
 
 
 def _train(folder, algo):

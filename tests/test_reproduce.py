@@ -28,7 +28,7 @@ def _report_line(report, row):
     return line
 
 
-@pytest.mark.launcher
+@pytest.mark.driver
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
 def test_only_two_claims_writes_their_rows_figure_and_the_numbers_of_their_files(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
