@@ -69,6 +69,10 @@ MPI_LIMIT ?= 900
 MPI_FAIL_FAST ?= -x
 # Extra pytest arguments for every stage, e.g. PYTEST_ARGS='-k butterfly'.
 PYTEST_ARGS ?=
+# What the MPI stages collect: the MPI tests live in files ending in _mpi.py
+# (tests/conftest.py refuses an MPI test elsewhere), so no rank imports the
+# serial tests' modules only to deselect them.
+MPI_TESTS ?= tests/*_mpi.py
 
 STAMP := $(VENV)/.wagma-installed
 
@@ -107,7 +111,8 @@ lock:
 define mpi_stage
 	PYTHON=$(PY) MPIEXEC=$(MPIEXEC) MPI_PYTEST_TIMEOUT=$(MPI_LIMIT) \
 	scripts/mpi-pytest $(1) -m mpi $(MPI_FAIL_FAST) \
-	  --timeout=$(TEST_TIMEOUT) --timeout-method=thread -o faulthandler_timeout=$(FAULTHANDLER_TIMEOUT) $(PYTEST_ARGS)
+	  --timeout=$(TEST_TIMEOUT) --timeout-method=thread -o faulthandler_timeout=$(FAULTHANDLER_TIMEOUT) \
+	  $(PYTEST_ARGS) $(MPI_TESTS)
 
 endef
 

@@ -12,6 +12,23 @@ import pytest
 collect_ignore = ["harness"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """An MPI test (marked ``mpi``) lives in a file whose name ends in
+    ``_mpi.py``: the MPI stages collect only those (the Makefile's
+    ``MPI_TESTS``), so one elsewhere would never run there."""
+    misplaced = sorted(
+        {
+            item.nodeid.split("::")[0]
+            for item in items
+            if item.get_closest_marker("mpi") and not item.path.name.endswith("_mpi.py")
+        }
+    )
+    if misplaced:
+        raise pytest.UsageError(
+            "MPI tests belong in files ending in _mpi.py (the MPI stages collect only those): " + ", ".join(misplaced)
+        )
+
+
 @pytest.fixture
 def shared_dir():
     """For MPI tests: a folder every rank of COMM_WORLD sees, removed by rank 0

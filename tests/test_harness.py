@@ -12,7 +12,7 @@ from launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "scripts" / "mpi-pytest"
-DELIBERATE = "tests/harness/deliberate_failure.py"
+DELIBERATE = "tests/harness/deliberate_failure_mpi.py"
 SUBPROCESS_TIMEOUT = 120  # seconds; the job normally ends within a few
 
 

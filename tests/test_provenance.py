@@ -1,16 +1,8 @@
 """What a results file records about the MPI library: strings HDF5 can store, from either library."""
 
-import os
-import shlex
-import sys
-import tempfile
-
-import h5py
 import pytest
-from mpi4py import MPI
 
 from collectives.mpi_library import clean_library_string, mpi_library
-from collectives.provenance import run_attributes
 
 # What the two wheels return, verbatim (Open MPI 5.0.11's ends in its C NUL;
 # MPICH 5.0.2's is a dozen lines).
@@ -41,26 +33,3 @@ def test_the_loaded_library_is_named_and_clean():
     assert name in description and version.split(".")[0] in description
     for text in (name, version, description):
         assert text and text.isprintable() and "\x00" not in text
-
-
-@pytest.mark.mpi(min_size=2)
-def test_run_attributes_round_trip_through_hdf5():
-    """Every rank gets the same attributes, and h5py stores and returns them
-    unchanged (an embedded NUL raised ``ValueError: VLEN strings do not
-    support embedded NULLs`` under Open MPI)."""
-    comm = MPI.COMM_WORLD
-    attrs = run_attributes(comm)
-    assert (
-        comm.allgather(sorted((k, str(v)) for k, v in attrs.items() if k != "start_time"))
-        == [sorted((k, str(v)) for k, v in attrs.items() if k != "start_time")] * comm.size
-    )
-    assert attrs["ranks"] == comm.size and attrs["mpi_library"] == mpi_library()[2]
-    # The command that made the file, as rank 0's Python was given it (here: python -m mpi4py ...).
-    assert shlex.split(attrs["command"]) == comm.bcast(sys.orig_argv) and "mpi4py" in attrs["command"]
-    with tempfile.TemporaryDirectory(prefix=f"provenance-{comm.rank}-") as folder:
-        path = os.path.join(folder, "attrs.h5")
-        with h5py.File(path, "w") as f:
-            f.attrs.update(attrs)
-        with h5py.File(path, "r") as f:
-            back = dict(f.attrs)
-    assert {k: (v.item() if hasattr(v, "item") else v) for k, v in back.items()} == attrs
