@@ -8,7 +8,7 @@ wait-avoiding group allreduce and its progress thread),
 :mod:`collectives.stragglar` (StragglAR's schedules, verifier, cost model,
 runtime, straggler prediction and the synchronization used in training) and
 :mod:`collectives.bench` (benchmarks).  The modules at this level are shared
-by them: :class:`Communicator` (``comm``), buffers, argument agreement,
+by them: :class:`~collectives.comm.Communicator` (``comm``), buffers, argument agreement,
 failure handling, polling back-off, run provenance, and the decentralized
 exchanges (``neighbors``, ``gossip``, ``member_allreduce``, ``background``).
 

@@ -12,7 +12,7 @@ __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
 
 
 class PendingAllreduce:
-    """A submitted allreduce; :meth:`wait` returns once its buffer holds the result."""
+    """A submitted allreduce; :meth:`~PendingAllreduce.wait` returns once its buffer holds the result."""
 
     def __init__(self, data):
         self.data = data

@@ -6,7 +6,7 @@ import os
 
 __all__ = ["ENV_CUDA_AWARE", "mpi_is_cuda_aware"]
 
-#: Environment variable that overrides the library query: ``1`` (device
+#: Environment variable that overrides the library query, ``1`` (device
 #: pointers go to MPI) or ``0`` (device buffers are staged through pinned host
 #: memory).  Sites whose MPI is CUDA-aware but does not export
 #: ``MPIX_Query_cuda_support`` set it to ``1``.

@@ -16,7 +16,7 @@ import sys
 
 __all__ = ["configure_logging", "job_rank"]
 
-#: Where launchers put a process's rank in its environment: MPICH's hydra and
+#: Where launchers put a process's rank in its environment, for MPICH's hydra and
 #: Intel MPI (PMI), Open MPI, PMIx (Open MPI's PRRTE, srun --mpi=pmix), Slurm.
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 

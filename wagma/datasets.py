@@ -9,7 +9,7 @@ import torch
 
 __all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "synthetic_cifar", "translation"]
 
-#: Token ids of the sequence tasks: padding, begin and end of sequence; content tokens are 3 and up.
+#: Token ids of the sequence tasks (padding, begin and end of sequence); content tokens are 3 and up.
 PAD, BOS, EOS = 0, 1, 2
 
 #: Random streams, one per purpose, so that no two draw from the same generator.

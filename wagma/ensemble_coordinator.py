@@ -132,7 +132,8 @@ class Coordinator:
         self.comm, self.answers, self.timeout, self.policy = comm, answers, float(timeout), policy
         self.ranks = comm.Get_size()
         self.batch_size = batch_size
-        self.log = []  # one row per closed round: ROUND_FIELDS, statuses, shares
+        #: One row per closed round (:data:`ROUND_FIELDS`, statuses, shares).
+        self.log = []
         self._lock = threading.Lock()
         self._absent, self._dead = set(), set()
         self._open = 0  # the round that is collecting reports

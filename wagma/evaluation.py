@@ -26,7 +26,7 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
     allreduce on ``comm``), and the mean is loaded into ``into`` (a deep
     copy of ``model`` made on the first call; pass it back in to reuse it).
     The training model is never touched.  Collective over ``comm``: give
-    it a :class:`~collectives.Communicator` of its own (not the
+    it a :class:`~collectives.comm.Communicator` of its own (not the
     algorithm's), so that evaluation cannot meet training's messages.
 
     For Allreduce-SGD and eager-SGD, whose replicas are equal, the average
@@ -35,9 +35,9 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
 
     Args:
         model: this rank's training model.
-        comm: a :class:`~collectives.Communicator` for evaluation.
+        comm: a :class:`~collectives.comm.Communicator` for evaluation.
         into: the model to load the average into; None: a new deep copy.
-        lock: the algorithm's :attr:`~wagma.algorithms.Algorithm.lock`,
+        lock: the algorithm's :attr:`~wagma.algorithms.base.Algorithm.lock`,
             held while reading the parameters (AD-PSGD's thread averages
             them concurrently).
 
@@ -69,8 +69,8 @@ def _load(into, vector):
 
 
 def averaged_replicas(models, *, into: torch.nn.Module | None = None):
-    """The average of replicas held in one process (:class:`wagma.emulate.
-    Emulator`'s), with :func:`averaged_model`'s arithmetic: parameters and
+    """The average of replicas held in one process
+    (:class:`wagma.emulate.emulator.Emulator`'s), with :func:`averaged_model`'s arithmetic: parameters and
     floating-point buffers as float64 vectors, summed in the order given,
     times 1 / count, loaded into ``into`` (a deep copy of ``models[0]``
     when None).  Returns ``into``."""

@@ -67,8 +67,10 @@ class FlatParameters:
         self.device = parameters[0].device
         self.parameters = parameters
         self.names = {id(p): name for name, p in module.named_parameters()}
+        #: The module's buffers by name, which stay in their own storage.
         self.buffers = OrderedDict(module.named_buffers())
         self.params = OrderedDict()
+        #: The flat gradient tensor of each dtype (None without ``grads``).
         self.grads = OrderedDict() if grads else None
         self._slices = []  # (parameter, dtype, offset)
         sizes = OrderedDict()

@@ -14,7 +14,7 @@ __all__ = ["broadcast_model", "parameter_layout", "require_communicator", "same_
 
 
 def require_communicator(comm) -> None:
-    """Raise ``TypeError`` unless ``comm`` is a :class:`collectives.Communicator`,
+    """Raise ``TypeError`` unless ``comm`` is a :class:`collectives.comm.Communicator`,
     saying how to make one of what was passed (no communication: a wrong
     ``comm`` cannot carry an agreement, and every rank of an SPMD program
     passes the same kind of object)."""

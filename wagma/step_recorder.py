@@ -22,7 +22,7 @@ class StepRecorder:
     ``[rank, step]`` step, compute, communication and wait times, loss,
     stale flag, the training clock, samples; evaluations; the algorithm
     and its options as attributes), so ``python -m wagma.analysis`` and
-    :func:`~wagma.results.load_run` read it beside the CLI's runs.  Rank 0
+    :func:`~wagma.results.reader.load_run` read it beside the CLI's runs.  Rank 0
     writes; the others send their rows without waiting for it.  A run that
     raises keeps what it measured: :meth:`abandon` (or leaving the
     ``with`` block by an exception) marks the partial file ``failed``.
@@ -33,7 +33,7 @@ class StepRecorder:
     framework's definitions: compute is start to compute_done; comm_time
     is compute_done to the end of ``algo.step()`` (with the communication
     the algorithm did inside ``backward()``,
-    :attr:`~wagma.algorithms.Algorithm.comm_in_backward_s`, moved from
+    :attr:`~wagma.algorithms.base.Algorithm.comm_in_backward_s`, moved from
     compute to it); wait_time is comm_time
     less the optimizer's own step (timed by its step hooks); the clock is
     a :class:`~wagma.clock.TrainingClock`, paused by :meth:`pause` around
@@ -41,7 +41,7 @@ class StepRecorder:
     rank's clock starts together) and :meth:`close`.
 
     Args:
-        algo: the :class:`~wagma.algorithms.Algorithm` the loop drives.
+        algo: the :class:`~wagma.algorithms.base.Algorithm` the loop drives.
         path: the run file (``.h5``; ``PATH.partial.h5`` until it is complete).
         batch_size: this rank's samples per step.
         steps_planned: the run's steps, if known (the analysis shows progress).
@@ -49,7 +49,7 @@ class StepRecorder:
         config: the loop's own settings (learning rate, ...), stored as JSON.
         model, dataset, imbalance: names for the table's columns.
         resume_step: a resumed loop's first step: the partial file of the
-            interrupted run goes on from there (:class:`~wagma.results.RunRecorder`).
+            interrupted run goes on from there (:class:`~wagma.results.recorder.RunRecorder`).
         post_every: steps a rank buffers before sending (1: a rank that
             dies loses no step it finished).
 
@@ -171,7 +171,7 @@ class StepRecorder:
 
     def close(self, status: str = "complete"):
         """Collective: gather every rank's rows, write the algorithm's tables
-        (:meth:`~wagma.algorithms.Algorithm.sync_tables`) and the summary;
+        (:meth:`~wagma.algorithms.base.Algorithm.sync_tables`) and the summary;
         returns the path on rank 0.  Close the algorithm first where its
         tables are complete only then (AD-PSGD's exchanges)."""
         for hook in self._hooks:

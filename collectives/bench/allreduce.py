@@ -18,8 +18,8 @@ from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allred
 __all__ = ["main", "measure", "measure_bytes"]
 
 MIB = 1 << 20
-#: What --algorithms accepts: our schedules, "mpi" (the library's Allreduce
-#: through our call) and "auto" (the tuning table's choice).
+#: What ``--algorithms`` accepts - our schedules, "mpi" (the library's
+#: Allreduce through our call) and "auto" (the tuning table's choice).
 CHOICES = (*ALLREDUCE_CHOICES, "auto")
 
 

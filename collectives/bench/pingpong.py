@@ -15,7 +15,7 @@ repetitions.  On a machine with a core per rank these are the network's (or
 shared memory's); with more ranks than cores they include the time a woken
 rank waits for a core, which is what a message costs a run there.  These
 are the alpha and beta with which the simulator is validated against
-measured runs (``experiments.validate_sim``, :class:`wagma.sim.Network`).
+measured runs (``experiments.validate_sim``, :class:`wagma.sim.network.Network`).
 """
 
 import argparse

@@ -31,9 +31,9 @@ The wrong prediction (``stragglar_wrong``) plans the schedule for rank
 all inputs (checked once per size against ring's on exactly representable
 data, late rank sleeping; the run fails if any implementation differs):
 which rank is late never changes what the schedule computes, only when
-each step can run.  What it does then (:mod:`collectives.stragglar.
-runtime`): the predicted rank, on time, skips the pre-phase and waits in
-its first round for a partner that is still in the ReduceScatter; the
+each step can run.  What it does then (:mod:`collectives.stragglar.runtime`):
+the predicted rank, on time, skips the pre-phase and waits in its first
+round for a partner that is still in the ReduceScatter; the
 "non-stragglers", the late rank among them, run their ring ReduceScatter,
 each of whose n - 2 steps needs data that came from or through the late
 rank, so it cannot end before about its own length after the late rank
@@ -249,10 +249,11 @@ def check_tolerance(n):
 
 
 def check_results(comm, runs, x, late, delay):
-    """Max |difference| of each sync implementation's result from ring's
-    (ring's own entry: from the exact sum) on the data of :func:`_check_data`,
-    the late rank sleeping ``delay`` before each call; the same array on
-    every rank.  Leaves ``x`` zero."""
+    """Max ``|difference|`` of each sync implementation's result from ring's
+    (ring's own entry: from the exact sum) on the check's exactly
+    representable data (rank r's element i: ``r + (i % 251) / 4``), the
+    late rank sleeping ``delay`` before each call; the same array on every
+    rank.  Leaves ``x`` zero."""
     n = comm.size
     _check_data(x, comm.rank)
     _timed(runs["ring"], x, comm, late, delay)

@@ -79,7 +79,7 @@ class Steps:
     the collective), CPU seconds of the whole process (every thread: the
     progress thread's work shows here) and of the main thread alone, and
     whether its contribution was fresh: arrays over steps, and after
-    :meth:`gather` (on the root) over (rank, step)."""
+    :meth:`~Steps.gather` (on the root) over (rank, step)."""
 
     seconds: np.ndarray
     process_cpu: np.ndarray
@@ -277,7 +277,8 @@ def _fast_ms(seconds, delays, kept):
 
 
 def round_fast_ms(seconds, delays, bounds, warmup):
-    """:func:`_fast_ms` of each round alone (its steps after the warm-up), in ms.
+    """The mean step time over the (rank, step) pairs whose rank was not
+    delayed, of each round alone (its steps after the warm-up), in ms.
 
     The implementations run the same round back to back, so a ratio of two
     of them within one round compares them under the same machine load;

@@ -1,7 +1,7 @@
 """Allreduce schedules on point-to-point messages and the choice between them.
 
-``blocking`` is the public entry point (:func:`allreduce`, :func:`reduce_scatter`,
-:func:`allgather`, :func:`broadcast`, and what ``algorithm="auto"`` runs); the
+``blocking`` is the public entry point (:func:`~.blocking.allreduce`, :func:`~.blocking.reduce_scatter`,
+:func:`~.blocking.allgather`, :func:`~.blocking.broadcast`, and what ``algorithm="auto"`` runs); the
 schedules themselves are ``ring`` (ring ReduceScatter / Allgather / Allreduce),
 ``halving_doubling`` (Rabenseifner and recursive doubling for any rank count)
 and ``library`` (the MPI library's own ``MPI_Allreduce`` as the schedule

@@ -28,7 +28,7 @@ __all__ = [
     "reduction_problem",
 ]
 
-#: Reduction operations: ``sum``, or ``avg`` (the sum divided by the number
+#: Reduction operations, ``sum`` or ``avg`` (the sum divided by the number
 #: of contributions, floating-point buffers only).
 OPS = ("sum", "avg")
 
@@ -37,12 +37,13 @@ ALLREDUCE_ALGORITHMS = {
     "rhd": rhd_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,
 }
-#: What ``allreduce(algorithm=...)`` accepts besides ``"auto"``: our
-#: schedules, and ``"mpi"``, the library's own ``MPI_Allreduce``
-#: (:mod:`.library_allreduce`; float32, float64, int32 and int64 only).
+#: What ``allreduce(algorithm=...)`` accepts besides ``"auto"``, our
+#: schedules and ``"mpi"``, the library's own ``MPI_Allreduce``
+#: (:func:`~collectives.schedules.library.library_allreduce`; float32, float64, int32 and int64 only).
 ALLREDUCE_CHOICES = {**ALLREDUCE_ALGORITHMS, "mpi": library_allreduce}
 # What auto may pick from a tuning table: all, or ours alone for a dtype the library cannot sum.
 _AUTO_WITH_LIBRARY, _AUTO_OURS = tuple(ALLREDUCE_CHOICES), tuple(ALLREDUCE_ALGORITHMS)
+#: The reduce-scatter schedules, by the name ``reduce_scatter(algorithm=...)`` takes.
 REDUCE_SCATTER_ALGORITHMS = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,

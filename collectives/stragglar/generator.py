@@ -39,7 +39,7 @@ def generate(n: int, straggler: int | None = None) -> Schedule:
     """The StragglAR schedule for ``n`` ranks and ``straggler`` (default n - 1).
 
     Built for straggler n - 1 by :func:`plan`, then relabelled: the g-th
-    non-straggler keeps chunk g (:meth:`Schedule.owner`).
+    non-straggler keeps chunk g (:meth:`~collectives.stragglar.schedule.Schedule.owner`).
 
     Raises:
         ValueError: ``n`` is not an int >= 2 or ``straggler`` is not a rank.

@@ -6,7 +6,7 @@ start without it (StragglAR paper, section 3 and "Broadcast" in section 4).
 * ``"stragglar"``: while the straggler is late, the n - 1 others run a
   ReduceScatter among themselves (non-straggler g then holds chunk g of the
   n - 1 chunks reduced over them); when it arrives, every rank follows the
-  rounds of a :class:`~.schedule.Schedule`, sending at most one chunk and
+  rounds of a :class:`~collectives.stragglar.schedule.Schedule`, sending at most one chunk and
   receiving at most one chunk per round.
 * ``"broadcast"``: while the straggler is late, the others run a whole
   Allreduce; when it arrives it swaps its entire buffer with one of them,
@@ -14,9 +14,9 @@ start without it (StragglAR paper, section 3 and "Broadcast" in section 4).
   rounds of s bytes each, as ``log n (alpha + s beta)`` in the paper's
   Table 1 assumes.
 
-All data moves as point-to-point messages of :class:`~collectives.comm.
-Communicator`, like the ring and RHD allreduce of :mod:`collectives.schedules.blocking`,
-so that benchmarks compare algorithms and not transports.
+All data moves as point-to-point messages of :class:`~collectives.comm.Communicator`,
+like the ring and RHD allreduce of :mod:`collectives.schedules.blocking`, so
+that benchmarks compare algorithms and not transports.
 """
 
 import functools
@@ -74,7 +74,7 @@ class StragglerAwareAllreduce:
             dtype of the buffers to reduce.
         algorithm: ``"stragglar"`` or ``"broadcast"``.
         op: ``"sum"`` or ``"avg"``.
-        schedule: a :class:`~.schedule.Schedule` for ``comm.size`` ranks
+        schedule: a :class:`~collectives.stragglar.schedule.Schedule` for ``comm.size`` ranks
             and this straggler (default: :func:`~.generator.generate`); it is
             verified before use, generated or not (on every rank: 10 to
             15 s at n = 1024 on one core; a generated one once per process

@@ -33,15 +33,13 @@ class Schedule:
     round, every transfer of a round reads the state at the start of the
     round.  Built without MPI; :func:`~collectives.stragglar.verify.verify`
     checks it, a runtime only follows it.
-
-    Attributes:
-        n: the number of ranks.
-        straggler: the straggler's rank.
-        rounds: a tuple per round of :class:`Transfer`.
     """
 
+    #: The number of ranks.
     n: int
+    #: The straggler's rank.
     straggler: int
+    #: A tuple per round of :class:`Transfer`.
     rounds: tuple
 
     def __post_init__(self):

@@ -6,11 +6,11 @@ synchronization begins (with this rank's arrival, see below), hands it the
 buffers to reduce over all ranks, and tells it when the synchronization
 ends.  Each synchronization then runs as:
 
-* **StragglAR with straggler p** when :class:`~.straggler_prediction.
-  StragglerPredictor` predicts rank p with confidence (the others
+* **StragglAR with straggler p** when
+  :class:`~collectives.stragglar.prediction.StragglerPredictor` predicts rank p with confidence (the others
   reduce-scatter while p is late; the schedule's n + ceil(log2 n) - 2
   rounds follow its arrival, :mod:`collectives.stragglar.runtime`);
-* **the allreduce** (:func:`collectives.allreduce`, tuned ``auto``, or
+* **the allreduce** (:func:`collectives.schedules.blocking.allreduce`, tuned ``auto``, or
   whatever ``fallback`` the algorithm passes) while no rank is predicted,
   and for a buffer whose shape was not among the templates.
 
@@ -30,14 +30,15 @@ additions (tests bound it by float32 reassociation).
 **Arrival and agreement without a round trip.**  A rank's arrival is the
 seconds from its return from the last synchronization to its entry into
 this one, on its own clock (the first: since construction), as
-:mod:`.straggler_prediction` defines it.  :meth:`begin` starts a nonblocking allgather of it on the
-control channel and the data moves at once; :meth:`end` completes the
+:mod:`collectives.stragglar.prediction` defines it.  :meth:`~PredictedStragglerSync.begin` starts a
+nonblocking allgather of it on the control channel and the data moves at once;
+:meth:`~PredictedStragglerSync.end` completes the
 allgather - by then every rank has entered, so it costs no wait on the
 critical path - and feeds the same vector to the same predictor on every
 rank, which therefore holds the same prediction for the next
 synchronization without exchanging it.  The StragglAR plan for a new
 prediction (its schedule, verified, and the non-stragglers' communicator)
-is built in :meth:`end` too, while all ranks are together, not at the next
+is built in :meth:`~PredictedStragglerSync.end` too, while all ranks are together, not at the next
 synchronization where the straggler is late.  Plans are kept for the last
 ``cached_plans`` predicted stragglers.
 
@@ -55,13 +56,13 @@ n = 3).  Both are measured online at the fallback synchronizations on the
 rank that arrived last (it did not wait): ``T`` from the start of its
 reduction, ``F`` from its arrival.  For local SGD and WAGMA they are the
 same and the gate is ``b T``; Allreduce-SGD's buckets start during
-backward (``reduction_started`` of :meth:`begin`), so its ``F`` is the
+backward (``reduction_started`` of :meth:`~PredictedStragglerSync.begin`), so its ``F`` is the
 tail that backward did not hide, and the gate is higher by what was
 hidden.  Under the WAGMA paper's random-k imbalance, where the two late
 ranks are late by the same delay, no rank leads and none is predicted; a
 persistent straggler leads by its delay and is.
 
-Every synchronization is logged: :attr:`log` rows of
+Every synchronization is logged: :attr:`PredictedStragglerSync.log` rows of
 ``(sync, predicted, last, lead_s, min_lead_s)`` (predicted -1: the
 allreduce ran).
 """
@@ -102,12 +103,11 @@ class PredictedStragglerSync:
             kept (one plan per template shape; each plan holds a
             communicator of the other ranks).
         **predictor: ``decay`` and ``confidence`` of
-            :class:`~.straggler_prediction.StragglerPredictor`
+            :class:`~collectives.stragglar.prediction.StragglerPredictor`
             (``min_lead_s`` is set as the module says).
 
     Attributes:
-        predictor: the :class:`~.straggler_prediction.StragglerPredictor`.
-        straggler: the rank the next synchronization plans for, or None.
+        predictor: the :class:`~collectives.stragglar.prediction.StragglerPredictor`.
         log: one ``(sync, predicted, last, lead_s, min_lead_s)`` row per
             synchronization (``min_lead_s``: the lead the prediction made
             after it required).
@@ -142,6 +142,7 @@ class PredictedStragglerSync:
 
     @property
     def straggler(self):
+        """The rank the next synchronization plans for, or None."""
         return self.predictor.straggler
 
     def begin(self, arrival_s: float = None, reduction_started: float = None):

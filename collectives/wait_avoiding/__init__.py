@@ -2,11 +2,12 @@
 
 ``groups`` is Algorithm 1 (which ranks average together at iteration t, no
 MPI) and ``group_allreduce`` the blocking allreduce within those groups.  The
-wait-avoiding engine is the rest: ``collective`` (:class:`WaitAvoidingGroupAllreduce`
-and eager-SGD's ``solo_allreduce`` / ``majority_allreduce``, section 3.1 of
-the WAGMA paper), ``activation`` (binomial activation trees, the forwarding
-rule and version tags, no MPI) and ``progress`` (the thread that receives
-activations and executes versions).
+wait-avoiding engine is the rest: ``collective``
+(:class:`~collectives.wait_avoiding.collective.WaitAvoidingGroupAllreduce` and eager-SGD's
+``solo_allreduce`` / ``majority_allreduce``, section 3.1 of the WAGMA paper),
+``activation`` (binomial activation trees, the forwarding rule and version
+tags, no MPI) and ``progress`` (the thread that receives activations and
+executes versions).
 """
 
 from .collective import (

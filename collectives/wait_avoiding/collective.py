@@ -27,8 +27,9 @@ __all__ = [
     "solo_allreduce",
 ]
 
-#: Who activates a version.  ``"first"``: the first rank to arrive (WAGMA;
-#: with group_size = P, eager-SGD's solo collective).  ``"random"``: one rank
+#: Who activates a version.
+#: ``"first"``: the first rank to arrive (WAGMA; with group_size = P,
+#: eager-SGD's solo collective).  ``"random"``: one rank
 #: drawn per version from a seeded sequence, the same on every rank
 #: (:class:`~collectives.wait_avoiding.activation.RandomActivators`; eager-SGD's majority
 #: collective as its reference code implements it).  ``"half"``: the leader of
@@ -63,25 +64,22 @@ def resolve_waits(waits: str, comm) -> str:
 
 @dataclass(frozen=True)
 class GroupResult:
-    """The outcome of one wait-avoiding group allreduce on one rank.
+    """The outcome of one wait-avoiding group allreduce on one rank."""
 
-    Attributes:
-        value: the group's sum (``op="sum"``) or mean (``op="avg"``) of
-            version ``version``, in a buffer the caller owns from now on
-            (never the one it passed, which the collective keeps: see
-            :meth:`WaitAvoidingGroupAllreduce.allreduce`).
-        version: the iteration t.
-        fresh: whether this rank's own contribution was its iteration-t
-            contribution (it arrived before version t began here).
-        contribution_iteration: the iteration of the contribution this rank
-            gave (t when fresh, older when stale, -1 for the initial one;
-            under a ``late`` reading, the newest iteration it gave, and -1
-            for zeros: nothing left to give).
-    """
-
+    #: The group's sum (``op="sum"``) or mean (``op="avg"``) of
+    #: version ``version``, in a buffer the caller owns from now on
+    #: (never the one it passed, which the collective keeps: see
+    #: :meth:`WaitAvoidingGroupAllreduce.allreduce`).
     value: object
+    #: The iteration t.
     version: int
+    #: Whether this rank's own contribution was its iteration-t
+    #: contribution (it arrived before version t began here).
     fresh: bool
+    #: The iteration of the contribution this rank
+    #: gave (t when fresh, older when stale, -1 for the initial one;
+    #: under a ``late`` reading, the newest iteration it gave, and -1
+    #: for zeros: nothing left to give).
     contribution_iteration: int
 
 
@@ -229,6 +227,8 @@ class WaitAvoidingGroupAllreduce:
         self.waits = waits
         self.dynamic_groups = dynamic_groups
         self.late = late
+        #: The waits in use, ``"spin"`` or ``"yield"`` (``waits``, or what
+        #: ``"auto"`` chose; None until :meth:`open`).
         self.waits_used = None
         self._history = history
         self._like_info = describe(like)

@@ -118,7 +118,7 @@ class ButterflyGrouping:
 
     @property
     def num_phases(self) -> int:
-        """Butterfly phases per iteration (log2 S): exchanges inside a group allreduce."""
+        """Butterfly phases per iteration (log2 S), the exchanges inside a group allreduce."""
         return _log2(self.group_size)
 
     @property

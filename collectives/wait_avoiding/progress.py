@@ -265,7 +265,7 @@ class ProgressEngine:
         """End the loop and join the thread; then complete the sends.
 
         Only once no message is in flight (see
-        :meth:`WaitAvoidingGroupAllreduce.close`), else a send may never
+        :meth:`collectives.wait_avoiding.collective.WaitAvoidingGroupAllreduce.close`), else a send may never
         complete.
         """
         self.halt()

@@ -26,19 +26,35 @@ def _modules():
                     yield path.removesuffix("/__init__").replace(os.sep, ".")
 
 
+# A page of its own (not an include): autosummary makes the module pages only from the
+# directives of source files, and puts them beside the page that lists them.
 os.makedirs(os.path.join(os.path.dirname(__file__), "generated"), exist_ok=True)
-with open(os.path.join(os.path.dirname(__file__), "generated", "modules.txt"), "w") as listing:
-    listing.write(".. autosummary::\n   :toctree: .\n\n" + "".join(f"   {m}\n" for m in _modules()))
+with open(os.path.join(os.path.dirname(__file__), "generated", "modules.rst"), "w") as listing:
+    listing.write("Modules\n=======\n\n.. autosummary::\n   :toctree: .\n\n" + "".join(f"   {m}\n" for m in _modules()))
 
 project = "wagma-collectives"
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon"]
 autosummary_generate = True
-autodoc_default_options = {"members": True, "show-inheritance": True}
+templates_path = ["_templates"]
+# Each object on the page of the module that defines it, once: "ignore-module-all" keeps a package's
+# ``__all__`` re-exports (documented on their own module's page) off the package's page, and
+# "undoc-members" documents every public member that autosummary's tables list, docstring or not.
+autodoc_default_options = {"members": True, "undoc-members": True, "ignore-module-all": True, "show-inheritance": True}
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+# The algorithms' "Options:" sections list their options as "Args:" lists its arguments.
+napoleon_custom_sections = [("Options", "params_style")]
 html_theme = "alabaster"
+
+# Names of other projects (the standard library, numpy, torch, mpi4py, h5py), mostly from type hints: they
+# would resolve through intersphinx, but its inventories come from the network, and the build must
+# work offline.  So they are not checked; every name of collectives and wagma is.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(numpy|np|torch|mpi4py|h5py)(\..*)?"),
+    (r"py:.*", r"(argparse|collections|contextlib|dataclasses|inspect|threading)\..*"),
+]
 
 
 def _skip_command_lines(app, what, name, obj, skip, options):

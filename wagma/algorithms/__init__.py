@@ -41,12 +41,12 @@ def create(name, model, optimizer, comm, *, init_sync=True, **options) -> Algori
 
     Args:
         name: one of :data:`ALGORITHMS`.
-        model, optimizer, comm, init_sync: as for :class:`Algorithm`.
+        model, optimizer, comm, init_sync: as for :class:`~wagma.algorithms.base.Algorithm`.
         **options: the algorithm's options (:mod:`wagma.options`; every
             one has a default).
 
     Raises:
-        TypeError: ``comm`` is not a :class:`collectives.Communicator`
+        TypeError: ``comm`` is not a :class:`collectives.comm.Communicator`
             (before any communication; the message says how to make one).
         ValueError: on every rank, when any rank names an unknown algorithm
             (the message lists the known ones) or passes bad options (it

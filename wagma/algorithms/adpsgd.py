@@ -33,14 +33,14 @@ class ADPSGD(Algorithm):
     averaging arbitrarily far behind.  Needs an even number of ranks, all
     running the same number of steps.  :meth:`close` finishes every requested
     exchange on every rank.  Buffers (BatchNorm statistics) stay local.
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
 
     After :meth:`close`, rank 0's :meth:`sync_tables` holds every rank's
     exchanges (table ``exchanges``: rank, peer, active, copied_after,
     applied_after, in each rank's order; see
     :attr:`~collectives.gossip.PairwiseGossip.log`), which a run file keeps
-    for :func:`wagma.emulate.logged_schedule`.
+    for :func:`wagma.emulate.schedule.logged_schedule`.
     """
 
     name = "adpsgd"
@@ -62,7 +62,7 @@ class ADPSGD(Algorithm):
 
     def state_dict(self) -> dict:
         """The counters, options and the half differences not yet folded
-        into the model (``pending``); take it holding :attr:`lock`, with the
+        into the model (``pending``); take it holding :attr:`~wagma.algorithms.base.Algorithm.lock`, with the
         model's, so that the two add up to the model as it stands.  An
         exchange in flight then is not in either."""
         state = super().state_dict()

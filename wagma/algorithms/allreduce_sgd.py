@@ -35,7 +35,7 @@ class AllreduceSGD(Algorithm):
     zero) and waits for every bucket.  So gradient clipping
     (``clip_grad_norm_`` clips the global gradient, to the same norm on
     every rank), ``GradScaler.unscale_``, inspecting gradients and gradient
-    hooks between ``backward()`` and :meth:`step` see the global average,
+    hooks between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` see the global average,
     and the replicas take the same step.  Accumulating over several
     backward passes without :meth:`no_sync` averages at each pass, adding
     the average of each pass's local gradients to the average already
@@ -43,12 +43,12 @@ class AllreduceSGD(Algorithm):
     up to float rounding, and the same from run to run.  Inside
     :meth:`no_sync` backward accumulates the local gradients without
     communication (the gradients are local until a backward pass outside
-    it averages the sum); a :meth:`step` that follows only passes inside
+    it averages the sum); a :meth:`~wagma.algorithms.base.Algorithm.step` that follows only passes inside
     :meth:`no_sync`, or no backward pass at all (gradients set by hand,
     emulated compute), averages the gradients itself, before the optimizer
     step, so the replicas stay equal.
 
-    ``optimizer.zero_grad()`` works as well as :meth:`zero_grad`: a
+    ``optimizer.zero_grad()`` works as well as :meth:`~wagma.algorithms.base.Algorithm.zero_grad`: a
     gradient it set to None is copied into its bucket by its hook.
 
     Buffers (BatchNorm statistics) are broadcast from rank 0 after every

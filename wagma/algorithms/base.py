@@ -49,20 +49,23 @@ class Algorithm:
       so the replicas start from one model whatever each rank's seed was.
 
     Misuse is caught where it is made: a ``comm`` that is not a
-    :class:`~collectives.Communicator` (``TypeError``, before any message),
+    :class:`~collectives.comm.Communicator` (``TypeError``, before any message),
     unknown options (the message lists the algorithm's), and an
     ``optimizer.step()`` called outside :meth:`step` (``RuntimeError`` at the
     next :meth:`step`, before it communicates).
 
     Subclasses set :attr:`name` and :attr:`Options` (the options object:
     names, defaults, documentation and checks, :mod:`wagma.options`), read
-    their options from :attr:`config`, and implement :meth:`_step` (the
-    optimizer step, through :meth:`_optimizer_step`, and the communication
+    their options from :attr:`config`, and implement ``_step`` (the
+    optimizer step, through ``_optimizer_step``, and the communication
     of one step).
 
-    Attributes a training loop may read:
+    The attributes below are those a training loop may read.
+
+    Attributes:
         config: the options object, "auto" values made concrete for the
-            rank count; :attr:`options` is it as a dict (the run file's
+            rank count.
+        options: :attr:`config` as a dict (the run file's
             ``algorithm_options``).
         steps: steps taken (the counter of :meth:`state_dict`).
         stale_steps: steps whose contribution was stale (a group or quorum
@@ -97,14 +100,9 @@ class Algorithm:
             steps it did not take (ensemble_sync's late rank rejoining),
             ``(first, stop)`` of the global steps skipped: the loop records
             them as skipped and moves its data past their samples; else None.
-        evaluates_ensemble: how the loop scores the model.  False (every
-            algorithm but ensemble_sync): the ranks' average, collectively.
-            True: rank 0 alone scores :attr:`ensemble`, ``(step,
-            parameters)`` of the last average it took part in (None before
-            the first), and the others go on training.
-        dead_ranks: the ranks this algorithm found dead (ULFM) on this
-            rank; the run file lists them.  Empty for the algorithms that
-            do not survive a dead rank.
+        ensemble: on rank 0 of an algorithm whose :attr:`evaluates_ensemble`
+            is True, ``(step, parameters)`` of the last average it took part
+            in (None before the first); None elsewhere.
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
@@ -119,9 +117,12 @@ class Algorithm:
     """
 
     name = "algorithm"
-    #: The options object of the algorithm (:class:`wagma.options.Options`).
+    #: The options object of the algorithm (:class:`wagma.options.base.Options`).
     Options = None
-    #: Whether the loop scores :attr:`ensemble` on rank 0 instead of the ranks' average.
+    #: How the loop scores the model.  False (every algorithm but
+    #: ensemble_sync): the ranks' average, collectively.  True: rank 0 alone
+    #: scores :attr:`ensemble`, ``(step, parameters)`` of the last average it
+    #: took part in (None before the first), and the others go on training.
     evaluates_ensemble = False
 
     def __init_subclass__(cls, **kwargs):
@@ -290,6 +291,9 @@ class Algorithm:
 
     @property
     def dead_ranks(self) -> set:
+        """The ranks this algorithm found dead (ULFM) on this rank; the run
+        file lists them.  Empty for the algorithms that do not survive a
+        dead rank."""
         return set()
 
     def run_attributes(self) -> dict:

@@ -7,7 +7,7 @@ from .base import Algorithm
 
 __all__ = ["DPSGD", "RING_OFFSETS", "RING_WEIGHT"]
 
-#: The mixing of D-PSGD's ring: a rank adds the models of ranks r + o mod P,
+#: The mixing of D-PSGD's ring; a rank adds the models of ranks r + o mod P,
 #: in this order, to its own ...
 RING_OFFSETS = (-1, 1)
 #: ... and scales the sum by this weight (each of the three models 1/3).
@@ -25,7 +25,7 @@ class DPSGD(Algorithm):
     The exchange is synchronous: each rank waits for both neighbours.  With
     P = 2 the two neighbours are the same rank (weights 1/3 and 2/3); with
     P = 1 nothing is exchanged.  Buffers (BatchNorm statistics) stay local.
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
     """
 

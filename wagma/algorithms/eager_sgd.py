@@ -69,8 +69,8 @@ class EagerSGD(Algorithm):
     (``colls/ffsolo_limiter.c``); ``"auto"`` is 32 for solo and 0 for the
     others, whose reference has none.
 
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
-    own: the partial collective runs in :meth:`step`, and a version may
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
+    own: the partial collective runs in :meth:`~wagma.algorithms.base.Algorithm.step`, and a version may
     begin before this rank arrives, so no callback at the end of backward
     could wait for it without giving up what eager-SGD is for.  Clipping
     there clips this rank's contribution.  With a ``GradScaler``, let
@@ -81,7 +81,7 @@ class EagerSGD(Algorithm):
     the scale of the step that computed it: after a skipped step halved the
     scale, it is unscaled with the new one (twice its size, once; the scale
     changes only at a skip or after ``growth_interval`` steps).
-    :attr:`stale_steps` counts the steps at which this rank's gradient of
+    :attr:`~wagma.algorithms.base.Algorithm.stale_steps` counts the steps at which this rank's gradient of
     that step was not in that step's version.
 
     Options (:class:`~wagma.options.algorithms.EagerSGDOptions`):
@@ -94,6 +94,7 @@ class EagerSGD(Algorithm):
     def __init__(self, model, optimizer, comm, **options):
         super().__init__(model, optimizer, comm, **options)
         self._collectives = None
+        #: Per dtype, this rank's gradient that no version took, set by :meth:`close`.
         self.unapplied = {}
 
     def _open(self, grad, t):

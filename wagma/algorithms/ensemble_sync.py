@@ -30,7 +30,7 @@ class EnsembleSync(Algorithm):
     every rank processes the same number of samples; the weights matter
     under reallocation, where shares differ).  Buffers (BatchNorm
     statistics) stay local, as in local SGD, and between ``backward()``
-    and :meth:`step` the gradients are this rank's own.
+    and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's own.
 
     The parameter server, in MPI: the paper's server holds the model, locks
     the workers and times them out.  Here rank 0 runs the server's
@@ -70,10 +70,10 @@ class EnsembleSync(Algorithm):
         ensemble: on rank 0, ``(step, parameters)`` of the last average it
             took part in (a copy of each model parameter), for evaluation;
             None before the first.
-        dead_ranks: on rank 0, the ranks the coordinator found dead (ULFM);
-            empty elsewhere.
 
-    Options (:class:`~wagma.options.algorithms.EnsembleSyncOptions`):
+    Its options object is :class:`~wagma.options.algorithms.EnsembleSyncOptions`.
+
+    Options:
         period: T >= 1, local steps between synchronizations.
         timeout_s: seconds a round waits after its first report, > 0 (the
             paper: 30 s).
@@ -149,6 +149,7 @@ class EnsembleSync(Algorithm):
 
     @property
     def dead_ranks(self) -> set:
+        """On rank 0, the ranks the coordinator found dead (ULFM); empty elsewhere."""
         return set(self.coordinator.dead) if self.coordinator is not None else set()
 
     def run_attributes(self) -> dict:

@@ -24,14 +24,16 @@ class HierarchicalSGD(Algorithm):
     not ``step - warmup_steps``) called after every optimizer step, and is
     tested equal to it.  Buffers (BatchNorm statistics) stay local.
 
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own, warm-up steps included (their average is taken inside
-    :meth:`step`, before the optimizer step).
+    :meth:`~wagma.algorithms.base.Algorithm.step`, before the optimizer step).
 
     One :class:`~collectives.comm.Communicator` per level below the top,
     made at construction (collective) and freed by :meth:`close`.
 
-    Options (:class:`~wagma.options.algorithms.HierarchicalSGDOptions`):
+    Its options object is :class:`~wagma.options.algorithms.HierarchicalSGDOptions`.
+
+    Options:
         period_group_size_dict: ``{period: group_size}``, see above (a
             size ``"P"`` is all ranks), or ``"auto"``: ``{2: sqrt(P), 10: P}``.
         warmup_steps: steps of gradient averaging before local steps, >= 0.

@@ -20,7 +20,7 @@ class LocalSGD(Algorithm):
     as PyTorch's ``PeriodicModelAverager(period, warmup_steps=period - 1)``
     called after every optimizer step.  Buffers (BatchNorm statistics) stay
     local.
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
 
     Options (:class:`~wagma.options.algorithms.LocalSGDOptions`): ``period``

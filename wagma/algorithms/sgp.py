@@ -35,7 +35,7 @@ class SGP(Algorithm):
     graph is made irregular.  The sum of x over ranks is kept (mass
     conservation), and with one peer on P = 2**d ranks, d consecutive steps
     average exactly.  Buffers (BatchNorm statistics) stay local.
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
 
     Options (:class:`~wagma.options.algorithms.SGPOptions`): ``peers``,

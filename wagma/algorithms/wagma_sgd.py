@@ -38,17 +38,19 @@ class WagmaSGD(Algorithm):
     With ``fixed_groups`` the groups of either switch are iteration 0's at
     every step instead of Algorithm 1's dynamic ones (the paper's ablation 2).
     Buffers (BatchNorm statistics) stay local.
-    Between ``backward()`` and :meth:`step` the gradients are this rank's
+    Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
 
-    One :class:`~collectives.WaitAvoidingGroupAllreduce` per parameter dtype,
+    One :class:`~collectives.wait_avoiding.collective.WaitAvoidingGroupAllreduce` per parameter dtype,
     opened at the first step with this step's counter (so a resumed run's
     versions continue) and closed by :meth:`close`.  The flat parameter
     buffer it is given at step t stays the published W'_t, and the
     parameters are rebound to the result buffer
     (:meth:`~wagma.flat.FlatParameters.rebind`), so no step copies the model.
 
-    Options (:class:`~wagma.options.algorithms.WagmaOptions`):
+    Its options object is :class:`~wagma.options.algorithms.WagmaOptions`.
+
+    Options:
         group_size: S, a power of two <= P, or ``"auto"`` (about sqrt(P),
             as the paper).
         tau: the global synchronisation period, >= 1 (the paper: 10).

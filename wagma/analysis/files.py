@@ -46,7 +46,7 @@ def read_runs(paths) -> tuple[list[Run], list[tuple[str, str]]]:
     """Load every run file in ``paths`` (files or directories).
 
     Returns:
-        ``(runs, skipped)``: the :class:`~wagma.results.Run` of each file
+        ``(runs, skipped)``: the :class:`~wagma.results.reader.Run` of each file
         that could be read, in :func:`find_run_files` order, and a
         ``(path, reason)`` pair for each one that could not (missing, not
         HDF5, not of the run schema, truncated).

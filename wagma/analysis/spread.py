@@ -18,7 +18,7 @@ def _stats(values):
 
 
 def spread_rows(rows: list[dict]) -> list[dict]:
-    """One row per variant (run label) and P from :func:`~wagma.analysis.compare`'s
+    """One row per variant (run label) and P from :func:`~wagma.analysis.table.compare`'s
     rows of repeated runs: ``runs``, and the (min, max, mean) over them of
     ``final_accuracy``, ``last_epoch_accuracy`` and ``stale_fraction``
     (None where no run has one), in the order the variants first appear."""

@@ -214,11 +214,11 @@ def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
     (every variant of it); None where there is no such run.
 
     Args:
-        runs: :class:`~wagma.results.Run` objects or run file paths.
+        runs: :class:`~wagma.results.reader.Run` objects or run file paths.
         baseline: the algorithm name (or a run label) speedups are measured against.
         target_accuracy: the accuracy (a fraction) whose first evaluation
             gives ``time_to_target``.
-        skip: recompute the summary with :func:`~wagma.results.summarize`,
+        skip: recompute the summary with :func:`~wagma.results.summary.summarize`,
             whose throughput leaves out the first ``skip`` steps (warm-up);
             None keeps the summary stored in the file.
     """

@@ -7,10 +7,10 @@ contributions the schedule says were fresh or stale.  Deterministic: the same
 schedule, models and gradients give the same replicas bitwise.
 
 * :mod:`wagma.emulate.schedule`: who contributed what to each averaging
-  (:class:`Schedule`), from a simulation (:func:`simulated_schedule`) or
-  from a measured run's file (:func:`logged_schedule`).
+  (:class:`~.schedule.Schedule`), from a simulation (:func:`~.schedule.simulated_schedule`) or
+  from a measured run's file (:func:`~.schedule.logged_schedule`).
 * :mod:`wagma.emulate.emulator`: the replicas and the update rules
-  (:class:`Emulator`).
+  (:class:`~.emulator.Emulator`).
 """
 
 from .emulator import EMULATED, Emulator

@@ -14,7 +14,7 @@ from .schedule import Schedule
 
 __all__ = ["EMULATED", "Emulator"]
 
-#: The algorithms the emulator runs: Figure 5's (section 5.2 of the WAGMA
+#: The algorithms the emulator runs, Figure 5's (section 5.2 of the WAGMA
 #: paper) and eager-SGD.
 EMULATED = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd")
 
@@ -59,8 +59,8 @@ class Emulator:
     """The arithmetic of P ranks of one algorithm, in one process.
 
     Replica r is ``models[r]`` with ``optimizers[r]``; its trainable
-    parameters become views into flat buffers (:class:`~wagma.flat.
-    FlatParameters`), as in the MPI runs, and every average is over those
+    parameters become views into flat buffers
+    (:class:`~wagma.flat.FlatParameters`), as in the MPI runs, and every average is over those
     buffers, one per dtype.  Buffers (BatchNorm statistics) stay each
     replica's own, as the model-averaging algorithms keep them; Allreduce-SGD
     gives every replica rank 0's after each step, as its broadcast does.
@@ -81,8 +81,8 @@ class Emulator:
       the ``late`` reading says), and every replica applies that average.
     * AD-PSGD: each replica's own order of events (``exchanges``): its
       steps (the gradient at its model, the optimizer step, then the half
-      differences pending added, as :meth:`~collectives.gossip.
-      PairwiseGossip.fold` does), and between them, after the number of
+      differences pending added, as
+      :meth:`~collectives.gossip.PairwiseGossip.fold` does), and between them, after the number of
       steps the table gives, each exchange's copy of the model (the
       parameters plus the differences pending) and its half difference,
       added to the pending ones.  The replicas advance together, the one
@@ -98,7 +98,7 @@ class Emulator:
     run matches it within rounding.
 
     Args:
-        schedule: a :class:`~wagma.emulate.Schedule` of one of :data:`EMULATED`.
+        schedule: a :class:`~wagma.emulate.schedule.Schedule` of one of :data:`EMULATED`.
         models: P ``torch.nn.Module`` replicas (the caller makes them equal
             to start from one model, as ``init_sync`` does).
         optimizers: P optimizers, ``optimizers[r]`` owning ``models[r]``'s
@@ -107,7 +107,7 @@ class Emulator:
     Attributes:
         flats: each replica's :class:`~wagma.flat.FlatParameters`.
         stale_steps: ``[P]`` steps whose contribution was stale, as
-            :attr:`wagma.algorithms.Algorithm.stale_steps` counts them.
+            :attr:`wagma.algorithms.base.Algorithm.stale_steps` counts them.
     """
 
     def __init__(self, schedule: Schedule, models, optimizers):
@@ -141,7 +141,7 @@ class Emulator:
                 loss (a float, or anything to record).
             lr: ``lr(t)``, the learning rate of step t, set on every
                 parameter group before the step's gradient (as
-                :class:`experiments.schedule.LearningRate` does); None
+                ``experiments.schedule.LearningRate`` does); None
                 leaves the optimizers' own.
             after_step: ``after_step(t)`` once every rank has ended step t
                 (evaluations).  Under AD-PSGD faster replicas may be further

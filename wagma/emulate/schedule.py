@@ -27,27 +27,25 @@ NEEDS = {
 
 @dataclass(frozen=True)
 class Schedule:
-    """The order of a run's contributions, for :class:`~wagma.emulate.Emulator`.
+    """The order of a run's contributions, for :class:`~wagma.emulate.emulator.Emulator`."""
 
-    Attributes:
-        algorithm: the algorithm's name (:func:`wagma.algorithms.create`'s).
-        options: its options, resolved for ``ranks`` (``"auto"`` made concrete).
-        ranks, steps: P and T.
-        arrays: :data:`NEEDS` of the algorithm, ``[P, T]`` each
-            (``exchanges``: ``[rows, 5]``).
-        clock: ``[P, T]`` seconds on the training clock when each rank
-            ended each step (the time axis of the emulated run).
-        origin: where the schedule comes from, for the run file.
-        run: the simulated run it was read from (None for a logged one).
-    """
-
+    #: The algorithm's name (:func:`wagma.algorithms.create`'s).
     algorithm: str
+    #: Its options, resolved for ``ranks`` (``"auto"`` made concrete).
     options: dict
+    #: P.
     ranks: int
+    #: T.
     steps: int
+    #: :data:`NEEDS` of the algorithm, ``[P, T]`` each
+    #: (``exchanges``: ``[rows, 5]``).
     arrays: dict
+    #: ``[P, T]`` seconds on the training clock when each rank
+    #: ended each step (the time axis of the emulated run).
     clock: np.ndarray
+    #: Where the schedule comes from, for the run file.
     origin: str
+    #: The simulated run it was read from (None for a logged one).
     run: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -60,7 +58,7 @@ class Schedule:
 
     @property
     def stale(self) -> np.ndarray:
-        """``[P, T]``: 1 where rank r's step-t contribution was not in version t
+        """``[P, T]``, 1 where rank r's step-t contribution was not in version t
         (WAGMA-SGD, eager-SGD); zeros for the others."""
         if self.algorithm == "wagma" and "source" in self.arrays:
             return (self.arrays["source"] != np.arange(self.steps)).astype(float)
@@ -70,10 +68,10 @@ class Schedule:
 
 
 def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
-    """The schedule of ``algorithm`` in a :class:`wagma.sim.Scenario`: the
+    """The schedule of ``algorithm`` in a :class:`wagma.sim.engine.Scenario`: the
     simulator's times decide who was fresh (a core or GPU per rank, the
     scenario's imbalance and network).  Raises ValueError as
-    :func:`wagma.sim.simulate` does."""
+    :func:`wagma.sim.engine.simulate` does."""
     from wagma.sim import simulate  # numba compiles the kernels: only when a schedule is asked for
 
     run = simulate(algorithm, scenario, **options)
@@ -130,13 +128,13 @@ def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
 
 def logged_schedule(run) -> Schedule:
     """The schedule a measured run logged: its step field ``contribution``
-    (:attr:`wagma.algorithms.Algorithm.contribution`, each rank's iteration
+    (:attr:`wagma.algorithms.base.Algorithm.contribution`, each rank's iteration
     at each step) read back into ``source`` (WAGMA-SGD) or ``taken``
     (eager-SGD: under ``"drop"`` a version took the step's own gradient
     where the contribution was that step's; under ``"newest"`` the one of
     the iteration logged; under ``"accumulate"`` every gradient after the
     one the rank's previous read ended at, up to the iteration logged).
-    ``run`` is a :class:`wagma.results.Run` of ``experiments.train`` or
+    ``run`` is a :class:`wagma.results.reader.Run` of ``experiments.train`` or
     :class:`wagma.step_recorder.StepRecorder`; AD-PSGD's exchanges come
     from its table ``sync/exchanges``.  Raises ValueError for a run that did
     not log what its algorithm's replay needs, or that reallocates work."""

@@ -25,7 +25,7 @@ __all__ = [
     "parse_levels",
 ]
 
-#: The values of the ``sync`` option: how the global synchronizations
+#: The values of the ``sync`` option, how the global synchronizations
 #: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
 #: (StragglAR with the rank predicted to arrive last as its straggler,
 #: :mod:`collectives.stragglar.training_sync`; the allreduce while no rank is predicted).
@@ -211,7 +211,7 @@ def _limiter(value, name, ranks, say):
     return None
 
 
-#: The limiter of ``limiter="auto"``: the reference's for solo (``LIMITER``
+#: The limiter of ``limiter="auto"``, the reference's for solo (``LIMITER``
 #: 32 in its training scripts), none for the majority, whose reference
 #: leaves it commented out (``ffrand_allreduce.c``).
 EAGER_LIMITER = {"solo": 32, "majority": 0, "half": 0}

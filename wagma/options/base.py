@@ -32,7 +32,7 @@ LIBRARY = Wording(flags=False)
 #: Problems in the words of ``experiments.train``'s and ``wagma.sim``'s flags.
 COMMAND_LINE = Wording(flags=True)
 
-#: ``check(value, name, ranks, say)``: a problem sentence or None; ``name``
+#: ``check(value, name, ranks, say)``, returning a problem sentence or None; ``name``
 #: is the option as the user wrote it (``say(field)``).
 Check = Callable[[Any, str, int, Wording], "str | None"]
 
@@ -68,7 +68,7 @@ class Options:
 
     Subclasses are made by :func:`options_of` (a frozen dataclass whose
     fields come from :func:`option`) and may override :meth:`ranks_problem`
-    (rank counts the algorithm cannot run on), :meth:`_relations` (checks
+    (rank counts the algorithm cannot run on), ``_relations`` (checks
     between fields) and :meth:`resolve` ("auto" values for a rank count).
     The algorithm class's keywords, the command line's flags
     (:mod:`wagma.options.cli`), the simulator's checks and the run file's
@@ -93,7 +93,7 @@ class Options:
 
     def problem(self, ranks: int, say: Wording = LIBRARY) -> str | None:
         """The first problem with these options on ``ranks`` ranks, or None:
-        the rank count, each field's own check, then :meth:`_relations`."""
+        the rank count, each field's own check, then ``_relations``."""
         problem = self.ranks_problem(ranks, say)
         for name, f in self.fields().items():
             check = f.metadata["check"]
@@ -111,7 +111,8 @@ class Options:
 
     def resolve(self, ranks: int) -> Options:
         """These options with "auto" values made concrete for ``ranks``
-        ranks: the values a run uses and records.  Call after :meth:`problem`."""
+        ranks: the values a run uses and records.  Call after
+        :meth:`~wagma.options.base.Options.problem`."""
         return self
 
     def as_dict(self) -> dict:

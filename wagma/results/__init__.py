@@ -1,10 +1,10 @@
 """One HDF5 file per training run: its schema, how it is recorded and written, how it is read and summarized.
 
 ``schema`` (what the file holds, field by field), ``recorder``
-(:class:`RunRecorder`: every rank's rows, collected on rank 0 as the run
-goes), ``writer`` (the root's appending writer; :func:`write_run`, a whole
-file at once), ``reader`` (:func:`load_run`, :class:`Run`) and ``summary``
-(:func:`summarize`: throughput, accuracy, stale fraction).
+(:class:`~.recorder.RunRecorder`: every rank's rows, collected on rank 0 as the run
+goes), ``writer`` (the root's appending writer; :func:`~.writer.write_run`, a whole
+file at once), ``reader`` (:func:`~.reader.load_run`, :class:`~.reader.Run`) and ``summary``
+(:func:`~.summary.summarize`: throughput, accuracy, stale fraction).
 """
 
 from .reader import Run, load_run

@@ -38,7 +38,7 @@ def _plain(value):
 
 def load_run(path: str) -> Run:
     """Read a run file (complete or partial) into memory; the summary is
-    :func:`summarize`'s, with the stored one's values where present."""
+    :func:`~wagma.results.summary.summarize`'s, with the stored one's values where present."""
     with h5py.File(path, "r") as f:
         if f.attrs.get("schema") != SCHEMA:
             raise ValueError(f"{path}: not a run file of schema {SCHEMA!r} (got {f.attrs.get('schema')!r})")

@@ -33,7 +33,7 @@ class RunRecorder:
     Args:
         comm: an ``mpi4py.MPI.Intracomm`` over the run's ranks.
         path: the final file name (``.h5``); the partial one is
-            :func:`partial_path` of it.
+            :func:`~wagma.results.schema.partial_path` of it.
         attrs: root attributes (the configuration and provenance).
         resume_step: continue the partial file of an interrupted run from
             this step (rows at and after it are dropped), or start a new
@@ -57,7 +57,7 @@ class RunRecorder:
         return self.writer.path if self.writer else None
 
     def record(self, step: int, **values):
-        """This rank's measurements of ``step`` (the :data:`STEP_FIELDS`)."""
+        """This rank's measurements of ``step`` (the :data:`~wagma.results.schema.STEP_FIELDS`)."""
         self._buffer.append([step, *(values[k] for k in STEP_FIELDS)])
         if len(self._buffer) >= self.post_every:
             self.collector.post(np.array(self._buffer))
@@ -69,7 +69,7 @@ class RunRecorder:
 
     def record_tables(self, tables: dict):
         """On rank 0: the algorithm's ``sync/<name>`` tables as they stand
-        (``name -> (rows, columns)``, :meth:`~wagma.algorithms.Algorithm.sync_tables`),
+        (``name -> (rows, columns)``, :meth:`~wagma.algorithms.base.Algorithm.sync_tables`),
         whose rows only ever grow.  A table goes to the next flush the first
         time it is handed (empty or not) and again whenever it has grown, so
         a loop may hand them after every step, and a run that fails keeps
@@ -82,7 +82,7 @@ class RunRecorder:
                 self._table_rows[name] = len(rows)
 
     def record_eval(self, replica_accuracy=None, **values):
-        """On rank 0: one evaluation (the :data:`EVAL_FIELDS`)."""
+        """On rank 0: one evaluation (the :data:`~wagma.results.schema.EVAL_FIELDS`)."""
         if self.writer:
             self.writer.add_eval(values, replica_accuracy)
 
@@ -99,7 +99,7 @@ class RunRecorder:
 
     def close(self, status: str, dead=(), attrs=None):
         """Collective over the living ranks: gather every rank's remaining
-        rows, write the :func:`summarize` figures and ``status``;
+        rows, write the :func:`~wagma.results.summary.summarize` figures and ``status``;
         ``"complete"`` renames the file to its final name.  ``dead``: ranks
         that died (ULFM), not waited for; their rows end where they died,
         and the root attribute ``dead_ranks`` lists them.  ``attrs``: more

@@ -17,6 +17,7 @@ Root attributes
     library, git commit, start time...) plus ``torch_version``.
 
 ``steps/<field>``: float64 ``[rank, step]``, NaN where nothing arrived
+    ================  ============================================================
     ``step_time``     seconds from the end of the rank's previous step to the end
                       of this one, on the training clock
     ``compute_time``  forward and backward (or the emulated sleep), including
@@ -40,9 +41,11 @@ Root attributes
                       step's times, loss and stale are NaN and its clock is the
                       rank's clock when it rejoined
     ``contribution``  the iteration of the contribution the rank gave to the
-                      step's averaging (:attr:`wagma.algorithms.Algorithm.
-                      contribution`: WAGMA-SGD's model, eager-SGD's gradient),
+                      step's averaging (:attr:`wagma.algorithms.base.Algorithm.contribution`:
+                      WAGMA-SGD's model, eager-SGD's gradient),
                       what :mod:`wagma.emulate` replays; NaN for the others
+    ================  ============================================================
+
     (files written before ``samples``, ``skipped`` and ``contribution``
     existed read as ``batch_size``, 0 and NaN.)  A rank that died has NaN from its death on.
     attribute ``steps.attrs["written"]``: every rank's rows are present for
@@ -73,7 +76,7 @@ Root attributes
     in each rank's order: rank, peer, active (1 on the side that asked),
     copied_after and applied_after (the rank's updates done when it copied
     its model and when it added its half difference); what
-    :func:`wagma.emulate.logged_schedule` replays.
+    :func:`wagma.emulate.schedule.logged_schedule` replays.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
@@ -83,7 +86,8 @@ Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
     ``final_accuracy``, ``best_accuracy``, ``last_epoch_accuracy`` (the
     mean of the last epoch's evaluations), ``mean_wait_time``,
-    ``stale_fraction`` (and the straggler predictor's two, above); :func:`summarize` recomputes them from the datasets
+    ``stale_fraction`` (and the straggler predictor's two, above);
+    :func:`~wagma.results.summary.summarize` recomputes them from the datasets
     for any file, a partial one included.
 
 While the run lasts the file is ``NAME.partial.h5`` (:func:`partial_path`);
@@ -97,7 +101,9 @@ import numpy as np
 
 __all__ = ["EVAL_FIELDS", "LATER_STEP_FIELDS", "SCHEMA", "STEP_FIELDS", "is_partial", "partial_path"]
 
+#: The value of the root attribute ``schema``.
 SCHEMA = "wagma-run/1"
+#: The fields of ``steps/``, as the schema above lists them.
 STEP_FIELDS = (
     "step_time",
     "compute_time",
@@ -117,6 +123,7 @@ LATER_STEP_FIELDS = {
     "skipped": lambda attrs: 0.0,
     "contribution": lambda attrs: np.nan,
 }
+#: The fields of ``eval/`` (``replica_accuracy`` aside).
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 
 _PARTIAL = ".partial.h5"

@@ -161,10 +161,10 @@ class FileWriter:
 def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None, status: str = "complete"):
     """Write a whole run file at once (the simulator's results, test fixtures).
 
-    ``steps``: every :data:`STEP_FIELDS` name -> a ``(P, T)`` array;
-    ``evals``: :data:`EVAL_FIELDS` names (and optionally
+    ``steps``: every :data:`~wagma.results.schema.STEP_FIELDS` name -> a ``(P, T)`` array;
+    ``evals``: :data:`~wagma.results.schema.EVAL_FIELDS` names (and optionally
     ``replica_accuracy``, ``(E, P)``) -> arrays of one length.  The summary
-    is :func:`summarize`'s.
+    is :func:`~wagma.results.summary.summarize`'s.
     """
     steps = {
         **{k: np.full(np.shape(steps["clock"]), default(attrs)) for k, default in LATER_STEP_FIELDS.items()},

@@ -39,7 +39,7 @@ __all__ = [
 #: predicted straggler (their option ``sync``).
 SYNCED = tuple(name for name in ALGORITHM_NAMES if "sync" in OPTIONS[name].fields())
 
-#: Simulated algorithms and their options with the defaults: those of
+#: Simulated algorithms and their options with the defaults, those of
 #: :func:`wagma.algorithms.create`, from the same options objects
 #: (:mod:`wagma.options`).
 ALGORITHMS = {name: OPTIONS[name]().as_dict() for name in ALGORITHM_NAMES}
@@ -48,7 +48,7 @@ _PREDICTOR = {
     name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items() if p.kind is p.KEYWORD_ONLY
 }
 
-#: The columns of a predicted run's ``tables["stragglers"]``: those of the
+#: The columns of a predicted run's ``tables["stragglers"]``, those of the
 #: runtime's log (``sync/stragglers`` of a measured run).
 STRAGGLER_COLUMNS = PredictedStragglerSync.COLUMNS
 
@@ -291,7 +291,7 @@ def age_summary(age: np.ndarray) -> tuple[float, float]:
 
 @dataclass
 class SimulatedRun(Run):
-    """A :class:`~wagma.results.Run` made by the simulator, with ``age``
+    """A :class:`~wagma.results.reader.Run` made by the simulator, with ``age``
     ``[P, T]``: how many steps old each rank's averaged contribution was,
     and ``schedule``: who contributed what to each averaging where that
     depends on the times (WAGMA-SGD's ``source``, eager-SGD's ``taken``,
@@ -301,7 +301,7 @@ class SimulatedRun(Run):
     row per global synchronization: its number, the rank predicted to arrive
     last (-1: none, the fallback collective ran), the rank that did, by how
     many seconds, and the lead the next prediction required), and its
-    summary has :func:`~wagma.results.straggler_summary`'s figures."""
+    summary has :func:`~wagma.results.summary.straggler_summary`'s figures."""
 
     age: np.ndarray = field(default=None)
     schedule: dict = field(default_factory=dict)
@@ -406,7 +406,7 @@ def _jsonable(options):
 
 def save(run: SimulatedRun, path: str) -> str:
     """Write ``run`` to ``path`` (the schema of :mod:`wagma.results`, its
-    ``sync/stragglers`` table and :func:`~wagma.results.straggler_summary` included, plus
+    ``sync/stragglers`` table and :func:`~wagma.results.summary.straggler_summary` included, plus
     ``sim/age`` ``[rank, step]``); returns the path."""
     write_run(path, run.attrs, {k: run.steps[k] for k in STEP_FIELDS if k in run.steps})
     with h5py.File(path, "a") as f:

@@ -19,7 +19,7 @@ The global synchronizations of :func:`local_sgd` and :func:`wagma` (hence
 Allreduce-SGD, local SGD and WAGMA-SGD's every-tau average) can run with the
 runtime's straggler prediction (``--sync stragglar``): the rule of
 :mod:`collectives.stragglar.prediction`, its own two functions compiled
-here, fed with the simulated arrivals (:func:`_synchronize`).
+here, fed with the simulated arrivals (``_synchronize``).
 """
 
 import hashlib
@@ -145,7 +145,7 @@ def local_sgd(compute, tau, collective, planned, predictor, scores, record):
     every rank waits for the last one, then the gradient allreduce (its
     buckets one after another in ``collective``; emulated compute has no
     backward pass for them to overlap with).  The synchronizations run as
-    :func:`_synchronize` says (``planned``, ``predictor``, ``scores``,
+    ``_synchronize`` says (``planned``, ``predictor``, ``scores``,
     ``record``: see there, or :func:`no_prediction`)."""
     ranks, steps = compute.shape
     clock = np.empty((ranks, steps))
@@ -267,8 +267,8 @@ def adpsgd(compute, exchange):
     return clock, age, partner, start_at, finish
 
 
-#: The ``late`` readings of :func:`eager_sgd`, by code: those of
-#: :data:`collectives.wait_avoiding.LATE`, in its order.
+#: The ``late`` readings of :func:`eager_sgd` by code, those of
+#: :data:`collectives.wait_avoiding.collective.LATE`, in its order.
 LATE_CODES = {"drop": 0, "newest": 1, "accumulate": 2}
 
 
@@ -398,7 +398,7 @@ def wagma(
     published at the rank's arrival at s, fresh or not; a sync step's
     average when the sync step ends; the initial model, iteration -1, at 0);
     it leaves once it has arrived and the version has ended on it.  At sync steps ((t + 1) mod tau == 0) a blocking
-    allreduce over all ranks (``collective``, or as :func:`_synchronize`
+    allreduce over all ranks (``collective``, or as ``_synchronize``
     says with a prediction) and everyone is fresh.
     Without ``activation`` (Algorithm 2's beta: blocking group averaging) a
     version starts on a rank only when the rank arrives, so every phase
@@ -458,7 +458,7 @@ def wagma(
 
 @njit(cache=True)
 def ensemble_sync(compute, period, timeout, costs, notify):
-    """EnsembleSync (:class:`wagma.algorithms.EnsembleSync`): rounds of
+    """EnsembleSync (:class:`wagma.algorithms.ensemble_sync.EnsembleSync`): rounds of
     ``period`` steps; a round closes when every present rank has reported,
     or ``timeout`` after its first report (the last round: when every rank
     has, late ones included).  The ranks that reported by then average at

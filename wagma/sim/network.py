@@ -39,7 +39,7 @@ class GlobalAllreduce:
     that step (an oracle: the runtime needs it named in advance, so for
     imbalance that moves between ranks this is StragglAR's best case); with
     ``sync="stragglar"`` it is the rank the runtime's predictor names, and a
-    wrong name hides nothing (:func:`wagma.sim.kernels._global_end`).
+    wrong name hides nothing (``wagma.sim.kernels._global_end``).
     """
 
     after_last: float
