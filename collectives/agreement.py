@@ -40,12 +40,13 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
     if summary[0] == 0 and np.array_equal(summary[1 : k + 1], -summary[k + 1 :]):
         return
     table = comm.control.allgather((problem, exc_type.__name__, tuple(fields.values())))
-    failing = {}
+    failing: dict[tuple[str, str], list[int]] = {}
     for rank, (p, kind, _) in enumerate(table):
         if p:
             failing.setdefault((p, kind), []).append(rank)
     if failing:
-        kind = {"TypeError": TypeError}.get(next(iter(failing))[1], ValueError)
+        kinds: dict[str, type[Exception]] = {"TypeError": TypeError}
+        kind = kinds.get(next(iter(failing))[1], ValueError)
         detail = "; ".join(f"{_ranks(ranks)}: {p}" for (p, _), ranks in failing.items())
         raise kind(f"{collective}: {detail}")
     for i, name in enumerate(fields):
@@ -68,8 +69,10 @@ def _ranks(ranks: list[int]) -> str:
     """``rank 3``, or ``ranks 0-2, 5`` for a sorted list of several."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    runs, start = [], ranks[0]
-    for prev, cur in zip(ranks, ranks[1:] + [None]):
+    runs: list[str] = []
+    start: int | None = ranks[0]
+    following: list[int | None] = [*ranks[1:], None]
+    for prev, cur in zip(ranks, following):
         if cur != prev + 1:
             runs.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = cur

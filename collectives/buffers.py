@@ -14,7 +14,7 @@ tensor is copied to a pinned host tensor, reduced there, and copied back.
 
 import contextlib
 import sys
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -99,6 +99,8 @@ class FlatBuffer:
     numel: int
     dtype: str
     is_integer: bool
+    _bytes: Any  # the elements as bytes: a numpy uint8 array, or a uint8 torch tensor on the device
+    _itemsize: int
 
     def msg(self, lo: int, hi: int):
         """The bytes of elements ``[lo, hi)``, as an MPI buffer."""

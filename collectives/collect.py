@@ -37,8 +37,8 @@ class RootCollector:
         self.comm = comm.Dup()
         self.width, self.root = int(width), root
         self.is_root = self.comm.Get_rank() == root
-        self._sending = []  # (request, rows) until the send completes
-        self._inbox = []  # the root's own rows
+        self._sending: list[tuple[MPI.Request, np.ndarray]] = []  # (request, rows) until the send completes
+        self._inbox: list[tuple[int, np.ndarray]] = []  # the root's own rows
 
     def post(self, rows):
         """Send ``rows`` (``(n, width)``, converted to float64) to the root."""

@@ -61,10 +61,11 @@ def member_allreduce(buf: np.ndarray, comm, members, tag: int):
     position, size = members.index(comm.Get_rank()), len(members)
     children = binomial_children(position, size)
     parent = binomial_parent(position)
-    scratch = np.empty_like(buf) if children else None
-    for child in children:
-        comm.Recv(scratch, source=members[child], tag=tag)
-        np.add(buf, scratch, out=buf)
+    if children:
+        scratch = np.empty_like(buf)
+        for child in children:
+            comm.Recv(scratch, source=members[child], tag=tag)
+            np.add(buf, scratch, out=buf)
     if parent is not None:
         comm.Send(buf, dest=members[parent], tag=tag)
         comm.Recv(buf, source=members[parent], tag=tag)

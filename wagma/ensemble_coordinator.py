@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -72,9 +73,9 @@ def fault_events(rows, ranks) -> list:
     for a late rank, the round and end step at which it rejoined."""
     rows = np.asarray(rows, dtype=float).reshape(-1, len(ROUND_FIELDS) + 2 * ranks)
     status = rows[:, len(ROUND_FIELDS) : len(ROUND_FIELDS) + ranks]
-    events = []
+    events: list[dict[str, Any]] = []
     for rank in range(ranks):
-        missing = None
+        missing: dict[str, Any] | None = None
         for i, row in enumerate(rows):
             if status[i, rank] < 0 and missing is None:
                 missing = {
@@ -85,7 +86,7 @@ def fault_events(rows, ranks) -> list:
                     "others_waited_s": float(row[4]),
                 }
                 events.append(missing)
-            if status[i, rank] == STATUS["dead"]:
+            if status[i, rank] == STATUS["dead"] and missing is not None:  # always: dead is a negative status
                 missing["kind"] = "dead"
             if status[i, rank] == STATUS["joiner"] and missing is not None:
                 missing.update(rejoined_round=int(row[0]), rejoined_step=int(row[1]))

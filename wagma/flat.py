@@ -68,17 +68,17 @@ class FlatParameters:
         self.parameters = parameters
         self.names = {id(p): name for name, p in module.named_parameters()}
         self.buffers = OrderedDict(module.named_buffers())
-        self.params = OrderedDict()
-        self.grads = OrderedDict() if grads else None
-        self._slices = []  # (parameter, dtype, offset)
-        sizes = OrderedDict()
+        self.params: OrderedDict[torch.dtype, torch.Tensor] = OrderedDict()
+        self.grads: OrderedDict[torch.dtype, torch.Tensor] | None = OrderedDict() if grads else None
+        self._slices: list[tuple[torch.nn.Parameter, torch.dtype, int]] = []  # (parameter, dtype, offset)
+        sizes: OrderedDict[torch.dtype, int] = OrderedDict()
         for p in parameters:
             offset = sizes.get(p.dtype, 0)
             self._slices.append((p, p.dtype, offset))
             sizes[p.dtype] = offset + p.numel()
         for dtype, total in sizes.items():
             self.params[dtype] = torch.empty(total, dtype=dtype, device=self.device)
-            if grads:
+            if self.grads is not None:
                 self.grads[dtype] = torch.zeros(total, dtype=dtype, device=self.device)
         with torch.no_grad():
             for p, dtype, offset in self._slices:

@@ -36,6 +36,8 @@ class _Fold:
     def __init__(self, rank: int, size: int):
         self.p2 = 1 << (size.bit_length() - 1)
         self.rem = size - self.p2
+        self.vrank: int | None
+        self.partner: int | None
         if rank < 2 * self.rem:
             self.vrank = rank // 2 if rank % 2 else None
             self.partner = rank - 1 if rank % 2 else rank + 1

@@ -90,7 +90,7 @@ class TuningTable:
         self.seconds = {name: [float(t) for t in times] for name, times in record["median_seconds"].items()}
         self.setting = {key: record[key] for key in ("library", "version", "ranks", "nodes", "ranks_per_node")}
         self.source = source
-        self._chosen = {}
+        self._chosen: dict[tuple[int, tuple[str, ...]], str | None] = {}
         if (
             not self.sizes
             or self.sizes != sorted(self.sizes)
@@ -100,7 +100,7 @@ class TuningTable:
                 f"tuning table {source or record}: sizes must ascend and every algorithm must have one time per size"
             )
 
-    def fastest(self, nbytes: int, allowed: tuple) -> str:
+    def fastest(self, nbytes: int, allowed: tuple[str, ...]) -> str | None:
         """The fastest of ``allowed`` (a tuple of names) at the measured size nearest ``nbytes``
         (log scale), or None if the table measured none of them."""
         key = (nbytes, allowed)

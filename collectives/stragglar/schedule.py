@@ -1,6 +1,7 @@
 """A StragglAR schedule as data: rounds of chunk transfers, with JSON import and export."""
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["Schedule", "Transfer"]
@@ -42,7 +43,7 @@ class Schedule:
 
     n: int
     straggler: int
-    rounds: tuple
+    rounds: Sequence[Sequence[Transfer]]  # made a tuple of tuples
 
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 2:

@@ -144,7 +144,7 @@ class PredictedStragglerSync:
     def straggler(self):
         return self.predictor.straggler
 
-    def begin(self, arrival_s: float = None, reduction_started: float = None):
+    def begin(self, arrival_s: float | None = None, reduction_started: float | None = None):
         """A synchronization begins: this rank's arrival goes out
         (nonblocking).  ``arrival_s`` overrides the measured one (seconds
         since the last :meth:`end`) - for tests and replayed traces;
@@ -209,7 +209,7 @@ class PredictedStragglerSync:
             old.close()
         self._plans[key] = StragglerAwareAllreduce(self.comm, key[0], template, op=self.op)
 
-    def __call__(self, buffers, arrival_s: float = None):
+    def __call__(self, buffers, arrival_s: float | None = None):
         """One whole synchronization of ``buffers``: begin, reduce each, end."""
         self.begin(arrival_s)
         for buffer in buffers:

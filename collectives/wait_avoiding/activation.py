@@ -106,11 +106,12 @@ class RandomActivators:
 
     def __init__(self, seed: int, size: int):
         self.seed, self.size = seed, size
-        self._block, self._ranks = None, None
+        self._block: int | None = None
+        self._ranks: np.ndarray | None = None
 
     def __call__(self, version: int) -> int:
         block, index = divmod(version, self._BLOCK)
-        if block != self._block:
+        if block != self._block or self._ranks is None:  # (None only before the first block)
             rng = np.random.default_rng([self.seed, block])
             self._block, self._ranks = block, rng.integers(self.size, size=self._BLOCK)
         return int(self._ranks[index])

@@ -4,6 +4,7 @@ import contextlib
 import inspect
 import math
 import time
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from collectives.stragglar.training_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
 from ..options import options_problem
+from ..options.base import Options as AlgorithmOptions
 from ..options.base import keyword_signature
 from ..reallocation import Reallocation
 from ..replicas import broadcast_model, require_communicator, same_parameters_problem
@@ -119,8 +121,8 @@ class Algorithm:
     """
 
     name = "algorithm"
-    #: The options object of the algorithm (:class:`wagma.options.Options`).
-    Options = None
+    #: The options object of the algorithm (:class:`wagma.options.Options`); every subclass sets it.
+    Options: ClassVar[type[AlgorithmOptions]]
     #: Whether the loop scores :attr:`ensemble` on rank 0 instead of the ranks' average.
     evaluates_ensemble = False
 

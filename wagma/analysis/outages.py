@@ -21,7 +21,7 @@ def _epochs(run: Run) -> np.ndarray:
     return (np.arange(run.steps["clock"].shape[1]) + 1) / per_epoch
 
 
-def outage_row(run: Run, scenario: str, fault_free: Run = None) -> dict:
+def outage_row(run: Run, scenario: str, fault_free: Run | None = None) -> dict:
     """What a fault cost one run.
 
     ``others_longest_wait_s``: over the ranks no fault was injected into, the

@@ -228,7 +228,8 @@ def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
         raise ValueError(f"skip must be >= 0, got {skip}")
     runs = [load_run(os.fspath(r)) if isinstance(r, (str, os.PathLike)) else r for r in runs]
     rows = sorted((_row(run, baseline, target_accuracy, skip) for run in runs), key=_sort_key)
-    labelled, named = {}, {}
+    labelled: dict[tuple, list[dict]] = {}
+    named: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["label"] == baseline:
             labelled.setdefault(baseline_key(row), []).append(row)

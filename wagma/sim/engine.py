@@ -303,7 +303,7 @@ class SimulatedRun(Run):
     many seconds, and the lead the next prediction required), and its
     summary has :func:`~wagma.results.straggler_summary`'s figures."""
 
-    age: np.ndarray = field(default=None)
+    age: np.ndarray | None = field(default=None)
     schedule: dict = field(default_factory=dict)
 
 
@@ -337,7 +337,8 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None, **
             "collective='stragglar' (the oracle that always knows the last rank) cannot be that"
         )
     skipped = np.zeros_like(compute)
-    stragglers, schedule = None, {}
+    stragglers = None
+    schedule: dict[str, np.ndarray | float] = {}
     if algorithm == "ensemble_sync":
         (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
         compute, injected = compute * (1 - skipped), injected * (1 - skipped)
