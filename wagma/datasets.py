@@ -3,11 +3,23 @@
 import dataclasses
 import os
 import pickle
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
-__all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "synthetic_cifar", "translation"]
+__all__ = [
+    "BOS",
+    "DATASETS",
+    "DataSpec",
+    "Dataset",
+    "DatasetName",
+    "EOS",
+    "PAD",
+    "load_dataset",
+    "synthetic_cifar",
+    "translation",
+]
 
 #: Token ids of the sequence tasks: padding, begin and end of sequence; content tokens are 3 and up.
 PAD, BOS, EOS = 0, 1, 2
@@ -557,10 +569,11 @@ def _synthetic(model, synthetic_size, seed, rank, ranks):
 
 
 #: Dataset names ``load_dataset`` accepts.
-DATASETS = ("digits", "cifar10", "synthetic", "synthetic-cifar", "translation")
+DatasetName = Literal["digits", "cifar10", "synthetic", "synthetic-cifar", "translation"]
+DATASETS: tuple[DatasetName, ...] = get_args(DatasetName)
 
 
-def load_dataset(name, *, model=None, root=None, seed=0, rank=0, ranks=1, synthetic_size=None) -> Dataset:
+def load_dataset(name: DatasetName, *, model=None, root=None, seed=0, rank=0, ranks=1, synthetic_size=None) -> Dataset:
     """Rank ``rank``'s view of dataset ``name``, its training set sharded over ``ranks``.
 
     Args:

@@ -1,5 +1,8 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
+from collections.abc import Callable
+from typing import Literal, cast, get_args
+
 from ..agreement import check_arguments
 from ..buffers import describe
 from .halving_doubling import (
@@ -16,8 +19,14 @@ __all__ = [
     "ALLGATHER_ALGORITHMS",
     "ALLREDUCE_ALGORITHMS",
     "ALLREDUCE_CHOICES",
+    "AllgatherAlgorithm",
+    "AllreduceAlgorithm",
+    "AllreduceChoice",
+    "AllreduceSchedule",
     "OPS",
+    "Op",
     "REDUCE_SCATTER_ALGORITHMS",
+    "ReduceScatterAlgorithm",
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
@@ -30,9 +39,21 @@ __all__ = [
 
 #: Reduction operations: ``sum``, or ``avg`` (the sum divided by the number
 #: of contributions, floating-point buffers only).
-OPS = ("sum", "avg")
+Op = Literal["sum", "avg"]
+OPS: tuple[Op, ...] = get_args(Op)
 
-ALLREDUCE_ALGORITHMS = {
+#: Our allreduce schedules, the keys of :data:`ALLREDUCE_ALGORITHMS`.
+AllreduceSchedule = Literal["ring", "rhd", "recursive_doubling"]
+#: What ``allreduce(algorithm=...)`` runs: ours or ``"mpi"``, the keys of :data:`ALLREDUCE_CHOICES`.
+AllreduceChoice = Literal[AllreduceSchedule, "mpi"]
+#: What ``allreduce(algorithm=...)`` accepts: a choice or ``"auto"`` (:func:`choose_allreduce`).
+AllreduceAlgorithm = Literal[AllreduceChoice, "auto"]
+#: What ``reduce_scatter(algorithm=...)`` accepts, the keys of :data:`REDUCE_SCATTER_ALGORITHMS`.
+ReduceScatterAlgorithm = Literal["ring", "recursive_halving"]
+#: What ``allgather(algorithm=...)`` accepts, the keys of :data:`ALLGATHER_ALGORITHMS`.
+AllgatherAlgorithm = Literal["ring", "recursive_doubling"]
+
+ALLREDUCE_ALGORITHMS: dict[AllreduceSchedule, Callable[..., None]] = {
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,
@@ -40,14 +61,15 @@ ALLREDUCE_ALGORITHMS = {
 #: What ``allreduce(algorithm=...)`` accepts besides ``"auto"``: our
 #: schedules, and ``"mpi"``, the library's own ``MPI_Allreduce``
 #: (:mod:`.library_allreduce`; float32, float64, int32 and int64 only).
-ALLREDUCE_CHOICES = {**ALLREDUCE_ALGORITHMS, "mpi": library_allreduce}
+ALLREDUCE_CHOICES: dict[AllreduceChoice, Callable[..., None]] = dict(ALLREDUCE_ALGORITHMS.items())
+ALLREDUCE_CHOICES["mpi"] = library_allreduce
 # What auto may pick from a tuning table: all, or ours alone for a dtype the library cannot sum.
 _AUTO_WITH_LIBRARY, _AUTO_OURS = tuple(ALLREDUCE_CHOICES), tuple(ALLREDUCE_ALGORITHMS)
-REDUCE_SCATTER_ALGORITHMS = {
+REDUCE_SCATTER_ALGORITHMS: dict[ReduceScatterAlgorithm, Callable[..., None]] = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,
 }
-ALLGATHER_ALGORITHMS = {
+ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
     "ring": ring_allgather,
     "recursive_doubling": recursive_doubling_allgather,
 }
@@ -60,7 +82,7 @@ ALLGATHER_ALGORITHMS = {
 SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
-def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32") -> str:
+def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32") -> AllreduceChoice:
     """The schedule ``algorithm="auto"`` runs for ``nbytes`` of ``dtype`` on ``size`` ranks.
 
     With a tuning table (:mod:`.tuning`, measured for this library, rank
@@ -78,7 +100,7 @@ def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32"
         allowed = _AUTO_OURS if library_dtype_problem(dtype) else _AUTO_WITH_LIBRARY
         measured = tuning.fastest(nbytes, allowed)
         if measured:
-            return measured
+            return cast(AllreduceChoice, measured)  # one of allowed
     if nbytes < SMALL_ALLREDUCE_BYTES:
         return "recursive_doubling"
     return "rhd" if size & (size - 1) == 0 else "ring"
@@ -135,7 +157,7 @@ def _scale(op, comm):
     return 1.0 / comm.size if op == "avg" else None
 
 
-def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
+def allreduce(data, *, comm, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum", check=True):
     """Reduce ``data`` over all ranks of ``comm``, in place.
 
     On return every rank's ``data`` holds the element-wise sum (``op="sum"``)
@@ -170,7 +192,7 @@ def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
     return data
 
 
-def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
+def reduce_scatter(data, *, comm, algorithm: ReduceScatterAlgorithm = "ring", op: Op = "sum", check=True):
     """Leave block ``comm.rank`` of ``data`` reduced over all ranks, in place.
 
     ``data`` is cut into ``comm.size`` blocks by
@@ -191,7 +213,7 @@ def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
     return off[comm.rank], off[comm.rank + 1]
 
 
-def allgather(data, *, comm, algorithm="ring", check=True):
+def allgather(data, *, comm, algorithm: AllgatherAlgorithm = "ring", check=True):
     """Copy block ``comm.rank`` of ``data`` to every rank, in place.
 
     On entry block ``r`` of rank ``r``'s ``data`` (blocks as in

@@ -20,6 +20,7 @@ so that benchmarks compare algorithms and not transports.
 """
 
 import functools
+from typing import Literal, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -27,7 +28,13 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..buffers import describe
 from ..comm import Communicator
-from ..schedules.blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
+from ..schedules.blocking import (
+    REDUCE_SCATTER_ALGORITHMS,
+    Op,
+    ReduceScatterAlgorithm,
+    choice_problem,
+    reduction_problem,
+)
 from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
@@ -35,10 +42,11 @@ from .generator import generate
 from .schedule import Schedule
 from .verify import verify
 
-__all__ = ["STRAGGLER_AWARE_ALGORITHMS", "StragglerAwareAllreduce", "stragglar_allreduce"]
+__all__ = ["STRAGGLER_AWARE_ALGORITHMS", "StragglerAwareAlgorithm", "StragglerAwareAllreduce", "stragglar_allreduce"]
 
 #: Straggler-aware allreduce algorithms of :class:`StragglerAwareAllreduce`.
-STRAGGLER_AWARE_ALGORITHMS = ("stragglar", "broadcast")
+StragglerAwareAlgorithm = Literal["stragglar", "broadcast"]
+STRAGGLER_AWARE_ALGORITHMS: tuple[StragglerAwareAlgorithm, ...] = get_args(StragglerAwareAlgorithm)
 
 # Tags on the data channel; every call is blocking and every rank walks the
 # rounds in the same order, so one tag per phase suffices (see ring.py).
@@ -99,10 +107,10 @@ class StragglerAwareAllreduce:
         straggler: int,
         template,
         *,
-        algorithm: str = "stragglar",
-        op: str = "sum",
+        algorithm: StragglerAwareAlgorithm = "stragglar",
+        op: Op = "sum",
         schedule: Schedule | None = None,
-        reduce_scatter: str = "ring",
+        reduce_scatter: ReduceScatterAlgorithm = "ring",
     ):
         info = describe(template)
         problem = (
@@ -232,7 +240,7 @@ class StragglerAwareAllreduce:
         )
 
 
-def stragglar_allreduce(data, *, comm: Communicator, straggler: int, op: str = "sum"):
+def stragglar_allreduce(data, *, comm: Communicator, straggler: int, op: Op = "sum"):
     """One StragglAR allreduce of ``data`` in place, planning and freeing the
     plan around it (collective, a communicator split each time): use
     :class:`StragglerAwareAllreduce` for repeated calls."""

@@ -2,6 +2,7 @@
 
 import atexit
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -10,17 +11,20 @@ from ..agreement import agree
 from ..backoff import Backoff
 from ..buffers import describe
 from ..comm import Communicator, node_oversubscribed
-from ..schedules.blocking import allreduce, reduction_problem
+from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
-from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
+from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
 
 __all__ = [
     "ACTIVATIONS",
+    "Activation",
     "GroupResult",
     "LATE",
+    "Late",
     "WAITS",
+    "Waits",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
     "resolve_waits",
@@ -35,24 +39,27 @@ __all__ = [
 #: version v (rank v mod P) once ceil(P/2) ranks have arrived (the WAGMA
 #: paper's description of eager-SGD, section 2.2: "allowing at most half
 #: processors to contribute stale gradients").
-ACTIVATIONS = ("first", "random", "half")
+Activation = Literal["first", "random", "half"]
+ACTIVATIONS: tuple[Activation, ...] = get_args(Activation)
 
 #: What becomes of a late contribution, one published after its version
 #: began, when contributions are consumed (gradients): ``"drop"`` (it is
 #: discarded), ``"newest"`` (it enters the next version unless a newer one
 #: replaces it first), ``"accumulate"`` (it enters the next version, summed
 #: with every later one that version has not read yet).
-LATE = ("drop", "newest", "accumulate")
+Late = Literal["drop", "newest", "accumulate"]
+LATE: tuple[Late, ...] = get_args(Late)
 
 #: How the executions the main thread waits for wait for their transfers:
 #: ``"spin"`` in ``MPI_Waitall`` (a core per rank), ``"yield"`` testing with a
 #: back-off (more ranks than cores: a spinning rank takes the core a passive
 #: partner's progress thread needs), ``"auto"`` by
 #: :func:`~collectives.comm.node_oversubscribed`.
-WAITS = ("auto", "spin", "yield")
+Waits = Literal["auto", "spin", "yield"]
+WAITS: tuple[Waits, ...] = get_args(Waits)
 
 
-def resolve_waits(waits: str, comm) -> str:
+def resolve_waits(waits: Waits, comm) -> Literal["spin", "yield"]:
     """``"spin"`` or ``"yield"``: ``waits`` itself, or for ``"auto"`` what
     :func:`~collectives.comm.node_oversubscribed` calls for (collective over
     ``comm`` then)."""
@@ -209,15 +216,15 @@ class WaitAvoidingGroupAllreduce:
         *,
         group_size,
         tau=None,
-        op="sum",
-        activation="first",
+        op: Op = "sum",
+        activation: Activation = "first",
         activator_seed=0,
-        algorithm="auto",
+        algorithm: GroupAllreduceAlgorithm = "auto",
         history=0,
         first_iteration=0,
-        waits="auto",
+        waits: Waits = "auto",
         dynamic_groups=True,
-        late=None,
+        late: Late | None = None,
     ):
         self._raw = comm
         self._like = like
@@ -234,7 +241,9 @@ class WaitAvoidingGroupAllreduce:
         self._like_info = describe(like)
         self._problem = self._check_arguments(comm.Get_size())
         self._state = "new"
-        self._main = self._progress = self._engine = None
+        self._main: Communicator | None = None
+        self._progress: Communicator | None = None
+        self._engine: ProgressEngine | None = None
 
     def _check_arguments(self, world_size):
         """``(message, exception type)`` for the first bad argument, or None."""
@@ -422,11 +431,12 @@ class WaitAvoidingGroupAllreduce:
                 published last time, or one it replaced and still uses).
         """
         self._expect(t, group=True, buffer=buf)
+        assert self._engine is not None  # open, and with group versions (tau != 1)
         value, contribution_iteration = self._engine.arrive(buf, t)
         self._t = t + 1
         return GroupResult(value, t, contribution_iteration == t, contribution_iteration)
 
-    def sync_allreduce(self, buf, t: int, op="sum"):
+    def sync_allreduce(self, buf, t: int, op: Op = "sum"):
         """The blocking allreduce of a sync step over all P ranks, in place.
 
         Then publishes a copy of the result as this rank's contribution of
@@ -506,7 +516,7 @@ def _limited(limiter):
     return limiter + 1 if limiter else None
 
 
-def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvoidingGroupAllreduce:
+def solo_allreduce(comm, like, *, late: Late = "drop", limiter=32, **options) -> WaitAvoidingGroupAllreduce:
     """Eager-SGD's solo allreduce (Li et al., PPoPP 2020): the first rank to
     arrive at a version activates it, a reduction over all P ranks; a late
     rank's contribution meets ``late`` (:data:`LATE`; ``"drop"`` is what the
@@ -528,7 +538,7 @@ def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvo
 
 
 def majority_allreduce(
-    comm, like, *, late="drop", activation="random", limiter=0, **options
+    comm, like, *, late: Late = "drop", activation: Literal["random", "half"] = "random", limiter=0, **options
 ) -> WaitAvoidingGroupAllreduce:
     """Eager-SGD's majority allreduce: a reduction over all P ranks that one
     rank per version activates, drawn from a seeded sequence the same on

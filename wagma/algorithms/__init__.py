@@ -2,6 +2,7 @@
 
 from collectives.agreement import agree
 
+from ..options import AlgorithmName
 from ..replicas import require_communicator
 from .adpsgd import ADPSGD
 from .allreduce_sgd import AllreduceSGD
@@ -36,7 +37,7 @@ ALGORITHMS = {
 }
 
 
-def create(name, model, optimizer, comm, *, init_sync=True, **options) -> Algorithm:
+def create(name: AlgorithmName, model, optimizer, comm, *, init_sync=True, **options) -> Algorithm:
     """Build the algorithm called ``name``; collective over ``comm``.
 
     Args:

@@ -1,5 +1,7 @@
 """P replicas in one process, updated by each algorithm's rule as a schedule orders the contributions."""
 
+from typing import Literal, get_args
+
 import numpy as np
 import torch
 
@@ -12,11 +14,12 @@ from ..algorithms.wagma_sgd import averages_globally, stale_average
 from ..flat import FlatParameters
 from .schedule import Schedule
 
-__all__ = ["EMULATED", "Emulator"]
+__all__ = ["EMULATED", "Emulated", "Emulator"]
 
 #: The algorithms the emulator runs: Figure 5's (section 5.2 of the WAGMA
 #: paper) and eager-SGD.
-EMULATED = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd")
+Emulated = Literal["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd"]
+EMULATED: tuple[Emulated, ...] = get_args(Emulated)
 
 
 def _sum(tensors):

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wagma.options import resolved_options
+from wagma.options import AlgorithmName, resolved_options
 
 __all__ = ["Schedule", "exchanges_from_times", "logged_schedule", "simulated_schedule"]
 
@@ -69,7 +69,7 @@ class Schedule:
         return np.zeros((self.ranks, self.steps))
 
 
-def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
+def simulated_schedule(algorithm: AlgorithmName, scenario, **options) -> Schedule:
     """The schedule of ``algorithm`` in a :class:`wagma.sim.Scenario`: the
     simulator's times decide who was fresh (a core or GPU per rank, the
     scenario's imbalance and network).  Raises ValueError as

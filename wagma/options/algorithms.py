@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Literal, get_args
 
 from .base import Options, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
 __all__ = [
     "ADPSGDOptions",
+    "ALGORITHM_NAMES",
+    "AlgorithmName",
     "AllreduceSGDOptions",
+    "Auto",
     "DPSGDOptions",
     "EAGER_LIMITER",
     "EagerSGDOptions",
     "EnsembleSyncOptions",
     "HierarchicalSGDOptions",
+    "LATE",
+    "Late",
     "LocalSGDOptions",
     "OPTIONS",
+    "QUORUMS",
+    "Quorum",
     "SGPOptions",
     "SYNCS",
+    "Sync",
     "WagmaOptions",
     "auto_group_size",
     "parse_levels",
@@ -29,7 +38,26 @@ __all__ = [
 #: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
 #: (StragglAR with the rank predicted to arrive last as its straggler,
 #: :mod:`collectives.stragglar.training_sync`; the allreduce while no rank is predicted).
-SYNCS = ("allreduce", "stragglar")
+Sync = Literal["allreduce", "stragglar"]
+SYNCS: tuple[Sync, ...] = get_args(Sync)
+
+#: The values of eager-SGD's ``quorum`` option: which partial collective starts a version.
+Quorum = Literal["solo", "majority", "half"]
+QUORUMS: tuple[Quorum, ...] = get_args(Quorum)
+
+#: The values of eager-SGD's ``late`` option: what becomes of a gradient its
+#: version began without.  The values of :data:`collectives.wait_avoiding.LATE`,
+#: spelled here too: the options import no MPI.
+Late = Literal["drop", "newest", "accumulate"]
+LATE: tuple[Late, ...] = get_args(Late)
+
+#: The value of an option whose value :meth:`~wagma.options.Options.resolve`
+#: makes concrete for the rank count.
+Auto = Literal["auto"]
+
+
+def _metavar(choices: tuple[str, ...]) -> str:
+    return "{" + ",".join(choices) + "}"
 
 
 def auto_group_size(ranks: int) -> int:
@@ -46,7 +74,7 @@ def _sync():
     return option(
         "allreduce",
         check=one_of(*SYNCS),
-        metavar="{allreduce,stragglar}",
+        metavar=_metavar(SYNCS),
         help="how the global averages (Allreduce-SGD's of the gradients, local SGD's and WAGMA-SGD's "
         "every tau steps of the models) reduce: 'allreduce' (the tuned allreduce) or 'stragglar' "
         "(StragglAR with the rank predicted to arrive last as its straggler; the same average up "
@@ -76,7 +104,7 @@ class AllreduceSGDOptions(Options):
     bucket_cap_mb: float = option(
         25.0, check=positive_number, parse=float, help="bucket size in MB (10**6 bytes), DDP's default 25."
     )
-    sync: str = _sync()
+    sync: Sync = _sync()
 
 
 @options_of("local_sgd")
@@ -91,7 +119,7 @@ class LocalSGDOptions(Options):
         "paper's baseline, section 5.1), 10 its ablation 1.",
     )
     reallocate: bool = _reallocate()
-    sync: str = _sync()
+    sync: Sync = _sync()
 
 
 def _group_size(value, name, ranks, say):
@@ -114,7 +142,7 @@ def _int_or_auto(text):
 class WagmaOptions(Options):
     """WAGMA-SGD's options (Algorithm 2's S, tau, alpha and beta)."""
 
-    group_size: int | str = option(
+    group_size: int | Auto = option(
         "auto",
         check=_group_size,
         parse=_int_or_auto,
@@ -140,7 +168,7 @@ class WagmaOptions(Options):
         "butterfly groups (the paper's ablation 2, section 5.2).",
     )
     reallocate: bool = _reallocate()
-    sync: str = _sync()
+    sync: Sync = _sync()
 
     def ranks_problem(self, ranks, say):
         return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
@@ -214,30 +242,30 @@ def _limiter(value, name, ranks, say):
 #: The limiter of ``limiter="auto"``: the reference's for solo (``LIMITER``
 #: 32 in its training scripts), none for the majority, whose reference
 #: leaves it commented out (``ffrand_allreduce.c``).
-EAGER_LIMITER = {"solo": 32, "majority": 0, "half": 0}
+EAGER_LIMITER: dict[Quorum, int] = {"solo": 32, "majority": 0, "half": 0}
 
 
 @options_of("eager_sgd")
 class EagerSGDOptions(Options):
     """Eager-SGD's options (the partial collective, the late gradient's fate, the limiter)."""
 
-    quorum: str = option(
+    quorum: Quorum = option(
         "majority",
-        check=one_of("solo", "majority", "half"),
-        metavar="{solo,majority,half}",
+        check=one_of(*QUORUMS),
+        metavar=_metavar(QUORUMS),
         help="which partial collective starts a version: 'solo' (the first rank to arrive), "
         "'majority' (one rank drawn per version, the same on every rank, as the authors' "
         "code does) or 'half' (once ceil(P/2) ranks have arrived).",
     )
-    late: str = option(
+    late: Late = option(
         "drop",
-        check=one_of("drop", "newest", "accumulate"),
-        metavar="{drop,newest,accumulate}",
+        check=one_of(*LATE),
+        metavar=_metavar(LATE),
         help="what becomes of a gradient its version began without: 'drop' (the authors' code), "
         "'newest' (the next version takes the rank's newest gradient) or 'accumulate' (the "
         "next version takes the sum of every gradient not yet applied).",
     )
-    limiter: int | str = option(
+    limiter: int | Auto = option(
         "auto",
         check=_limiter,
         parse=_int_or_auto,
@@ -296,7 +324,7 @@ def _levels(value, name, ranks, say):
 class HierarchicalSGDOptions(Options):
     """Hierarchical SGD's options (the names of PyTorch's ``HierarchicalModelAverager``)."""
 
-    period_group_size_dict: dict | str = option(
+    period_group_size_dict: dict[int, int | Literal["P"]] | Auto = option(
         "auto",
         check=_levels,
         parse=parse_levels,
@@ -332,6 +360,20 @@ class EnsembleSyncOptions(Options):
     )
     reallocate: bool = _reallocate()
 
+
+#: The algorithms' names, as ``create`` and ``--algo`` take them (the keys of :data:`OPTIONS`).
+AlgorithmName = Literal[
+    "adpsgd",
+    "allreduce_sgd",
+    "dpsgd",
+    "eager_sgd",
+    "ensemble_sync",
+    "hierarchical_sgd",
+    "local_sgd",
+    "sgp",
+    "wagma",
+]
+ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
 
 #: The options object of each algorithm, by the name ``create`` and ``--algo`` take.
 OPTIONS: dict[str, type[Options]] = {

@@ -16,11 +16,11 @@ from collectives.stragglar.prediction import StragglerPredictor, predictor_probl
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from collectives.wait_avoiding.activation import RandomActivators
 from wagma.imbalance import parse_imbalance
-from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
+from wagma.options import ALGORITHM_NAMES, OPTIONS, AlgorithmName, resolved_options
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
 from . import kernels
-from .network import COLLECTIVES, GlobalAllreduce, Network
+from .network import COLLECTIVES, Collective, GlobalAllreduce, Network
 
 __all__ = [
     "ALGORITHMS",
@@ -88,7 +88,7 @@ class Scenario:
     parameters: int
     imbalance: str = "none"
     compute_ms: float = 600.0
-    collective: str = "auto"
+    collective: Collective = "auto"
     seed: int = 0
     model: str = "custom"
     batch_size: int = 128
@@ -307,7 +307,7 @@ class SimulatedRun(Run):
     schedule: dict = field(default_factory=dict)
 
 
-def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None, **options) -> SimulatedRun:
+def simulate(algorithm: AlgorithmName, scenario: Scenario, skip: int = 0, compute=None, **options) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
     :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
 

@@ -12,6 +12,7 @@ simulated run costs what the code it stands for would send.
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -20,10 +21,11 @@ from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 
-__all__ = ["COLLECTIVES", "GlobalAllreduce", "Network"]
+__all__ = ["COLLECTIVES", "Collective", "GlobalAllreduce", "Network"]
 
 #: Schedules of a blocking allreduce over all P ranks.
-COLLECTIVES = ("auto", "ring", "rhd", "recursive_doubling", "stragglar")
+Collective = Literal["auto", "ring", "rhd", "recursive_doubling", "stragglar"]
+COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
 
 
 @dataclass(frozen=True)
@@ -110,20 +112,19 @@ class Network:
         """One point-to-point message."""
         return self.alpha + nbytes * self.beta
 
-    def allreduce(self, n: int, nbytes: float, collective: str = "auto") -> GlobalAllreduce:
+    def allreduce(self, n: int, nbytes: float, collective: Collective = "auto") -> GlobalAllreduce:
         """A blocking allreduce of ``nbytes`` over ``n`` ranks with schedule ``collective``
         (one of :data:`COLLECTIVES`; ``auto`` is the runtime's choice)."""
         if collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
         if n <= 1:
             return GlobalAllreduce(0.0)
-        if collective == "auto":
-            collective = choose_allreduce(int(nbytes), n)
-        if collective == "ring":
+        schedule: str = choose_allreduce(int(nbytes), n) if collective == "auto" else collective
+        if schedule == "ring":
             return GlobalAllreduce(ring_time(n, nbytes, self.alpha, self.beta))
-        if collective == "rhd":
+        if schedule == "rhd":
             return GlobalAllreduce(rhd_time(n, nbytes, self.alpha, self.beta))
-        if collective == "recursive_doubling":
+        if schedule == "recursive_doubling":
             return GlobalAllreduce(math.ceil(math.log2(n)) * self.message(nbytes))
         rounds = lower_bound(n)  # what the generator reaches (docs/stragglar.md)
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
