@@ -1,14 +1,26 @@
 """Argument checks that every rank passes or fails together, before data moves."""
 
+from __future__ import annotations
+
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
+if TYPE_CHECKING:
+    from .comm import Communicator
+
 __all__ = ["agree", "check_arguments"]
 
 
-def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
+def agree(
+    comm: Communicator,
+    collective: str,
+    problem: str | None,
+    exc_type: type[Exception] = ValueError,
+    **fields: object,
+) -> None:
     """Share each rank's verdict on its own arguments; raise on every rank.
 
     Every rank calls this once per collective call, with ``problem`` (None,
@@ -56,7 +68,9 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
             raise ValueError(f"{collective}: {name} must be the same on every rank, got {shown}")
 
 
-def check_arguments(comm, collective: str, problem, exc_type, check: bool, **fields):
+def check_arguments(
+    comm: Communicator, collective: str, problem: str | None, exc_type: type[Exception], check: bool, **fields: object
+) -> None:
     """:func:`agree` when ``check``; otherwise raise this rank's problem, if
     any, on this rank alone (for callers that know the arguments agree)."""
     if check:

@@ -1,10 +1,12 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
-from collections.abc import Callable
-from typing import Literal, cast, get_args
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from ..agreement import check_arguments
-from ..buffers import describe
+from ..buffers import Buffer, BufferInfo, BufferT, describe
 from .halving_doubling import (
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
@@ -14,6 +16,10 @@ from .halving_doubling import (
 from .library import library_allreduce, library_allreduce_in_place, library_dtype_problem
 from .partition import block_offsets
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from .tuning import TuningTable
 
 __all__ = [
     "ALLGATHER_ALGORITHMS",
@@ -82,7 +88,9 @@ ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
 SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
-def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32") -> AllreduceChoice:
+def choose_allreduce(
+    nbytes: int, size: int, tuning: TuningTable | None = None, dtype: str = "float32"
+) -> AllreduceChoice:
     """The schedule ``algorithm="auto"`` runs for ``nbytes`` of ``dtype`` on ``size`` ranks.
 
     With a tuning table (:mod:`.tuning`, measured for this library, rank
@@ -106,14 +114,14 @@ def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32"
     return "rhd" if size & (size - 1) == 0 else "ring"
 
 
-def choice_problem(name, value, choices):
+def choice_problem(name: str, value: object, choices: Collection[object]) -> str | None:
     """None if ``value`` is one of ``choices``, else a sentence naming both."""
     if value in choices:
         return None
     return f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
 
 
-def reduction_problem(info, algorithm, algorithms, op):
+def reduction_problem(info: BufferInfo, algorithm: object, algorithms: Collection[str], op: object) -> str | None:
     """The first problem with a reduction's arguments, or None.
 
     ``info`` comes from :func:`~collectives.buffers.describe`; ``algorithm``
@@ -157,7 +165,9 @@ def _scale(op, comm):
     return 1.0 / comm.size if op == "avg" else None
 
 
-def allreduce(data, *, comm, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum", check=True):
+def allreduce(
+    data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum", check: bool = True
+) -> BufferT:
     """Reduce ``data`` over all ranks of ``comm``, in place.
 
     On return every rank's ``data`` holds the element-wise sum (``op="sum"``)
@@ -192,7 +202,14 @@ def allreduce(data, *, comm, algorithm: AllreduceAlgorithm = "auto", op: Op = "s
     return data
 
 
-def reduce_scatter(data, *, comm, algorithm: ReduceScatterAlgorithm = "ring", op: Op = "sum", check=True):
+def reduce_scatter(
+    data: Buffer,
+    *,
+    comm: Communicator,
+    algorithm: ReduceScatterAlgorithm = "ring",
+    op: Op = "sum",
+    check: bool = True,
+) -> tuple[int, int]:
     """Leave block ``comm.rank`` of ``data`` reduced over all ranks, in place.
 
     ``data`` is cut into ``comm.size`` blocks by
@@ -213,7 +230,9 @@ def reduce_scatter(data, *, comm, algorithm: ReduceScatterAlgorithm = "ring", op
     return off[comm.rank], off[comm.rank + 1]
 
 
-def allgather(data, *, comm, algorithm: AllgatherAlgorithm = "ring", check=True):
+def allgather(
+    data: BufferT, *, comm: Communicator, algorithm: AllgatherAlgorithm = "ring", check: bool = True
+) -> BufferT:
     """Copy block ``comm.rank`` of ``data`` to every rank, in place.
 
     On entry block ``r`` of rank ``r``'s ``data`` (blocks as in
@@ -232,7 +251,7 @@ def allgather(data, *, comm, algorithm: AllgatherAlgorithm = "ring", check=True)
     return data
 
 
-def broadcast(data, *, comm, root=0, check=True):
+def broadcast(data: BufferT, *, comm: Communicator, root: int = 0, check: bool = True) -> BufferT:
     """Copy ``data`` of rank ``root`` to every rank, in place (``MPI_Bcast``).
 
     Args:

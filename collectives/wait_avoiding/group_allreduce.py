@@ -1,12 +1,17 @@
 """Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
 
-from collections.abc import Callable
-from typing import Literal
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from ..agreement import check_arguments
-from ..buffers import describe
+from ..buffers import BufferT, FlatBuffer, describe
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
 from .groups import ButterflyGrouping
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 __all__ = [
     "GROUP_ALLREDUCE_ALGORITHMS",
@@ -28,7 +33,14 @@ GroupAllreduceSchedule = Literal["recursive_doubling", "halving_doubling"]
 GroupAllreduceAlgorithm = Literal[GroupAllreduceSchedule, "auto"]
 
 
-def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
+def butterfly_recursive_doubling(
+    buf: FlatBuffer,
+    comm: Communicator,
+    masks: Sequence[int],
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
     """Sum over the group spanned by ``masks`` into ``buf``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
@@ -59,7 +71,14 @@ def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, sr
         buf.scale_(0, buf.numel, scale)
 
 
-def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
+def butterfly_halving_doubling(
+    buf: FlatBuffer,
+    comm: Communicator,
+    masks: Sequence[int],
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
     """Sum over the group spanned by ``masks`` into ``buf``, halving then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
@@ -113,16 +132,16 @@ def choose_group_allreduce(nbytes: int) -> GroupAllreduceSchedule:
 
 
 def group_allreduce(
-    data,
+    data: BufferT,
     *,
-    comm,
-    group_size,
-    t,
+    comm: Communicator,
+    group_size: int,
+    t: int,
     op: Op = "sum",
     algorithm: GroupAllreduceAlgorithm = "auto",
-    dynamic_groups=True,
-    check=True,
-):
+    dynamic_groups: bool = True,
+    check: bool = True,
+) -> BufferT:
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
     The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
