@@ -13,6 +13,7 @@ from collectives.wait_avoiding.group_allreduce import (
 )
 from wagma.algorithms import ALGORITHMS
 from wagma.emulate import EMULATED
+from wagma.models import MODELS, ModelName
 from wagma.options import ALGORITHM_NAMES, OPTIONS, algorithms
 
 
@@ -26,6 +27,7 @@ from wagma.options import ALGORITHM_NAMES, OPTIONS, algorithms
         (GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceSchedule),
         (OPTIONS, algorithms.AlgorithmName),
         (algorithms.EAGER_LIMITER, algorithms.Quorum),
+        (MODELS, ModelName),
     ],
 )
 def test_a_registry_has_the_names_of_its_literal(registry, names):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Literal, get_args
+from typing import Any, Literal, Self, get_args
 
-from .base import Options, option, options_of
+from .base import Options, Wording, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
 __all__ = [
@@ -70,7 +70,7 @@ def auto_group_size(ranks: int) -> int:
     return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
 
 
-def _sync():
+def _sync() -> Any:
     return option(
         "allreduce",
         check=one_of(*SYNCS),
@@ -82,7 +82,7 @@ def _sync():
     )
 
 
-def _reallocate():
+def _reallocate() -> Any:
     return option(
         False,
         check=boolean,
@@ -91,7 +91,7 @@ def _reallocate():
     )
 
 
-def _needs_power_of_two(algorithm, ranks, say, why):
+def _needs_power_of_two(algorithm: str, ranks: int, say: Wording, why: str) -> str | None:
     if not is_power_of_two(ranks):
         return f"{algorithm} needs a power-of-two number of ranks ({why}), got {say.ranks(ranks)}"
     return None
@@ -122,7 +122,7 @@ class LocalSGDOptions(Options):
     sync: Sync = _sync()
 
 
-def _group_size(value, name, ranks, say):
+def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if not is_power_of_two(value) or value > ranks:
@@ -130,9 +130,9 @@ def _group_size(value, name, ranks, say):
     return None
 
 
-def _int_or_auto(text):
+def _int_or_auto(text: str) -> int | Auto:
     if text == "auto":
-        return text
+        return "auto"
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}")
     return int(text)
@@ -170,10 +170,10 @@ class WagmaOptions(Options):
     reallocate: bool = _reallocate()
     sync: Sync = _sync()
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
 
-    def _relations(self, ranks, say):
+    def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.wait_avoiding and self.group_averaging:
             return (
                 f"{say('wait_avoiding')} and {say('group_averaging')} cannot both be on (Algorithm 2's "
@@ -186,7 +186,7 @@ class WagmaOptions(Options):
             )
         return None
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         if self.group_size != "auto":
             return self
         return type(self)(**{**self.as_dict(), "group_size": auto_group_size(ranks)})
@@ -201,7 +201,7 @@ class DPSGDOptions(Options):
 class ADPSGDOptions(Options):
     """AD-PSGD's options."""
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         if ranks > 1 and ranks % 2:
             return (
                 f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
@@ -210,7 +210,7 @@ class ADPSGDOptions(Options):
         return None
 
 
-def _peers(value, name, ranks, say):
+def _peers(value: object, name: str, ranks: int, say: Wording) -> str | None:
     # The paper's 1 or 2 on any P (on 2 ranks both pushes go to the one
     # other rank), and up to the ceil(log2 P) distinct offsets 2**k of the graph.
     most = max(2, (ranks - 1).bit_length())
@@ -231,7 +231,7 @@ class SGPOptions(Options):
     )
 
 
-def _limiter(value, name, ranks, say):
+def _limiter(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -280,29 +280,29 @@ class EagerSGDOptions(Options):
         help="the seed of the majority's activator sequence (the same on every rank).",
     )
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         if self.limiter != "auto":
             return self
         return type(self)(**{**self.as_dict(), "limiter": EAGER_LIMITER[self.quorum]})
 
 
-def parse_levels(text):
+def parse_levels(text: str) -> dict[int, int | Literal["P"]]:
     """``"2:4,10:P"`` -> ``{2: 4, 10: "P"}``: period -> group size (P: all ranks)."""
-    levels = {}
+    levels: dict[int, int | Literal["P"]] = {}
     for item in text.split(","):
         period, sep, size = (s.strip() for s in item.partition(":"))
         if not sep or not period.isdigit() or not (size.isdigit() or size == "P"):
             raise argparse.ArgumentTypeError(
                 f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}"
             )
-        levels[int(period)] = size if size == "P" else int(size)
+        levels[int(period)] = "P" if size == "P" else int(size)
     return levels
 
 
-def _levels(value, name, ranks, say):
+def _levels(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if not isinstance(value, dict) or not value:
@@ -337,7 +337,7 @@ class HierarchicalSGDOptions(Options):
         0, check=int_at_least(0), parse=int, help="steps of gradient averaging before the local steps begin."
     )
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         levels = self.period_group_size_dict
         if levels == "auto":
             # sqrt(P) as a power of two, or the largest divisor of P below it.
