@@ -15,6 +15,7 @@ from wagma.algorithms import ALGORITHMS
 from wagma.emulate import EMULATED
 from wagma.models import MODELS, ModelName
 from wagma.options import ALGORITHM_NAMES, OPTIONS, algorithms
+from wagma.sim import kernels
 
 
 @pytest.mark.parametrize(
@@ -28,6 +29,7 @@ from wagma.options import ALGORITHM_NAMES, OPTIONS, algorithms
         (OPTIONS, algorithms.AlgorithmName),
         (algorithms.EAGER_LIMITER, algorithms.Quorum),
         (MODELS, ModelName),
+        (kernels.LATE_CODES, algorithms.Late),
     ],
 )
 def test_a_registry_has_the_names_of_its_literal(registry, names):

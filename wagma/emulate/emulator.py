@@ -1,5 +1,6 @@
 """P replicas in one process, updated by each algorithm's rule as a schedule orders the contributions."""
 
+from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 import numpy as np
@@ -113,7 +114,12 @@ class Emulator:
             :attr:`wagma.algorithms.Algorithm.stale_steps` counts them.
     """
 
-    def __init__(self, schedule: Schedule, models, optimizers):
+    def __init__(
+        self,
+        schedule: Schedule,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+    ) -> None:
         if schedule.algorithm not in EMULATED:
             raise ValueError(f"the emulator runs {', '.join(EMULATED)}; got {schedule.algorithm!r}")
         if len(models) != schedule.ranks or len(optimizers) != schedule.ranks:
@@ -134,7 +140,13 @@ class Emulator:
     def ranks(self) -> int:
         return self.schedule.ranks
 
-    def run(self, gradient, *, lr=None, after_step=None):
+    def run(
+        self,
+        gradient: Callable[[int, int], object],
+        *,
+        lr: Callable[[int], float] | None = None,
+        after_step: Callable[[int], object] | None = None,
+    ) -> np.ndarray:
         """Emulate every step of the schedule.
 
         Args:

@@ -1,11 +1,18 @@
 """Who contributed what to each averaging of a run: what the emulator replays."""
 
+from __future__ import annotations
+
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from wagma.options import AlgorithmName, resolved_options
+
+if TYPE_CHECKING:
+    from wagma.results import Run
+    from wagma.sim import Scenario, SimulatedRun
 
 __all__ = ["Schedule", "exchanges_from_times", "logged_schedule", "simulated_schedule"]
 
@@ -42,13 +49,13 @@ class Schedule:
     """
 
     algorithm: str
-    options: dict
+    options: dict[str, Any]
     ranks: int
     steps: int
-    arrays: dict
+    arrays: dict[str, np.ndarray]
     clock: np.ndarray
     origin: str
-    run: object = field(default=None, compare=False, repr=False)
+    run: SimulatedRun | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         needs = NEEDS.get(self.algorithm, ())
@@ -69,7 +76,7 @@ class Schedule:
         return np.zeros((self.ranks, self.steps))
 
 
-def simulated_schedule(algorithm: AlgorithmName, scenario, **options) -> Schedule:
+def simulated_schedule(algorithm: AlgorithmName, scenario: Scenario, **options: Any) -> Schedule:
     """The schedule of ``algorithm`` in a :class:`wagma.sim.Scenario`: the
     simulator's times decide who was fresh (a core or GPU per rank, the
     scenario's imbalance and network).  Raises ValueError as
@@ -96,7 +103,7 @@ def simulated_schedule(algorithm: AlgorithmName, scenario, **options) -> Schedul
     )
 
 
-def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
+def exchanges_from_times(partner: np.ndarray, begin: np.ndarray, finish: np.ndarray, exchange_s: float) -> np.ndarray:
     """AD-PSGD's exchange table (:data:`NEEDS`) from the simulator's times
     (:func:`wagma.sim.kernels.adpsgd`): the exchange that active rank a
     asked for after step k, with ``partner[a, k]``, begins at ``begin[a, k]``;
@@ -128,7 +135,7 @@ def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
     return np.array([(r, peer, active, c, d) for r, _, peer, active, c, d in rows], dtype=np.int64).reshape(-1, 5)
 
 
-def logged_schedule(run) -> Schedule:
+def logged_schedule(run: Run) -> Schedule:
     """The schedule a measured run logged: its step field ``contribution``
     (:attr:`wagma.algorithms.Algorithm.contribution`, each rank's iteration
     at each step) read back into ``source`` (WAGMA-SGD) or ``taken``

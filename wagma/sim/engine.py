@@ -6,9 +6,11 @@ import inspect
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import h5py
 import numpy as np
+from numpy.typing import ArrayLike
 
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
@@ -304,10 +306,12 @@ class SimulatedRun(Run):
     summary has :func:`~wagma.results.straggler_summary`'s figures."""
 
     age: np.ndarray | None = field(default=None)
-    schedule: dict = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)  # arrays; AD-PSGD's exchange_s in seconds
 
 
-def simulate(algorithm: AlgorithmName, scenario: Scenario, skip: int = 0, compute=None, **options) -> SimulatedRun:
+def simulate(
+    algorithm: AlgorithmName, scenario: Scenario, skip: int = 0, compute: ArrayLike | None = None, **options: Any
+) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
     :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
 
@@ -338,7 +342,7 @@ def simulate(algorithm: AlgorithmName, scenario: Scenario, skip: int = 0, comput
         )
     skipped = np.zeros_like(compute)
     stragglers = None
-    schedule: dict[str, np.ndarray | float] = {}
+    schedule: dict[str, Any] = {}
     if algorithm == "ensemble_sync":
         (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
         compute, injected = compute * (1 - skipped), injected * (1 - skipped)

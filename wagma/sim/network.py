@@ -12,7 +12,7 @@ simulated run costs what the code it stands for would send.
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 
@@ -21,11 +21,15 @@ from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 
-__all__ = ["COLLECTIVES", "Collective", "GlobalAllreduce", "Network"]
+__all__ = ["COLLECTIVES", "AllreduceCost", "Collective", "GlobalAllreduce", "Network"]
 
 #: Schedules of a blocking allreduce over all P ranks.
 Collective = Literal["auto", "ring", "rhd", "recursive_doubling", "stragglar"]
 COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
+
+#: :meth:`GlobalAllreduce.as_tuple`, the form the kernels take:
+#: ``(after_last, straggler_aware, reduce_scatter, after_straggler)``.
+AllreduceCost: TypeAlias = tuple[float, bool, float, float]
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class GlobalAllreduce:
     reduce_scatter: float = 0.0
     after_straggler: float = 0.0
 
-    def as_tuple(self):
+    def as_tuple(self) -> AllreduceCost:
         return (self.after_last, self.straggler_aware, self.reduce_scatter, self.after_straggler)
 
 
@@ -130,7 +134,7 @@ class Network:
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
-    def butterfly_phases(self, group_size: int, nbytes: float):
+    def butterfly_phases(self, group_size: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
         """The group allreduce of WAGMA within a butterfly group of ``group_size``:
         ``(phase, seconds)`` arrays, ``phase`` k meaning the k-th of iteration t's
         partner masks.  Recursive doubling (log2 S phases of the whole buffer)
