@@ -1,14 +1,26 @@
 """Argument checks that every rank passes or fails together, before data moves."""
 
+from __future__ import annotations
+
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
+if TYPE_CHECKING:
+    from .comm import Communicator
+
 __all__ = ["agree", "check_arguments"]
 
 
-def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
+def agree(
+    comm: Communicator,
+    collective: str,
+    problem: str | None,
+    exc_type: type[Exception] = ValueError,
+    **fields: object,
+) -> None:
     """Share each rank's verdict on its own arguments; raise on every rank.
 
     Every rank calls this once per collective call, with ``problem`` (None,
@@ -40,12 +52,13 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
     if summary[0] == 0 and np.array_equal(summary[1 : k + 1], -summary[k + 1 :]):
         return
     table = comm.control.allgather((problem, exc_type.__name__, tuple(fields.values())))
-    failing = {}
+    failing: dict[tuple[str, str], list[int]] = {}
     for rank, (p, kind, _) in enumerate(table):
         if p:
             failing.setdefault((p, kind), []).append(rank)
     if failing:
-        kind = {"TypeError": TypeError}.get(next(iter(failing))[1], ValueError)
+        kinds: dict[str, type[Exception]] = {"TypeError": TypeError}
+        kind = kinds.get(next(iter(failing))[1], ValueError)
         detail = "; ".join(f"{_ranks(ranks)}: {p}" for (p, _), ranks in failing.items())
         raise kind(f"{collective}: {detail}")
     for i, name in enumerate(fields):
@@ -55,7 +68,9 @@ def agree(comm, collective: str, problem, exc_type=ValueError, **fields):
             raise ValueError(f"{collective}: {name} must be the same on every rank, got {shown}")
 
 
-def check_arguments(comm, collective: str, problem, exc_type, check: bool, **fields):
+def check_arguments(
+    comm: Communicator, collective: str, problem: str | None, exc_type: type[Exception], check: bool, **fields: object
+) -> None:
     """:func:`agree` when ``check``; otherwise raise this rank's problem, if
     any, on this rank alone (for callers that know the arguments agree)."""
     if check:
@@ -68,8 +83,10 @@ def _ranks(ranks: list[int]) -> str:
     """``rank 3``, or ``ranks 0-2, 5`` for a sorted list of several."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    runs, start = [], ranks[0]
-    for prev, cur in zip(ranks, ranks[1:] + [None]):
+    runs: list[str] = []
+    start: int | None = ranks[0]
+    following: list[int | None] = [*ranks[1:], None]
+    for prev, cur in zip(ranks, following):
         if cur != prev + 1:
             runs.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = cur

@@ -1,25 +1,29 @@
 """Allreduce on a worker thread, in submission order: nonblocking for the caller."""
 
+from __future__ import annotations
+
 import queue
 import threading
+from typing import Any, Generic, Self
 
 from mpi4py import MPI
 
+from .buffers import BufferT
 from .comm import Communicator
-from .schedules.blocking import allreduce
+from .schedules.blocking import AllreduceAlgorithm, Op, allreduce
 
 __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
 
 
-class PendingAllreduce:
+class PendingAllreduce(Generic[BufferT]):
     """A submitted allreduce; :meth:`~PendingAllreduce.wait` returns once its buffer holds the result."""
 
-    def __init__(self, data):
-        self.data = data
+    def __init__(self, data: BufferT) -> None:
+        self.data: BufferT = data
         self._done = threading.Event()
-        self._error = None
+        self._error: BaseException | None = None
 
-    def wait(self):
+    def wait(self) -> BufferT:
         self._done.wait()
         if self._error is not None:
             raise RuntimeError(f"background allreduce failed: {self._error!r}") from self._error
@@ -49,13 +53,13 @@ class BackgroundAllreduce:
         algorithm, op: as for :func:`~collectives.schedules.blocking.allreduce`.
     """
 
-    def __init__(self, comm, *, algorithm="auto", op="sum"):
+    def __init__(self, comm: MPI.Intracomm, *, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum") -> None:
         self._raw, self.algorithm, self.op = comm, algorithm, op
-        self._queue = queue.Queue()
-        self._thread = None
-        self._comm = None
+        self._queue: queue.Queue[PendingAllreduce[Any] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._comm: Communicator | None = None
 
-    def open(self):
+    def open(self) -> Self:
         if self._thread is not None:
             raise RuntimeError("BackgroundAllreduce is already open")
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
@@ -63,7 +67,7 @@ class BackgroundAllreduce:
         self._thread.start()
         return self
 
-    def submit(self, data) -> PendingAllreduce:
+    def submit(self, data: BufferT) -> PendingAllreduce[BufferT]:
         if self._thread is None:
             raise RuntimeError("BackgroundAllreduce is not open")
         pending = PendingAllreduce(data)
@@ -81,17 +85,18 @@ class BackgroundAllreduce:
                 pending._error = exc
             pending._done.set()
 
-    def close(self):
+    def close(self) -> None:
         """Finish what was submitted, join the worker, free the communicator."""
         if self._thread is None:
             return
         self._queue.put(None)
         self._thread.join()
         self._thread = None
+        assert self._comm is not None  # opened with the thread
         self._comm.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self.open()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

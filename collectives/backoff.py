@@ -20,21 +20,21 @@ class Backoff:
             which an idle thread notices a message.
     """
 
-    def __init__(self, first: float = 1e-4, cap: float = 4e-3):
+    def __init__(self, first: float = 1e-4, cap: float = 4e-3) -> None:
         if not 0 < first <= cap:
             raise ValueError(f"Backoff needs 0 < first <= cap, got first={first}, cap={cap}")
         self.first, self.cap = first, cap
         self.delay = first
 
-    def reset(self):
+    def reset(self) -> None:
         self.delay = self.first
 
-    def wait(self, event: threading.Event):
+    def wait(self, event: threading.Event) -> None:
         """Sleep for the current delay (or until ``event`` is set), then double it."""
         event.wait(self.delay)
         self.delay = min(2 * self.delay, self.cap)
 
-    def sleep(self):
+    def sleep(self) -> None:
         """Sleep for the current delay, then double it."""
         time.sleep(self.delay)
         self.delay = min(2 * self.delay, self.cap)

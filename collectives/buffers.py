@@ -12,14 +12,23 @@ CUDA-aware MPI the device memory itself is handed to MPI; otherwise the
 tensor is copied to a pinned host tensor, reduced there, and copied back.
 """
 
+from __future__ import annotations
+
 import contextlib
 import sys
-from typing import NamedTuple, Optional
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, TypeAlias, TypeGuard, TypeVar
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
+    "Buffer",
     "BufferInfo",
+    "BufferT",
+    "LikeT",
     "address",
     "copy_into",
     "copy_of",
@@ -37,14 +46,23 @@ __all__ = [
 #: alike (numpy has no bfloat16; torch tensors of that type are accepted).
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
+#: What the collectives take as a buffer: a numpy array or a torch tensor
+#: (for annotations only: torch is imported by type checkers alone).
+Buffer: TypeAlias = "np.ndarray | torch.Tensor"
+#: A buffer passed in and handed back (the same object).
+BufferT = TypeVar("BufferT", bound="np.ndarray | torch.Tensor")
+#: A buffer of one library, where new ones are made like it or several are
+#: combined: an array gives arrays, a tensor tensors.
+LikeT = TypeVar("LikeT", np.ndarray, "torch.Tensor")
 
-def _torch_or_none():
+
+def _torch_or_none() -> Any:
     # collectives never imports torch itself: a tensor can only exist if the
-    # caller already imported it.
+    # caller already imported it.  (Any: the module, or None where no tensor can exist.)
     return sys.modules.get("torch")
 
 
-def _is_tensor(data) -> bool:
+def _is_tensor(data: object) -> TypeGuard[torch.Tensor]:
     torch = _torch_or_none()
     return torch is not None and isinstance(data, torch.Tensor)
 
@@ -53,12 +71,12 @@ class BufferInfo(NamedTuple):
     """What :func:`describe` found out about a candidate buffer."""
 
     problem: Optional[str]  # None for a usable buffer
-    error: type  # the exception ``problem`` calls for
+    error: type[Exception]  # the exception ``problem`` calls for
     numel: int
     dtype: str
 
 
-def describe(data) -> BufferInfo:
+def describe(data: object) -> BufferInfo:
     """Check a candidate buffer without raising.
 
     ``problem`` is None for a usable buffer, else a sentence saying why it is
@@ -99,12 +117,14 @@ class FlatBuffer:
     numel: int
     dtype: str
     is_integer: bool
+    _bytes: Buffer  # the elements as bytes: a numpy uint8 array, or a uint8 torch tensor on the device
+    _itemsize: int
 
-    def msg(self, lo: int, hi: int):
+    def msg(self, lo: int, hi: int) -> Buffer:
         """The bytes of elements ``[lo, hi)``, as an MPI buffer."""
         return self._bytes[lo * self._itemsize : hi * self._itemsize]
 
-    def scratch(self, numel: int) -> "FlatBuffer":
+    def scratch(self, numel: int) -> FlatBuffer:
         """A temporary of ``numel`` elements of the same dtype and device.
 
         It lives in the communicator's :class:`Workspace` and stays valid
@@ -112,15 +132,15 @@ class FlatBuffer:
         """
         raise NotImplementedError
 
-    def add_(self, lo: int, hi: int, other: "FlatBuffer", at: int = 0):
+    def add_(self, lo: int, hi: int, other: FlatBuffer, at: int = 0) -> None:
         """``self[lo:hi] += other[at:at + hi - lo]``, in place."""
         raise NotImplementedError
 
-    def copy_(self, other: "FlatBuffer"):
+    def copy_(self, other: FlatBuffer) -> None:
         """``self[:] = other[:]`` (same ``numel``)."""
         raise NotImplementedError
 
-    def scale_(self, lo: int, hi: int, factor: float):
+    def scale_(self, lo: int, hi: int, factor: float) -> None:
         """``self[lo:hi] *= factor``, in place (floating dtypes only)."""
         raise NotImplementedError
 
@@ -203,12 +223,13 @@ class Workspace:
     hands out views of its first bytes.
     """
 
-    def __init__(self):
-        self._blocks = {}
+    def __init__(self) -> None:
+        self._blocks: dict[torch.device | None, Buffer] = {}
 
-    def bytes_for(self, uint8, nbytes: int, device):
+    def bytes_for(self, uint8: Any, nbytes: int, device: torch.device | None) -> Buffer:
         """The first ``nbytes`` of this device's block (numpy if ``device``
-        is None, else torch), grown when too small."""
+        is None, else torch), grown when too small.  ``uint8`` is the
+        library's byte type: ``np.uint8`` or ``torch.uint8``."""
         block = self._blocks.get(device)
         if block is None or len(block) < nbytes:
             if device is None:
@@ -218,7 +239,7 @@ class Workspace:
             self._blocks[device] = block
         return block[:nbytes]
 
-    def clear(self):
+    def clear(self) -> None:
         self._blocks.clear()
 
 
@@ -230,10 +251,10 @@ class StagingArea:
     buffers of one shape may be staged at once (each gets its own).
     """
 
-    def __init__(self):
-        self._free = {}
+    def __init__(self) -> None:
+        self._free: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
 
-    def acquire(self, tensor):
+    def acquire(self, tensor: torch.Tensor) -> torch.Tensor:
         """A pinned host tensor holding a copy of the CUDA ``tensor``."""
         torch = _torch_or_none()
         free = self._free.setdefault((tensor.dtype, tensor.numel()), [])
@@ -241,15 +262,17 @@ class StagingArea:
         host.copy_(tensor.reshape(-1))
         return host
 
-    def release(self, host):
+    def release(self, host: torch.Tensor) -> None:
         self._free.setdefault((host.dtype, host.numel()), []).append(host)
 
-    def clear(self):
+    def clear(self) -> None:
         self._free.clear()
 
 
 @contextlib.contextmanager
-def open_buffer(data, *, cuda_aware: bool, staging: StagingArea, workspace: Workspace, writeback: bool = True):
+def open_buffer(
+    data: Buffer, *, cuda_aware: bool, staging: StagingArea, workspace: Workspace, writeback: bool = True
+) -> Iterator[FlatBuffer]:
     """Yield a :class:`FlatBuffer` over ``data``; results land in ``data``.
 
     ``data`` must already have passed :func:`describe`; scratch space comes
@@ -280,28 +303,28 @@ def open_buffer(data, *, cuda_aware: bool, staging: StagingArea, workspace: Work
         staging.release(host)
 
 
-def empty_like(data):
+def empty_like(data: LikeT) -> LikeT:
     """A new uninitialised buffer of the same library, dtype, shape and device."""
     if isinstance(data, np.ndarray):
         return np.empty_like(data)
     return _torch_or_none().empty_like(data)
 
 
-def copy_of(data):
+def copy_of(data: LikeT) -> LikeT:
     """A new buffer of the same library, dtype, shape and device holding a copy of ``data``."""
     buffer = empty_like(data)
     copy_into(buffer, data)
     return buffer
 
 
-def zeros_like(data):
+def zeros_like(data: LikeT) -> LikeT:
     """A new buffer of zeros of the same library, dtype, shape and device."""
     buffer = empty_like(data)
     buffer[...] = 0
     return buffer
 
 
-def address(data) -> int:
+def address(data: Buffer) -> int:
     """The address of the first element of a numpy array or torch tensor
     (two views of the same memory have the same address)."""
     if isinstance(data, np.ndarray):
@@ -309,7 +332,7 @@ def address(data) -> int:
     return data.data_ptr()
 
 
-def copy_into(dst, src):
+def copy_into(dst: LikeT, src: LikeT) -> None:
     """Copy ``src`` into ``dst`` (same library, element count and dtype)."""
     if isinstance(dst, np.ndarray):
         np.copyto(dst, src.reshape(dst.shape), casting="no")

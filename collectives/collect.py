@@ -6,8 +6,13 @@ an allreduce every step would make every rank wait for the slowest one and
 hide exactly the behaviour being measured.
 """
 
+from __future__ import annotations
+
+from collections.abc import Collection
+
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from .failures import any_source
 
@@ -33,14 +38,14 @@ class RootCollector:
         root: the rank that receives.
     """
 
-    def __init__(self, comm, width: int, root: int = 0):
+    def __init__(self, comm: MPI.Intracomm, width: int, root: int = 0) -> None:
         self.comm = comm.Dup()
         self.width, self.root = int(width), root
         self.is_root = self.comm.Get_rank() == root
-        self._sending = []  # (request, rows) until the send completes
-        self._inbox = []  # the root's own rows
+        self._sending: list[tuple[MPI.Request, np.ndarray]] = []  # (request, rows) until the send completes
+        self._inbox: list[tuple[int, np.ndarray]] = []  # the root's own rows
 
-    def post(self, rows):
+    def post(self, rows: ArrayLike) -> None:
         """Send ``rows`` (``(n, width)``, converted to float64) to the root."""
         rows = np.ascontiguousarray(rows, dtype=np.float64).reshape(-1, self.width)
         if self.is_root:
@@ -49,7 +54,7 @@ class RootCollector:
         self._sending.append((self.comm.Isend(rows, dest=self.root, tag=_ROWS), rows))
         self._sending = [(req, buf) for req, buf in self._sending if not req.Test()]
 
-    def poll(self) -> list:
+    def poll(self) -> list[tuple[int, np.ndarray]]:
         """On the root: ``[(source rank, rows), ...]`` received since the last call."""
         out, self._inbox = self._inbox, []
         status = MPI.Status()
@@ -59,12 +64,12 @@ class RootCollector:
                 return out
             out.append((status.Get_source(), self._receive(message, status)))
 
-    def _receive(self, message, status):
+    def _receive(self, message: MPI.Message, status: MPI.Status) -> np.ndarray:
         rows = np.empty(status.Get_count(MPI.DOUBLE), dtype=np.float64)
         message.Recv(rows)
         return rows.reshape(-1, self.width)
 
-    def finish(self, absent=()) -> list:
+    def finish(self, absent: Collection[int] = ()) -> list[tuple[int, np.ndarray]]:
         """Collective over the ranks not in ``absent`` (ranks that died: not
         waited for): the root gets every block not yet polled; others get ``[]``."""
         if not self.is_root:
@@ -84,7 +89,7 @@ class RootCollector:
                 out.append((status.Get_source(), self._receive(message, status)))
         return out
 
-    def close(self):
+    def close(self) -> None:
         """Free the duplicate (after :meth:`finish`; collective)."""
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
@@ -107,11 +112,11 @@ class LaggedVote:
         period: steps between answers, >= 1.
     """
 
-    def __init__(self, comm, period: int):
+    def __init__(self, comm: MPI.Intracomm, period: int) -> None:
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"period must be an int >= 1, got {period!r}")
         self.comm, self.period = comm.Dup(), period
-        self._pending = None
+        self._pending: MPI.Request | None = None
         self._send, self._recv = np.zeros(1, np.int32), np.zeros(1, np.int32)
 
     def vote(self, step: int, flag: bool) -> bool:
@@ -127,7 +132,7 @@ class LaggedVote:
         self._pending = self.comm.Iallreduce(self._send, self._recv, op=MPI.LOR)
         return answer
 
-    def close(self):
+    def close(self) -> None:
         """Complete the last vote and free the duplicate (collective)."""
         if self._pending is not None:
             self._pending.Wait()

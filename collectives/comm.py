@@ -1,15 +1,19 @@
 """The communicator wrapper every collective of this package runs on."""
 
+from __future__ import annotations
+
 import copy
 import os
 import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .buffers import StagingArea, Workspace, open_buffer
+from .buffers import Buffer, FlatBuffer, StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
-from .schedules.tuning import load_tuning
+from .schedules.tuning import TuningTable, load_tuning
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
 
@@ -62,7 +66,13 @@ class Communicator:
             allreduce(grads, comm=comm, op="avg")
     """
 
-    def __init__(self, comm=None, *, thread_level: int = MPI.THREAD_SINGLE, yield_while_waiting: bool = False):
+    def __init__(
+        self,
+        comm: MPI.Intracomm | None = None,
+        *,
+        thread_level: int = MPI.THREAD_SINGLE,
+        yield_while_waiting: bool = False,
+    ) -> None:
         if thread_level not in THREAD_LEVEL_NAMES:
             raise ValueError(
                 f"thread_level must be one of MPI.THREAD_SINGLE, "
@@ -88,12 +98,11 @@ class Communicator:
         self.staging = StagingArea()
         self.workspace = Workspace()
         self.yield_while_waiting = yield_while_waiting
-        self._tuning = self._NOT_LOADED
-
-    _NOT_LOADED = object()
+        self._tuning: TuningTable | None = None
+        self._tuning_loaded = False
 
     @property
-    def tuning(self):
+    def tuning(self) -> TuningTable | None:
         """The allreduce tuning table for this communicator's library, size
         and node shape (:mod:`.tuning`), or None where there is none.
 
@@ -101,9 +110,10 @@ class Communicator:
         channel: every rank must ask at the same point, as
         ``allreduce(algorithm="auto")`` does on every rank.
         """
-        if self._tuning is self._NOT_LOADED:
+        if not self._tuning_loaded:
             self._check_open()
             self._tuning = load_tuning(self.control)
+            self._tuning_loaded = True
         return self._tuning
 
     @property
@@ -115,21 +125,21 @@ class Communicator:
     def closed(self) -> bool:
         return self.data == MPI.COMM_NULL
 
-    def open_buffer(self, data, writeback: bool = True):
+    def open_buffer(self, data: Buffer, writeback: bool = True) -> AbstractContextManager[FlatBuffer]:
         """:func:`~collectives.buffers.open_buffer` with this communicator's
         CUDA-awareness, staging area and workspace."""
         return open_buffer(
             data, cuda_aware=self.cuda_aware, staging=self.staging, workspace=self.workspace, writeback=writeback
         )
 
-    def waiting(self, yield_while_waiting: bool) -> "Communicator":
+    def waiting(self, yield_while_waiting: bool) -> Communicator:
         """This communicator (same duplicates, staging area and workspace)
         with another wait policy; :meth:`close` the original only."""
         view = copy.copy(self)
         view.yield_while_waiting = yield_while_waiting
         return view
 
-    def exchange(self, send, dest: int, recv, source: int, tag: int):
+    def exchange(self, send: Buffer, dest: int, recv: Buffer, source: int, tag: int) -> None:
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
 
         Either side may be an empty buffer, in which case it is skipped; the
@@ -145,19 +155,19 @@ class Communicator:
             requests.append(self.data.Isend(send, dest, tag))
         self.wait_all(requests)
 
-    def send(self, send, dest: int, tag: int):
+    def send(self, send: Buffer, dest: int, tag: int) -> None:
         """Blocking send on the data channel (skipped when empty)."""
         self._check_open()
         if len(send):
             self.wait_all([self.data.Isend(send, dest, tag)])
 
-    def recv(self, recv, source: int, tag: int):
+    def recv(self, recv: Buffer, source: int, tag: int) -> None:
         """Blocking receive on the data channel (skipped when empty)."""
         self._check_open()
         if len(recv):
             self.wait_all([self.data.Irecv(recv, source, tag)])
 
-    def wait_all(self, requests):
+    def wait_all(self, requests: Sequence[MPI.Request]) -> None:
         """Complete ``requests``, spinning in ``MPI_Waitall`` or, with
         ``yield_while_waiting``, testing with a back-off."""
         if not self.yield_while_waiting:
@@ -169,11 +179,11 @@ class Communicator:
             if time.perf_counter() > spin_until:
                 backoff.sleep()
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("Communicator is closed")
 
-    def close(self):
+    def close(self) -> None:
         """Free both duplicates; collective over the original communicator."""
         if not self.closed:
             self.data.Free()
@@ -181,18 +191,18 @@ class Communicator:
             self.staging.clear()
             self.workspace.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> Communicator:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
         return f"<Communicator {state}>"
 
 
-def node_oversubscribed(comm) -> bool:
+def node_oversubscribed(comm: MPI.Intracomm) -> bool:
     """Whether the ranks of ``comm`` on this node share fewer cores than they are.
 
     Collective over ``comm``.  The cores are the union of the local ranks'

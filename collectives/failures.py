@@ -11,19 +11,26 @@ without ``--with-ft ulfm``) the launcher ends the job when a rank dies, and
 these helpers see no failures.
 """
 
+from __future__ import annotations
+
 import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from mpi4py import MPI
 
 __all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks", "fault_tolerant"]
 
 #: The error classes that mean "a rank of this communicator has failed".
-FAILURE_CLASSES = frozenset(
+FAILURE_CLASSES: frozenset[int] = frozenset(
     getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING") if hasattr(MPI, name)
 )
 
 
-def fault_tolerant(environ=None) -> bool:
+_Result = TypeVar("_Result")
+
+
+def fault_tolerant(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this job was started with MPI fault tolerance: Open MPI's
     ULFM switch (``mpiexec --with-ft ulfm``, or the MCA parameter
     ``mpi_ft_enable``, both of which reach the ranks as
@@ -32,7 +39,7 @@ def fault_tolerant(environ=None) -> bool:
     return environ.get("OMPI_MCA_mpi_ft_enable", "0").lower() in ("1", "true", "yes", "enabled")
 
 
-def failed_ranks(comm) -> set:
+def failed_ranks(comm: MPI.Comm) -> set[int]:
     """The ranks of ``comm`` that MPI knows to have failed
     (``MPI_Comm_get_failed``); empty where the library has no such call."""
     try:
@@ -51,7 +58,7 @@ def failed_ranks(comm) -> set:
         everyone.Free()
 
 
-def any_source(comm, call, *args):
+def any_source(comm: MPI.Comm, call: Callable[..., _Result], *args: Any) -> _Result:
     """``call(*args)``, a receive or probe from ``MPI_ANY_SOURCE`` on
     ``comm``, retried after acknowledging the failures that made it return
     ``MPI_ERR_PROC_FAILED_PENDING`` (so that a dead rank cannot block

@@ -1,12 +1,16 @@
 """Asynchronous pairwise averaging on a bipartite ring (AD-PSGD's communication thread)."""
 
+from __future__ import annotations
+
 import contextlib
 import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Generic, Self
 
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .buffers import copy_into, copy_of, empty_like, zeros_like
+from .buffers import LikeT, copy_into, copy_of, empty_like, zeros_like
 from .comm import Communicator
 
 __all__ = ["PairwiseGossip", "apply_half_difference", "fold_pending"]
@@ -14,7 +18,7 @@ __all__ = ["PairwiseGossip", "apply_half_difference", "fold_pending"]
 _REQUEST, _REPLY, _DONE = 51, 52, 53
 
 
-class PairwiseGossip:
+class PairwiseGossip(Generic[LikeT]):
     """Pairwise model averaging with ring neighbours, on a communication thread.
 
     Even ranks are *active*: each :meth:`step_done` makes their thread average
@@ -75,10 +79,18 @@ class PairwiseGossip:
         exchanges: the exchanges done so far.
     """
 
-    def __init__(self, comm, buffers, *, lock, max_pending=1):
+    def __init__(
+        self,
+        comm: MPI.Intracomm,
+        buffers: Iterable[LikeT],
+        *,
+        lock: contextlib.AbstractContextManager[Any],
+        max_pending: int = 1,
+    ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
-        self._raw, self.buffers, self.lock = comm, list(buffers), lock
+        self._raw, self.lock = comm, lock
+        self.buffers: list[LikeT] = list(buffers)
         self.max_pending = max_pending
         size, rank = comm.Get_size(), comm.Get_rank()
         if size > 1 and size % 2:
@@ -88,21 +100,21 @@ class PairwiseGossip:
         self.active = rank % 2 == 0
         self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
         self.exchanges = 0
-        self.log = []
+        self.log: list[tuple[int, int, int, int]] = []
         self._folds = 0
         self._unfolded = False
         self._steps = 0
         self._requested = 0
         self._closing = False
         self._cond = threading.Condition()
-        self._error = None
-        self._thread = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
-    def open(self):
+    def open(self) -> Self:
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
-        self._sent = [empty_like(b) for b in self.buffers]
-        self._received = [empty_like(b) for b in self.buffers]
-        self._pending = [zeros_like(b) for b in self.buffers]
+        self._sent: list[LikeT] = [empty_like(b) for b in self.buffers]
+        self._received: list[LikeT] = [empty_like(b) for b in self.buffers]
+        self._pending: list[LikeT] = [zeros_like(b) for b in self.buffers]
         if self.neighbours:
             self._thread = threading.Thread(
                 target=self._guarded(self._act if self.active else self._serve),
@@ -112,7 +124,7 @@ class PairwiseGossip:
             self._thread.start()
         return self
 
-    def fold(self):
+    def fold(self) -> None:
         """Add the pending differences to the buffers; the owner calls it
         after each local update, holding ``lock`` (an update is a fold
         whether or not a difference is pending, as :attr:`log` counts)."""
@@ -121,18 +133,18 @@ class PairwiseGossip:
             fold_pending(self.buffers, self._pending)
             self._unfolded = False
 
-    def pending(self):
+    def pending(self) -> list[LikeT]:
         """Copies of the differences not yet folded (the caller holds ``lock``):
         a checkpoint's share of the exchanges done since the last update."""
         return [copy_of(p) for p in self._pending]
 
-    def load_pending(self, pending):
+    def load_pending(self, pending: Iterable[LikeT]) -> None:
         """Set the differences not yet folded (a checkpoint's, before the first update)."""
         for mine, saved in zip(self._pending, pending, strict=True):
             copy_into(mine, saved)
         self._unfolded = True
 
-    def step_done(self):
+    def step_done(self) -> None:
         """After a local step: an active rank asks for one more exchange; any
         rank then waits until it is at most ``max_pending`` exchanges behind
         its steps."""
@@ -148,7 +160,7 @@ class PairwiseGossip:
                 self._cond.wait()
         self._raise_if_failed()
 
-    def close(self):
+    def close(self) -> None:
         """Finish all requested exchanges everywhere, join, then fold the
         differences still pending into the buffers (collective)."""
         if self._thread is not None:
@@ -262,7 +274,7 @@ class PairwiseGossip:
         self._unfolded = True
 
 
-def fold_pending(buffers, pending):
+def fold_pending(buffers: Sequence[LikeT], pending: Sequence[LikeT]) -> None:
     """Add each pending difference to its buffer and zero it (the fold of
     :meth:`PairwiseGossip.fold`).  Numpy arrays or torch tensors."""
     for buffer, difference in zip(buffers, pending, strict=True):
@@ -270,7 +282,7 @@ def fold_pending(buffers, pending):
         difference[...] = 0
 
 
-def apply_half_difference(buffer, sent, received):
+def apply_half_difference(buffer: LikeT, sent: LikeT, received: LikeT) -> None:
     """One side of an exchange: ``buffer += (received - sent) / 2``, where
     ``sent`` is the copy of ``buffer`` this side sent and ``received`` the
     partner's; ``received`` is overwritten.  Applied to the *current*

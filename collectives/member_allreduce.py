@@ -12,18 +12,26 @@ messages between living ranks keep working, so the reduction runs on the
 parent communicator among the members alone.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["member_allreduce", "binomial_children", "binomial_parent"]
 
 
-def binomial_parent(position: int):
+def binomial_parent(position: int) -> int | None:
     """The parent of ``position`` in a binomial tree rooted at position 0
     (``position`` with its lowest set bit cleared), None for the root."""
     return None if position == 0 else position & (position - 1)
 
 
-def binomial_children(position: int, size: int) -> list:
+def binomial_children(position: int, size: int) -> list[int]:
     """The children of ``position`` in a binomial tree of ``size`` nodes
     rooted at 0, nearest first: ``position + 2**k`` for every ``2**k`` below
     the lowest set bit of ``position`` (all powers of two for the root)."""
@@ -35,7 +43,7 @@ def binomial_children(position: int, size: int) -> list:
     return children
 
 
-def member_allreduce(buf: np.ndarray, comm, members, tag: int):
+def member_allreduce(buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], tag: int) -> np.ndarray:
     """Sum ``buf`` over the ranks ``members`` of ``comm``, in place, on every member.
 
     A binomial tree over the members in the given order: each member
@@ -61,10 +69,11 @@ def member_allreduce(buf: np.ndarray, comm, members, tag: int):
     position, size = members.index(comm.Get_rank()), len(members)
     children = binomial_children(position, size)
     parent = binomial_parent(position)
-    scratch = np.empty_like(buf) if children else None
-    for child in children:
-        comm.Recv(scratch, source=members[child], tag=tag)
-        np.add(buf, scratch, out=buf)
+    if children:
+        scratch = np.empty_like(buf)
+        for child in children:
+            comm.Recv(scratch, source=members[child], tag=tag)
+            np.add(buf, scratch, out=buf)
     if parent is not None:
         comm.Send(buf, dest=members[parent], tag=tag)
         comm.Recv(buf, source=members[parent], tag=tag)

@@ -19,7 +19,7 @@ def clean_library_string(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in first).strip()
 
 
-def mpi_library() -> tuple:
+def mpi_library() -> tuple[str, str, str]:
     """``(name, version, description)`` of the MPI library mpi4py loaded, all
     cleaned: e.g. ``("Open MPI", "5.0.11", "Open MPI v5.0.11, package: ...")``
     or ``("MPICH", "5.0.2", "MPICH Version: 5.0.2")``. The name and version

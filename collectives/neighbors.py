@@ -1,16 +1,24 @@
 """Sums over fixed neighbours: the communication of gossip and decentralized SGD."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from mpi4py import MPI
 
 from .agreement import check_arguments
-from .buffers import describe
+from .buffers import BufferT, describe
+
+if TYPE_CHECKING:
+    from .comm import Communicator
 
 __all__ = ["neighbor_sum"]
 
 _TAG_NEIGHBORS = 41
 
 
-def neighbor_sum(data, *, comm, offsets=(-1, 1), check=True):
+def neighbor_sum(data: BufferT, *, comm: Communicator, offsets: Sequence[int] = (-1, 1), check: bool = True) -> BufferT:
     """Add to ``data`` the ``data`` of ranks ``(rank + o) mod P``, o in ``offsets``.
 
     Every rank sends its unmodified ``data`` to each ``(rank - o) mod P`` and

@@ -1,5 +1,7 @@
 """What a benchmark file records about the run that made it."""
 
+from __future__ import annotations
+
 import contextlib
 import datetime
 import os
@@ -7,10 +9,12 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 
 import h5py
 import mpi4py
 import numpy as np
+from mpi4py import MPI
 
 from .mpi_library import mpi_library
 
@@ -32,13 +36,13 @@ def _git_commit() -> str:
 TUNING_PREFIXES = ("MALLOC_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_", "UCX_", "OMP_", "COLLECTIVES_")
 
 
-def tuning_environment(environ=os.environ) -> str:
+def tuning_environment(environ: Mapping[str, str] = os.environ) -> str:
     """``NAME=value`` pairs, sorted and joined by ``;``, of the variables in
     ``environ`` whose names start with one of :data:`TUNING_PREFIXES`."""
     return ";".join(f"{name}={value}" for name, value in sorted(environ.items()) if name.startswith(TUNING_PREFIXES))
 
 
-def run_attributes(comm) -> dict:
+def run_attributes(comm: MPI.Comm) -> dict[str, object]:
     """Attributes for an HDF5 file: who ran what, where, with which MPI.
 
     Collective over ``comm`` (gathers the host names); every rank gets the
@@ -67,7 +71,7 @@ def run_attributes(comm) -> dict:
 
 
 @contextlib.contextmanager
-def results_file(out, default_name: str, attrs: dict):
+def results_file(out: str | None, default_name: str, attrs: Mapping[str, object]) -> Iterator[h5py.File]:
     """Write a benchmark's HDF5 file: ``out``, or ``results/default_name``.
 
     Creates the folder, opens the file for writing with ``attrs`` (from

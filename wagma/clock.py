@@ -35,9 +35,9 @@ class TrainingClock:
     the second one (an evaluation clock going 1.091 s -> 0.847 s).
     """
 
-    def __init__(self, offset: float = 0.0):
+    def __init__(self, offset: float = 0.0) -> None:
         self._origin = time.perf_counter() - offset
-        self._paused_at = None
+        self._paused_at: float | None = None
 
     def __call__(self) -> float:
         """Seconds of training so far (the value at the pause while paused)."""
@@ -48,13 +48,13 @@ class TrainingClock:
     def paused(self) -> bool:
         return self._paused_at is not None
 
-    def pause(self):
+    def pause(self) -> None:
         """Stop counting (before an evaluation or a checkpoint)."""
         if self._paused_at is not None:
             raise RuntimeError("TrainingClock.pause: already paused")
         self._paused_at = time.perf_counter()
 
-    def resume(self):
+    def resume(self) -> None:
         """Count again from the value at the pause."""
         if self._paused_at is None:
             raise RuntimeError("TrainingClock.resume: not paused")

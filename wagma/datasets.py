@@ -3,11 +3,24 @@
 import dataclasses
 import os
 import pickle
+from collections.abc import Iterator
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 import torch
 
-__all__ = ["BOS", "DATASETS", "DataSpec", "Dataset", "EOS", "PAD", "load_dataset", "synthetic_cifar", "translation"]
+__all__ = [
+    "BOS",
+    "DATASETS",
+    "DataSpec",
+    "Dataset",
+    "DatasetName",
+    "EOS",
+    "PAD",
+    "load_dataset",
+    "synthetic_cifar",
+    "translation",
+]
 
 #: Token ids of the sequence tasks (padding, begin and end of sequence); content tokens are 3 and up.
 PAD, BOS, EOS = 0, 1, 2
@@ -52,8 +65,8 @@ class DataSpec:
     """
 
     name: str
-    task: str
-    input_shape: tuple
+    task: Literal["classification", "seq2seq"]
+    input_shape: tuple[int, ...]
     train_size: int
     test_size: int
     num_classes: int | None = None
@@ -62,6 +75,10 @@ class DataSpec:
     def __post_init__(self):
         if self.task not in ("classification", "seq2seq"):
             raise ValueError(f"task must be 'classification' or 'seq2seq', got {self.task!r}")
+
+
+#: A batch: ``(x, y)`` of a classification task, ``(src, tgt)`` of a seq2seq one.
+Batch: TypeAlias = tuple[torch.Tensor, torch.Tensor]
 
 
 class Dataset:
@@ -83,7 +100,7 @@ class Dataset:
         ranks: the number of shards (processes), ``1 <= ranks <= spec.train_size``.
     """
 
-    def __init__(self, spec, *, seed=0, rank=0, ranks=1):
+    def __init__(self, spec: DataSpec, *, seed: int = 0, rank: int = 0, ranks: int = 1) -> None:
         if not 1 <= ranks <= spec.train_size:
             raise ValueError(f"ranks must be in [1, {spec.train_size}] (the training samples), got {ranks}")
         if not 0 <= rank < ranks:
@@ -96,11 +113,11 @@ class Dataset:
         return f"{type(self).__name__}({self.spec.name!r}, seed={self.seed}, rank={self.rank}, ranks={self.ranks})"
 
     @property
-    def train_indices(self):
+    def train_indices(self) -> np.ndarray:
         """Indices into the training set of this rank's shard (a copy)."""
         return self._shard.copy()
 
-    def steps_per_epoch(self, batch_size):
+    def steps_per_epoch(self, batch_size: int) -> int:
         """Full batches of ``batch_size`` in one epoch of a shard: the same on every rank."""
         if not 1 <= batch_size <= len(self._shard):
             raise ValueError(
@@ -109,7 +126,7 @@ class Dataset:
             )
         return len(self._shard) // batch_size
 
-    def train_batches(self, epoch, batch_size, start=0):
+    def train_batches(self, epoch: int, batch_size: int, start: int = 0) -> Iterator[Batch]:
         """This rank's batches of epoch ``epoch``, from batch index ``start`` on.
 
         The order depends only on ``(seed, rank, epoch)``: starting at
@@ -125,7 +142,7 @@ class Dataset:
         for step in range(start, steps):
             yield self._batch("train", order[step * batch_size : (step + 1) * batch_size])
 
-    def stream_batch(self, position, count):
+    def stream_batch(self, position: int, count: int) -> Batch:
         """``count`` samples of this rank's sample stream from ``position`` on.
 
         The stream is the rank's epochs one after the other, each in the
@@ -148,7 +165,7 @@ class Dataset:
             position, count = position + take, count - take
         return self._batch("train", np.concatenate(parts))
 
-    def test_batches(self, batch_size, rank=None, ranks=None):
+    def test_batches(self, batch_size: int, rank: int | None = None, ranks: int | None = None) -> Iterator[Batch]:
         """The test set in order, in batches of ``batch_size`` (the last one may be smaller).
 
         With ``rank`` and ``ranks``, only part ``rank`` of the test set cut
@@ -159,7 +176,7 @@ class Dataset:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if (rank is None) != (ranks is None):
             raise ValueError(f"rank and ranks go together, got rank={rank} and ranks={ranks}")
-        if ranks is None:
+        if rank is None or ranks is None:  # both (checked above)
             rank, ranks = 0, 1
         if ranks < 1 or not 0 <= rank < ranks:
             raise ValueError(f"rank must be in [0, ranks) and ranks >= 1, got rank={rank} and ranks={ranks}")
@@ -168,7 +185,7 @@ class Dataset:
         for first in range(begin, end, batch_size):
             yield self._batch("test", np.arange(first, min(first + batch_size, end)))
 
-    def _batch(self, split, indices):
+    def _batch(self, split: Literal["train", "test"], indices: np.ndarray) -> Batch:
         raise NotImplementedError
 
 
@@ -243,17 +260,17 @@ def _translation_pairs(rng, token_map, size, min_len, max_len):
 
 
 def translation(
-    name="translation",
+    name: str = "translation",
     *,
-    train_size=8192,
-    test_size=1024,
-    vocab_size=32,
-    min_len=4,
-    max_len=16,
-    seed=0,
-    rank=0,
-    ranks=1,
-):
+    train_size: int = 8192,
+    test_size: int = 1024,
+    vocab_size: int = 32,
+    min_len: int = 4,
+    max_len: int = 16,
+    seed: int = 0,
+    rank: int = 0,
+    ranks: int = 1,
+) -> Dataset:
     """A synthetic translation task with sentences of varying length.
 
     A source is ``min_len`` to ``max_len`` (uniform) content tokens drawn
@@ -444,20 +461,20 @@ class _SyntheticImages(Dataset):
 
 
 def synthetic_cifar(
-    name="synthetic-cifar",
+    name: str = "synthetic-cifar",
     *,
-    train_size=4096,
-    test_size=1024,
-    prototypes=2,
-    frequency=3.0,
-    shift=4,
-    overlap=0.3,
-    noise=0.5,
-    label_noise=0.05,
-    seed=0,
-    rank=0,
-    ranks=1,
-):
+    train_size: int = 4096,
+    test_size: int = 1024,
+    prototypes: int = 2,
+    frequency: float = 3.0,
+    shift: int = 4,
+    overlap: float = 0.3,
+    noise: float = 0.5,
+    label_noise: float = 0.05,
+    seed: int = 0,
+    rank: int = 0,
+    ranks: int = 1,
+) -> Dataset:
     """A CIFAR-shaped synthetic image classification task of controlled difficulty.
 
     Float32 images ``(3, 32, 32)``, 10 classes, made from ``seed`` alone (no
@@ -557,10 +574,20 @@ def _synthetic(model, synthetic_size, seed, rank, ranks):
 
 
 #: Dataset names ``load_dataset`` accepts.
-DATASETS = ("digits", "cifar10", "synthetic", "synthetic-cifar", "translation")
+DatasetName = Literal["digits", "cifar10", "synthetic", "synthetic-cifar", "translation"]
+DATASETS: tuple[DatasetName, ...] = get_args(DatasetName)
 
 
-def load_dataset(name, *, model=None, root=None, seed=0, rank=0, ranks=1, synthetic_size=None) -> Dataset:
+def load_dataset(
+    name: DatasetName,
+    *,
+    model: str | None = None,
+    root: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    rank: int = 0,
+    ranks: int = 1,
+    synthetic_size: int | None = None,
+) -> Dataset:
     """Rank ``rank``'s view of dataset ``name``, its training set sharded over ``ranks``.
 
     Args:
@@ -604,7 +631,7 @@ def load_dataset(name, *, model=None, root=None, seed=0, rank=0, ranks=1, synthe
     if name == "synthetic":
         return _synthetic(model, synthetic_size, **sharding)
     if name == "synthetic-cifar":
-        return synthetic_cifar(**sharding)
+        return synthetic_cifar(seed=seed, rank=rank, ranks=ranks)
     if name == "translation":
-        return translation(**sharding)
+        return translation(seed=seed, rank=rank, ranks=ranks)
     raise ValueError(f"dataset must be one of {', '.join(map(repr, DATASETS))}, got {name!r}")

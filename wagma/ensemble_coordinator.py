@@ -40,15 +40,22 @@ batch) and whether it was the last round.  Every closed round is logged
 (:attr:`Coordinator.log`) for the run file.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import time
 import traceback
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from collectives.failures import any_source, failed_ranks
+
+if TYPE_CHECKING:
+    from .reallocation import Reallocation
 
 __all__ = ["Coordinator", "Decision", "ROUND_FIELDS", "STATUS", "TAG_DECISION", "TAG_REPORT", "fault_events"]
 
@@ -64,7 +71,7 @@ ROUND_FIELDS = ("round", "end_step", "opened", "closed", "waited", "timed_out", 
 _REPORT_WIDTH = 5  # round, end step, samples, seconds, final
 
 
-def fault_events(rows, ranks) -> list:
+def fault_events(rows: ArrayLike, ranks: int) -> list[dict[str, Any]]:
     """The outages a round log shows, one dict per rank and outage: the
     rank, ``kind`` (``"late"``: it came back, ``"dead"``), the first round
     and step it missed, the seconds the others waited for it at that round
@@ -72,9 +79,9 @@ def fault_events(rows, ranks) -> list:
     for a late rank, the round and end step at which it rejoined."""
     rows = np.asarray(rows, dtype=float).reshape(-1, len(ROUND_FIELDS) + 2 * ranks)
     status = rows[:, len(ROUND_FIELDS) : len(ROUND_FIELDS) + ranks]
-    events = []
+    events: list[dict[str, Any]] = []
     for rank in range(ranks):
-        missing = None
+        missing: dict[str, Any] | None = None
         for i, row in enumerate(rows):
             if status[i, rank] < 0 and missing is None:
                 missing = {
@@ -85,7 +92,7 @@ def fault_events(rows, ranks) -> list:
                     "others_waited_s": float(row[4]),
                 }
                 events.append(missing)
-            if status[i, rank] == STATUS["dead"]:
+            if status[i, rank] == STATUS["dead"] and missing is not None:  # always: dead is a negative status
                 missing["kind"] = "dead"
             if status[i, rank] == STATUS["joiner"] and missing is not None:
                 missing.update(rejoined_round=int(row[0]), rejoined_step=int(row[1]))
@@ -96,18 +103,18 @@ def fault_events(rows, ranks) -> list:
 class Decision:
     """What a rank learns when a round closes (see the module docstring)."""
 
-    def __init__(self, array, ranks):
+    def __init__(self, array: np.ndarray, ranks: int) -> None:
         self.round, self.end_step = int(array[0]), int(array[1])
         self.final = bool(array[2])
         self.weights = array[3 : 3 + ranks]
         self.shares = array[3 + ranks : 3 + 2 * ranks].astype(np.int64)
 
     @staticmethod
-    def width(ranks):
+    def width(ranks: int) -> int:
         return 3 + 2 * ranks
 
     @property
-    def members(self) -> list:
+    def members(self) -> list[int]:
         """The ranks that average in this round (weight >= 0), in rank order."""
         return [int(r) for r in np.flatnonzero(self.weights >= 0)]
 
@@ -128,34 +135,39 @@ class Coordinator:
         batch_size: the per-rank batch (the shares without reallocation).
     """
 
-    def __init__(self, comm, answers, timeout, policy, batch_size):
+    def __init__(
+        self, comm: MPI.Intracomm, answers: MPI.Intracomm, timeout: float, policy: Reallocation | None, batch_size: int
+    ) -> None:
         self.comm, self.answers, self.timeout, self.policy = comm, answers, float(timeout), policy
         self.ranks = comm.Get_size()
         self.batch_size = batch_size
         #: One row per closed round (:data:`ROUND_FIELDS`, statuses, shares).
-        self.log = []
+        self.log: list[list[float]] = []
         self._lock = threading.Lock()
-        self._absent, self._dead = set(), set()
+        self._absent: set[int] = set()
+        self._dead: set[int] = set()
         self._open = 0  # the round that is collecting reports
-        self._reports, self._joiners = {}, set()
-        self._opened, self._final, self._end_step = None, False, 0
-        self._sending = []
+        self._reports: dict[int, np.ndarray] = {}
+        self._joiners: set[int] = set()
+        self._opened: float | None = None
+        self._final, self._end_step = False, 0
+        self._sending: list[tuple[MPI.Request, np.ndarray]] = []
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._serve, name="ensemble-coordinator", daemon=True)
         self._thread.start()
 
-    def plan(self, policy, batch_size):
+    def plan(self, policy: Reallocation | None, batch_size: int) -> None:
         """Set the reallocation policy and the batch before the first report."""
         with self._lock:
             self.policy, self.batch_size = policy, batch_size
 
     @property
-    def dead(self) -> set:
+    def dead(self) -> set[int]:
         """The ranks found dead (ULFM's ``Get_failed``) when a round closed."""
         with self._lock:
             return set(self._dead)
 
-    def columns(self) -> list:
+    def columns(self) -> list[str]:
         """The names of the columns of :meth:`rows`."""
         return [*ROUND_FIELDS, *(f"status_{r}" for r in range(self.ranks)), *(f"share_{r}" for r in range(self.ranks))]
 
@@ -165,7 +177,7 @@ class Coordinator:
             width = len(ROUND_FIELDS) + 2 * self.ranks
             return np.array(self.log, dtype=float).reshape(-1, width)
 
-    def stop(self):
+    def stop(self) -> None:
         """Ends the thread (called by rank 0 after its last round)."""
         self.comm.Send(np.zeros(_REPORT_WIDTH), dest=0, tag=_TAG_STOP)
         self._thread.join()

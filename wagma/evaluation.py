@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from collectives import allreduce
 
+if TYPE_CHECKING:
+    from collectives import Communicator
+
 __all__ = ["averaged_model", "averaged_replicas"]
 
 
-def _averaged_state(model):
+def _averaged_state(model: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors an average covers: parameters and floating-point buffers
     (BatchNorm's running statistics; not ``num_batches_tracked``)."""
     return [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
 
 
-def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None = None, lock=None):
+def averaged_model(
+    model: torch.nn.Module,
+    comm: Communicator,
+    *,
+    into: torch.nn.Module | None = None,
+    lock: contextlib.AbstractContextManager[Any] | None = None,
+) -> torch.nn.Module:
     """The average of every rank's replica of ``model``, in a separate model.
 
     Every rank copies its parameters and floating-point buffers (BatchNorm
@@ -58,7 +69,7 @@ def averaged_model(model: torch.nn.Module, comm, *, into: torch.nn.Module | None
     return _load(into, vector)
 
 
-def _load(into, vector):
+def _load(into: torch.nn.Module, vector: torch.Tensor) -> torch.nn.Module:
     """Load ``vector`` into ``into``'s :func:`_averaged_state`; returns ``into``."""
     with torch.no_grad():
         offset = 0
@@ -68,7 +79,7 @@ def _load(into, vector):
     return into
 
 
-def averaged_replicas(models, *, into: torch.nn.Module | None = None):
+def averaged_replicas(models: Sequence[torch.nn.Module], *, into: torch.nn.Module | None = None) -> torch.nn.Module:
     """The average of replicas held in one process
     (:class:`wagma.emulate.emulator.Emulator`'s), with :func:`averaged_model`'s arithmetic: parameters and
     floating-point buffers as float64 vectors, summed in the order given,

@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from typing import NamedTuple
 
 __all__ = ["FAULT_FORMS", "Fault", "FaultInjector", "parse_fault", "parse_faults"]
@@ -89,7 +90,7 @@ def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
     return Fault(kind, int(fields["rank"]), first, last, seconds)
 
 
-def parse_faults(specs, ranks: int, steps: int) -> list:
+def parse_faults(specs: Iterable[str] | None, ranks: int, steps: int) -> list[Fault]:
     """:func:`parse_fault` for each of ``specs`` (``None``: no faults)."""
     return [parse_fault(spec, ranks, steps) for spec in specs or ()]
 
@@ -97,7 +98,7 @@ def parse_faults(specs, ranks: int, steps: int) -> list:
 class FaultInjector:
     """Carries out this rank's share of a fault plan, step by step."""
 
-    def __init__(self, faults, rank: int):
+    def __init__(self, faults: Iterable[Fault], rank: int) -> None:
         self.faults = list(faults)
         self._mine = [f for f in self.faults if f.rank == rank]
 

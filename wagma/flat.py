@@ -57,7 +57,7 @@ class FlatParameters:
         optimizer.step()
     """
 
-    def __init__(self, module: torch.nn.Module, *, grads: bool = True):
+    def __init__(self, module: torch.nn.Module, *, grads: bool = True) -> None:
         parameters = [p for p in module.parameters() if p.requires_grad]  # shared parameters once
         if not parameters:
             raise ValueError("module has no trainable parameters to flatten")
@@ -69,18 +69,18 @@ class FlatParameters:
         self.names = {id(p): name for name, p in module.named_parameters()}
         #: The module's buffers by name, which stay in their own storage.
         self.buffers = OrderedDict(module.named_buffers())
-        self.params = OrderedDict()
+        self.params: OrderedDict[torch.dtype, torch.Tensor] = OrderedDict()
         #: The flat gradient tensor of each dtype (None without ``grads``).
-        self.grads = OrderedDict() if grads else None
-        self._slices = []  # (parameter, dtype, offset)
-        sizes = OrderedDict()
+        self.grads: OrderedDict[torch.dtype, torch.Tensor] | None = OrderedDict() if grads else None
+        self._slices: list[tuple[torch.nn.Parameter, torch.dtype, int]] = []  # (parameter, dtype, offset)
+        sizes: OrderedDict[torch.dtype, int] = OrderedDict()
         for p in parameters:
             offset = sizes.get(p.dtype, 0)
             self._slices.append((p, p.dtype, offset))
             sizes[p.dtype] = offset + p.numel()
         for dtype, total in sizes.items():
             self.params[dtype] = torch.empty(total, dtype=dtype, device=self.device)
-            if grads:
+            if self.grads is not None:
                 self.grads[dtype] = torch.zeros(total, dtype=dtype, device=self.device)
         with torch.no_grad():
             for p, dtype, offset in self._slices:
@@ -103,7 +103,7 @@ class FlatParameters:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.params.values())
 
-    def attach_grads(self):
+    def attach_grads(self) -> None:
         """Make every ``p.grad`` a view into :attr:`grads` again.
 
         A gradient that was set to None becomes a zeroed view; one that
@@ -123,7 +123,9 @@ class FlatParameters:
                     continue
                 p.grad = view
 
-    def rebind(self, dtype, *, params=None, grads=None):
+    def rebind(
+        self, dtype: torch.dtype, *, params: torch.Tensor | None = None, grads: torch.Tensor | None = None
+    ) -> None:
         """Make ``params`` (and/or ``grads``) the flat buffer of ``dtype``:
         every parameter (gradient) of that dtype becomes a view into it.
 
@@ -158,13 +160,14 @@ class FlatParameters:
                     if d == dtype:
                         setattr(p, attribute, self._view(flat, p, d, offset))
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         """Zero the flat gradients, keeping every ``p.grad`` a view."""
         self.attach_grads()
+        assert self.grads is not None  # attach_grads raised otherwise
         for tensor in self.grads.values():
             tensor.zero_()
 
-    def check_views(self):
+    def check_views(self) -> None:
         """Raise ``RuntimeError`` naming a parameter (or gradient) that no
         longer views the flat buffer, e.g. after ``p.data = ...``."""
         for p, dtype, offset in self._slices:
@@ -184,10 +187,10 @@ class FlatParameters:
                     f"attach_grads() after backward()"
                 )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         parts = ", ".join(f"{str(d).removeprefix('torch.')}: {t.numel()}" for d, t in self.params.items())
         return f"FlatParameters({len(self.parameters)} parameters on {self.device}; {parts})"
 
 
-def _same_memory(a, b) -> bool:
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()

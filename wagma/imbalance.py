@@ -45,10 +45,13 @@ Two kinds (``Imbalance.kind``):
 import math
 import os
 import time
+from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-__all__ = ["FORMS", "Imbalance", "Injector", "parse_imbalance"]
+__all__ = ["FORMS", "Imbalance", "ImbalanceKind", "Injector", "parse_imbalance"]
 
 # Separates the switching model's per-block draws from the per-step ones.
 _SWITCHING = 0x5717
@@ -66,6 +69,10 @@ FORMS = (
 )
 
 
+#: What an imbalance model draws: ``"delay"`` (added to compute) or ``"compute"`` (the compute time).
+ImbalanceKind = Literal["delay", "compute"]
+
+
 class Imbalance:
     """Per-step, per-rank seconds from one imbalance model.
 
@@ -76,7 +83,14 @@ class Imbalance:
         seed: the seed of every draw.
     """
 
-    def __init__(self, spec, kind, ranks, seed, draw):
+    def __init__(
+        self,
+        spec: str,
+        kind: ImbalanceKind,
+        ranks: int,
+        seed: int,
+        draw: Callable[[np.random.Generator, int], ArrayLike],
+    ) -> None:
         self.spec, self.kind, self.ranks, self.seed = spec, kind, ranks, seed
         self._draw = draw
 
@@ -125,7 +139,7 @@ class Injector:
             ...
     """
 
-    def __init__(self, spec: str, rank: int, ranks: int, seed: int = 0):
+    def __init__(self, spec: str, rank: int, ranks: int, seed: int = 0) -> None:
         self.model = parse_imbalance(spec, ranks, seed)
         if not isinstance(rank, int) or not 0 <= rank < ranks:
             raise ValueError(f"rank must be in range({ranks}), got {rank!r}")

@@ -3,17 +3,20 @@
 import dataclasses
 import inspect
 import math
-from typing import Callable
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, get_args
 
 import torch
 from torch import nn
 
-from .datasets import PAD
+from .datasets import PAD, DataSpec
 
 __all__ = [
     "MLP",
     "MODELS",
+    "MODEL_NAMES",
     "ModelEntry",
+    "ModelName",
     "Seq2SeqTransformer",
     "build_model",
     "compatible_models",
@@ -34,8 +37,9 @@ class MLP(nn.Sequential):
         hidden: the width of each hidden layer, first to last; default two of 128.
     """
 
-    def __init__(self, in_features, num_classes, hidden=(128, 128)):
-        layers, width = [nn.Flatten()], in_features
+    def __init__(self, in_features: int, num_classes: int, hidden: Sequence[int] = (128, 128)) -> None:
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
         for size in hidden:
             layers += [nn.Linear(width, size), nn.ReLU()]
             width = size
@@ -115,7 +119,7 @@ class _ResNet(nn.Sequential):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
 
 
-def resnet20(num_classes=10):
+def resnet20(num_classes: int = 10) -> nn.Sequential:
     """ResNet-20 for CIFAR (He et al. 2016, section 4.2): a 3x3 convolution to
     16 channels, then 3 stages of 3 basic blocks with 16, 32 and 64 channels
     (stride 2 into stages 2 and 3), global pooling, one linear layer.
@@ -135,7 +139,7 @@ def _imagenet_resnet(block, blocks, num_classes):
     return _ResNet(stem, 64, block, list(zip((64, 128, 256, 512), blocks)), num_classes)
 
 
-def resnet18(num_classes=1000):
+def resnet18(num_classes: int = 1000) -> nn.Sequential:
     """ImageNet ResNet-18 (He et al. 2016): basic blocks [2, 2, 2, 2], 1x1
     projection shortcuts where the shape changes; 11,689,512 parameters with
     1000 classes.  Made for 3x224x224 inputs; smaller ones down to 32x32 work
@@ -143,7 +147,7 @@ def resnet18(num_classes=1000):
     return _imagenet_resnet(_basic_block, (2, 2, 2, 2), num_classes)
 
 
-def resnet50(num_classes=1000):
+def resnet50(num_classes: int = 1000) -> nn.Sequential:
     """ImageNet ResNet-50 v1.5: bottleneck blocks [3, 4, 6, 3] with the
     stride on the 3x3 convolution (v1 puts it on the first 1x1), 1x1
     projection shortcuts where the shape changes; 25,557,032 parameters with
@@ -199,15 +203,15 @@ class Seq2SeqTransformer(nn.Module):
 
     def __init__(
         self,
-        vocab_size,
-        d_model=64,
-        nhead=4,
-        num_encoder_layers=2,
-        num_decoder_layers=2,
-        dim_feedforward=128,
-        dropout=0.1,
-        max_len=256,
-    ):
+        vocab_size: int,
+        d_model: int = 64,
+        nhead: int = 4,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        dim_feedforward: int = 128,
+        dropout: float = 0.1,
+        max_len: int = 256,
+    ) -> None:
         super().__init__()
         if d_model % 2 or d_model % nhead:
             raise ValueError(f"d_model must be even and divisible by nhead {nhead}, got {d_model}")
@@ -236,7 +240,7 @@ class Seq2SeqTransformer(nn.Module):
     def _embed(self, tokens):
         return self.position(self.embedding(tokens) * math.sqrt(self.d_model))
 
-    def forward(self, src, tgt_in):
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, T, vocab_size)`` for each decoder position from
         ``src (B, S)`` and the decoder input ``tgt_in (B, T)`` (token ids)."""
         length = tgt_in.shape[1]
@@ -254,7 +258,7 @@ class Seq2SeqTransformer(nn.Module):
         return self.output(hidden)
 
 
-def transformer_base(vocab_size, dropout=0.1, max_len=256):
+def transformer_base(vocab_size: int, dropout: float = 0.1, max_len: int = 256) -> Seq2SeqTransformer:
     """The "base" Transformer of Vaswani et al. 2017, the paper's standard-sized
     model: d_model 512, 8 heads, 6 + 6 layers, feed-forward 2048."""
     return Seq2SeqTransformer(
@@ -312,11 +316,11 @@ class ModelEntry:
     accepts: Callable[..., bool]
     needs: str
 
-    def options(self):
+    def options(self) -> list[str]:
         """The factory's arguments that a caller may override (those the spec does not fix)."""
         return [name for name in inspect.signature(self.factory).parameters if name not in _SPEC_ARGUMENTS]
 
-    def __call__(self, spec, **overrides):
+    def __call__(self, spec: DataSpec, **overrides: Any) -> nn.Module:
         """The model for ``spec``, with ``overrides`` passed to the factory.
 
         Raises:
@@ -337,6 +341,10 @@ class ModelEntry:
         return self.factory(**_from_spec(spec, self.factory), **overrides)
 
 
+#: The models' names, as the CLI takes them (the keys of :data:`MODELS`).
+ModelName = Literal["mlp", "resnet20", "resnet18", "resnet50", "transformer", "transformer-base"]
+MODEL_NAMES: tuple[ModelName, ...] = get_args(ModelName)
+
 #: Models by the name the CLI uses.
 MODELS = {
     entry.name: entry
@@ -351,12 +359,12 @@ MODELS = {
 }
 
 
-def compatible_models(spec):
+def compatible_models(spec: DataSpec) -> list[str]:
     """The names of the models that accept the dataset described by ``spec``, in registry order."""
     return [name for name, entry in MODELS.items() if entry.accepts(spec)]
 
 
-def build_model(name, spec, **overrides) -> nn.Module:
+def build_model(name: ModelName, spec: DataSpec, **overrides: Any) -> nn.Module:
     """Build model ``name`` sized for the dataset ``spec`` (a :class:`wagma.datasets.DataSpec`).
 
     The MLP takes its input width (the flattened sample) and classes from the

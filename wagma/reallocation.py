@@ -33,11 +33,12 @@ to the others; a rank that comes back is given its last known speed.
 """
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["lemma1_shares", "Reallocation", "speeds_problem"]
 
 
-def speeds_problem(global_batch, speeds, floor):
+def speeds_problem(global_batch: object, speeds: ArrayLike, floor: int) -> str | None:
     """The first problem with :func:`lemma1_shares`' arguments, or None."""
     if isinstance(global_batch, bool) or not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
         return f"global_batch must be an int >= 1, got {global_batch!r}"
@@ -52,7 +53,7 @@ def speeds_problem(global_batch, speeds, floor):
     return None
 
 
-def lemma1_shares(global_batch: int, speeds, floor: int = 1) -> np.ndarray:
+def lemma1_shares(global_batch: int, speeds: ArrayLike, floor: int = 1) -> np.ndarray:
     """Samples per step for each rank: B v_i / sum_j v_j in whole samples.
 
     Args:
@@ -111,12 +112,12 @@ class Reallocation:
         floor: the fewest samples per step of a living rank.
     """
 
-    def __init__(self, ranks: int, batch_size: int, floor: int = 1):
+    def __init__(self, ranks: int, batch_size: int, floor: int = 1) -> None:
         self.ranks, self.global_batch, self.floor = ranks, ranks * batch_size, floor
         self.shares = np.full(ranks, batch_size, dtype=np.int64)
         self.speeds = np.zeros(ranks)  # the last measured speed of each rank
 
-    def update(self, samples, seconds, present=None) -> np.ndarray:
+    def update(self, samples: ArrayLike, seconds: ArrayLike, present: ArrayLike | None = None) -> np.ndarray:
         """New shares from one period: ``samples[i]`` processed by rank i in
         ``seconds[i]`` of its own step time; ``present`` marks the ranks
         that take part in the next period (default: all).  A present rank

@@ -13,7 +13,7 @@ from collectives import Communicator, broadcast
 __all__ = ["broadcast_model", "parameter_layout", "require_communicator", "same_parameters_problem"]
 
 
-def require_communicator(comm) -> None:
+def require_communicator(comm: object) -> None:
     """Raise ``TypeError`` unless ``comm`` is a :class:`collectives.comm.Communicator`,
     saying how to make one of what was passed (no communication: a wrong
     ``comm`` cannot carry an agreement, and every rank of an SPMD program

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
@@ -11,6 +14,9 @@ from collectives.provenance import run_attributes
 
 from .clock import TrainingClock
 from .results import RunRecorder
+
+if TYPE_CHECKING:
+    from .algorithms import Algorithm
 
 __all__ = ["StepRecorder"]
 
@@ -68,19 +74,19 @@ class StepRecorder:
 
     def __init__(
         self,
-        algo,
-        path,
+        algo: Algorithm,
+        path: str,
         *,
         batch_size: int,
         steps_planned: int = 0,
         steps_per_epoch: int = 0,
-        config: dict | None = None,
+        config: Mapping[str, Any] | None = None,
         model: str = "custom",
         dataset: str = "custom",
         imbalance: str = "none",
         resume_step: int | None = None,
         post_every: int = 8,
-    ):
+    ) -> None:
         self.algo = algo
         world = algo.comm.control
         options = algo.options
@@ -115,24 +121,24 @@ class StepRecorder:
         self._last = self._started = self._computed = self.clock()
         self._stale_before, self._delay = algo.stale_steps, 0.0
 
-    def _optimizer_entered(self, *args):
+    def _optimizer_entered(self, *args: object) -> None:
         self._entered = time.perf_counter()
 
-    def _optimizer_left(self, *args):
+    def _optimizer_left(self, *args: object) -> None:
         self._update_s += time.perf_counter() - self._entered
 
-    def start_step(self, delay_s: float = 0.0):
+    def start_step(self, delay_s: float = 0.0) -> None:
         """The step's work begins; ``delay_s``: seconds of it injected
         (:class:`~wagma.imbalance.Injector`), recorded as the step's delay."""
         self._started, self._delay = self.clock(), delay_s
         self._update_s, self._stale_before = 0.0, self.algo.stale_steps
         self.algo.start_step_timer()
 
-    def compute_done(self):
+    def compute_done(self) -> None:
         """``backward()`` returned: the rest of the step is ``algo.step()``."""
         self._computed = self.clock()
 
-    def end_step(self, step: int, loss: float, samples: int | None = None):
+    def end_step(self, step: int, loss: float, samples: int | None = None) -> None:
         """``algo.step()`` returned: record step ``step`` with its ``loss``."""
         now = self.clock()
         in_backward = self.algo.comm_in_backward_s  # Allreduce-SGD's wait at the end of backward
@@ -153,14 +159,14 @@ class StepRecorder:
         )
         self._last = now
 
-    def pause(self):
+    def pause(self) -> None:
         """Stop the clock (an evaluation, a checkpoint); :meth:`resume` goes on."""
         self.clock.pause()
 
-    def resume(self):
+    def resume(self) -> None:
         self.clock.resume()
 
-    def record_eval(self, step: int, accuracy: float, loss: float, epoch: float | None = None):
+    def record_eval(self, step: int, accuracy: float, loss: float, epoch: float | None = None) -> None:
         """An evaluation after ``step`` steps, written by rank 0 and stamped
         with its clock; ``epoch`` defaults to ``step / steps_per_epoch``
         (NaN without it)."""
@@ -169,7 +175,7 @@ class StepRecorder:
         self._recorder.record_eval(step=step, epoch=epoch, clock=self.clock(), accuracy=accuracy, loss=loss)
         self._recorder.flush()
 
-    def close(self, status: str = "complete"):
+    def close(self, status: str = "complete") -> str | None:
         """Collective: gather every rank's rows, write the algorithm's tables
         (:meth:`~wagma.algorithms.base.Algorithm.sync_tables`) and the summary;
         returns the path on rank 0.  Close the algorithm first where its
@@ -179,16 +185,18 @@ class StepRecorder:
         self._recorder.record_tables(self.algo.sync_tables())
         return self._recorder.close(status)
 
-    def abandon(self):
+    def abandon(self) -> None:
         """After an error, without communicating: rank 0 keeps what arrived, marked ``failed``."""
         for hook in self._hooks:
             hook.remove()
         self._recorder.abandon("failed")
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind, value, traceback):
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if kind is None:
             self.close()
         else:

@@ -1,13 +1,19 @@
 """torch.distributed (gloo) on the ranks of an MPI communicator, for comparisons with PyTorch."""
 
+from __future__ import annotations
+
 import socket
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["init_gloo"]
 
 
-def init_gloo(comm):
+def init_gloo(comm: MPI.Comm) -> None:
     """Start a gloo process group over the ranks of the mpi4py ``comm``.
 
     Rank 0 picks a free TCP port on the loopback interface and shares it

@@ -1,14 +1,17 @@
 """``python -m collectives.bench NAME [options]``: run one benchmark."""
 
+from __future__ import annotations
+
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 
 from ..logs import configure_logging
 from . import allreduce, pingpong, stragglar, tune, wagma
 
 __all__ = ["BENCHMARKS", "main"]
 
-BENCHMARKS = {
+BENCHMARKS: dict[str, tuple[Callable[[Sequence[str] | None], int | None], str]] = {
     "allreduce": (allreduce.main, "allreduce bandwidth: our schedules against MPI_Allreduce"),
     "pingpong": (pingpong.main, "every pair of ranks ping-pongs at once: alpha and beta at P ranks on this node"),
     "stragglar": (stragglar.main, "StragglAR against ring, RHD and MPI_Allreduce with a delayed rank"),
@@ -17,7 +20,7 @@ BENCHMARKS = {
 }
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int | None:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench",
         description="Run one benchmark; it prints its table and writes an HDF5 file.",

@@ -5,15 +5,18 @@ on the control channel) costs the same whichever schedule runs, and the
 library's own call has none, so the columns compare the schedules alone.
 """
 
+from __future__ import annotations
+
 import argparse
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, AllreduceAlgorithm, allreduce
 
 __all__ = ["main", "measure", "measure_bytes"]
 
@@ -34,7 +37,14 @@ def _ours(algorithm):
     return run
 
 
-def measure_bytes(comm, sizes_bytes, algorithms, reps, warmup, library_column=False):
+def measure_bytes(
+    comm: Communicator,
+    sizes_bytes: Sequence[int],
+    algorithms: Sequence[AllreduceAlgorithm],
+    reps: int,
+    warmup: int,
+    library_column: bool = False,
+) -> np.ndarray:
     """Time each of ``algorithms`` (values of ``allreduce(algorithm=...)``) on
     float32 buffers of ``sizes_bytes``; returns seconds [impl, size, rep], the
     first impl the library's plain ``MPI_Allreduce`` when ``library_column``.
@@ -60,7 +70,9 @@ def measure_bytes(comm, sizes_bytes, algorithms, reps, warmup, library_column=Fa
     return times
 
 
-def measure(comm, sizes_mib, algorithms, reps, warmup):
+def measure(
+    comm: Communicator, sizes_mib: Sequence[float], algorithms: Sequence[AllreduceAlgorithm], reps: int, warmup: int
+) -> tuple[list[str], np.ndarray]:
     """:func:`measure_bytes` in MiB, with the library's ``MPI_Allreduce``
     first; returns (names, seconds [impl, size, rep])."""
     times = measure_bytes(comm, [int(mib * MIB) for mib in sizes_mib], algorithms, reps, warmup, library_column=True)
@@ -80,7 +92,7 @@ def _table(names, sizes_mib, times):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce",
         description="Allreduce bandwidth of our schedules and of MPI_Allreduce in the same run (float32, in place).",

@@ -18,8 +18,11 @@ are the alpha and beta with which the simulator is validated against
 measured runs (``experiments.validate_sim``, :class:`wagma.sim.network.Network`).
 """
 
+from __future__ import annotations
+
 import argparse
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -32,7 +35,7 @@ __all__ = ["half_round_trips", "main"]
 _TAG = 43
 
 
-def half_round_trips(comm, nbytes, reps, warmup):
+def half_round_trips(comm: Communicator, nbytes: int, reps: int, warmup: int) -> np.ndarray:
     """Seconds of half a round trip of ``nbytes`` for each repetition,
     measured on the even rank of each pair (NaN on odd ranks and on a last
     rank without a partner)."""
@@ -55,7 +58,7 @@ def half_round_trips(comm, nbytes, reps, warmup):
     return times
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench pingpong",
         description="Every pair of ranks ping-pongs at once: alpha and beta at P ranks on this node.",

@@ -49,9 +49,12 @@ in bandwidth terms (n - 2 + R) / (n - 1) s beta against 2 (n - 1) / n s beta,
 (R = 9), a constant loss to ring that the delay does not change.
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -403,7 +406,7 @@ def _parse(argv):
     return parser, args
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser, args = _parse(argv)
     n = MPI.COMM_WORLD.size
     straggler = n - 1 if args.straggler is None else args.straggler

@@ -7,17 +7,20 @@ run, and writes the medians as a tuning table (:mod:`collectives.schedules.tunin
 which ``allreduce(algorithm="auto")`` then reads.
 """
 
+from __future__ import annotations
+
 import argparse
 import datetime
 import json
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
 from ..mpi_library import mpi_library
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS, AllreduceChoice
 from ..schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
 from .allreduce import measure_bytes
 
@@ -57,7 +60,7 @@ def _table(sizes, names, median):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m experiments.mpirun -n 4 -- .venv/bin/python -m mpi4py -m collectives.bench tune",
         description="Measure which allreduce is fastest at each size for this MPI library, rank count and "
@@ -82,7 +85,7 @@ def main(argv=None):
         parser.error("--sizes must give sizes of 4 bytes or more, --reps >= 1, --warmup >= 0")
     with Communicator(MPI.COMM_WORLD) as comm:
         setting = tuning_setting(comm.data)
-        names = ["mpi", *ALLREDUCE_ALGORITHMS]
+        names: list[AllreduceChoice] = ["mpi", *ALLREDUCE_ALGORITHMS]
         times = measure_bytes(comm, sizes, names, args.reps, args.warmup)
         if comm.rank:
             return 0

@@ -1,9 +1,12 @@
 """Wait-avoiding group allreduce against the blocking group allreduce and a global Allreduce."""
 
+from __future__ import annotations
+
 import argparse
 import os
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -174,7 +177,7 @@ def default_group_size(size):
     return 1 << (((size.bit_length() - 1) + 1) // 2)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 8 .venv/bin/python -m mpi4py -m collectives.bench wagma",
         description="Time per iteration of the wait-avoiding group allreduce, the "

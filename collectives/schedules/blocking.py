@@ -1,7 +1,12 @@
 """Blocking Allreduce, ReduceScatter and Allgather over our point-to-point schedules."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Literal, cast, get_args
+
 from ..agreement import check_arguments
-from ..buffers import describe
+from ..buffers import Buffer, BufferInfo, BufferT, describe
 from .halving_doubling import (
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
@@ -12,12 +17,22 @@ from .library import library_allreduce, library_allreduce_in_place, library_dtyp
 from .partition import block_offsets
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from .tuning import TuningTable
+
 __all__ = [
     "ALLGATHER_ALGORITHMS",
     "ALLREDUCE_ALGORITHMS",
     "ALLREDUCE_CHOICES",
+    "AllgatherAlgorithm",
+    "AllreduceAlgorithm",
+    "AllreduceChoice",
+    "AllreduceSchedule",
     "OPS",
+    "Op",
     "REDUCE_SCATTER_ALGORITHMS",
+    "ReduceScatterAlgorithm",
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
@@ -30,9 +45,21 @@ __all__ = [
 
 #: Reduction operations, ``sum`` or ``avg`` (the sum divided by the number
 #: of contributions, floating-point buffers only).
-OPS = ("sum", "avg")
+Op = Literal["sum", "avg"]
+OPS: tuple[Op, ...] = get_args(Op)
 
-ALLREDUCE_ALGORITHMS = {
+#: Our allreduce schedules, the keys of :data:`ALLREDUCE_ALGORITHMS`.
+AllreduceSchedule = Literal["ring", "rhd", "recursive_doubling"]
+#: What ``allreduce(algorithm=...)`` runs: ours or ``"mpi"``, the keys of :data:`ALLREDUCE_CHOICES`.
+AllreduceChoice = Literal[AllreduceSchedule, "mpi"]
+#: What ``allreduce(algorithm=...)`` accepts: a choice or ``"auto"`` (:func:`choose_allreduce`).
+AllreduceAlgorithm = Literal[AllreduceChoice, "auto"]
+#: What ``reduce_scatter(algorithm=...)`` accepts, the keys of :data:`REDUCE_SCATTER_ALGORITHMS`.
+ReduceScatterAlgorithm = Literal["ring", "recursive_halving"]
+#: What ``allgather(algorithm=...)`` accepts, the keys of :data:`ALLGATHER_ALGORITHMS`.
+AllgatherAlgorithm = Literal["ring", "recursive_doubling"]
+
+ALLREDUCE_ALGORITHMS: dict[AllreduceSchedule, Callable[..., None]] = {
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "recursive_doubling": recursive_doubling_allreduce,
@@ -40,15 +67,16 @@ ALLREDUCE_ALGORITHMS = {
 #: What ``allreduce(algorithm=...)`` accepts besides ``"auto"``, our
 #: schedules and ``"mpi"``, the library's own ``MPI_Allreduce``
 #: (:func:`~collectives.schedules.library.library_allreduce`; float32, float64, int32 and int64 only).
-ALLREDUCE_CHOICES = {**ALLREDUCE_ALGORITHMS, "mpi": library_allreduce}
+ALLREDUCE_CHOICES: dict[AllreduceChoice, Callable[..., None]] = dict(ALLREDUCE_ALGORITHMS.items())
+ALLREDUCE_CHOICES["mpi"] = library_allreduce
 # What auto may pick from a tuning table: all, or ours alone for a dtype the library cannot sum.
 _AUTO_WITH_LIBRARY, _AUTO_OURS = tuple(ALLREDUCE_CHOICES), tuple(ALLREDUCE_ALGORITHMS)
 #: The reduce-scatter schedules, by the name ``reduce_scatter(algorithm=...)`` takes.
-REDUCE_SCATTER_ALGORITHMS = {
+REDUCE_SCATTER_ALGORITHMS: dict[ReduceScatterAlgorithm, Callable[..., None]] = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,
 }
-ALLGATHER_ALGORITHMS = {
+ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
     "ring": ring_allgather,
     "recursive_doubling": recursive_doubling_allgather,
 }
@@ -61,7 +89,9 @@ ALLGATHER_ALGORITHMS = {
 SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
-def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32") -> str:
+def choose_allreduce(
+    nbytes: int, size: int, tuning: TuningTable | None = None, dtype: str = "float32"
+) -> AllreduceChoice:
     """The schedule ``algorithm="auto"`` runs for ``nbytes`` of ``dtype`` on ``size`` ranks.
 
     With a tuning table (:mod:`.tuning`, measured for this library, rank
@@ -79,20 +109,20 @@ def choose_allreduce(nbytes: int, size: int, tuning=None, dtype: str = "float32"
         allowed = _AUTO_OURS if library_dtype_problem(dtype) else _AUTO_WITH_LIBRARY
         measured = tuning.fastest(nbytes, allowed)
         if measured:
-            return measured
+            return cast(AllreduceChoice, measured)  # one of allowed
     if nbytes < SMALL_ALLREDUCE_BYTES:
         return "recursive_doubling"
     return "rhd" if size & (size - 1) == 0 else "ring"
 
 
-def choice_problem(name, value, choices):
+def choice_problem(name: str, value: object, choices: Collection[object]) -> str | None:
     """None if ``value`` is one of ``choices``, else a sentence naming both."""
     if value in choices:
         return None
     return f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
 
 
-def reduction_problem(info, algorithm, algorithms, op):
+def reduction_problem(info: BufferInfo, algorithm: object, algorithms: Collection[str], op: object) -> str | None:
     """The first problem with a reduction's arguments, or None.
 
     ``info`` comes from :func:`~collectives.buffers.describe`; ``algorithm``
@@ -136,7 +166,9 @@ def _scale(op, comm):
     return 1.0 / comm.size if op == "avg" else None
 
 
-def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
+def allreduce(
+    data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum", check: bool = True
+) -> BufferT:
     """Reduce ``data`` over all ranks of ``comm``, in place.
 
     On return every rank's ``data`` holds the element-wise sum (``op="sum"``)
@@ -171,7 +203,14 @@ def allreduce(data, *, comm, algorithm="auto", op="sum", check=True):
     return data
 
 
-def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
+def reduce_scatter(
+    data: Buffer,
+    *,
+    comm: Communicator,
+    algorithm: ReduceScatterAlgorithm = "ring",
+    op: Op = "sum",
+    check: bool = True,
+) -> tuple[int, int]:
     """Leave block ``comm.rank`` of ``data`` reduced over all ranks, in place.
 
     ``data`` is cut into ``comm.size`` blocks by
@@ -192,7 +231,9 @@ def reduce_scatter(data, *, comm, algorithm="ring", op="sum", check=True):
     return off[comm.rank], off[comm.rank + 1]
 
 
-def allgather(data, *, comm, algorithm="ring", check=True):
+def allgather(
+    data: BufferT, *, comm: Communicator, algorithm: AllgatherAlgorithm = "ring", check: bool = True
+) -> BufferT:
     """Copy block ``comm.rank`` of ``data`` to every rank, in place.
 
     On entry block ``r`` of rank ``r``'s ``data`` (blocks as in
@@ -211,7 +252,7 @@ def allgather(data, *, comm, algorithm="ring", check=True):
     return data
 
 
-def broadcast(data, *, comm, root=0, check=True):
+def broadcast(data: BufferT, *, comm: Communicator, root: int = 0, check: bool = True) -> BufferT:
     """Copy ``data`` of rank ``root`` to every rank, in place (``MPI_Bcast``).
 
     Args:

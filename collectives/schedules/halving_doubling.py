@@ -9,7 +9,15 @@ for one or two real ranks, and owns their blocks, which are contiguous, so the
 halving can still split the buffer into contiguous halves of whole blocks.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .partition import block_offsets
+
+if TYPE_CHECKING:
+    from ..buffers import FlatBuffer
+    from ..comm import Communicator
 
 __all__ = [
     "recursive_doubling_allgather",
@@ -36,6 +44,8 @@ class _Fold:
     def __init__(self, rank: int, size: int):
         self.p2 = 1 << (size.bit_length() - 1)
         self.rem = size - self.p2
+        self.vrank: int | None
+        self.partner: int | None
         if rank < 2 * self.rem:
             self.vrank = rank // 2 if rank % 2 else None
             self.partner = rank - 1 if rank % 2 else rank + 1
@@ -129,7 +139,7 @@ def _doubling(buf, comm, fold, voff):
         mask <<= 1
 
 
-def recursive_halving_reduce_scatter(buf, comm, scale=None):
+def recursive_halving_reduce_scatter(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """Leave block ``rank`` of ``buf`` reduced over all ranks (in place).
 
     log2 p2 steps of halving (plus the fold for p that is not a power of
@@ -149,7 +159,7 @@ def recursive_halving_reduce_scatter(buf, comm, scale=None):
         _unfold(buf, comm, fold, off[q], off[q + 1])
 
 
-def recursive_doubling_allgather(buf, comm):
+def recursive_doubling_allgather(buf: FlatBuffer, comm: Communicator) -> None:
     """Copy block ``rank`` of ``buf`` to every rank (in place).
 
     Ranks that sit out first hand their block to their partner; the survivors
@@ -170,7 +180,7 @@ def recursive_doubling_allgather(buf, comm):
     _unfold(buf, comm, fold)
 
 
-def rhd_allreduce(buf, comm, scale=None):
+def rhd_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """Rabenseifner's Allreduce: recursive halving, then recursive doubling.
 
     2 log2 p2 steps (plus the fold), each survivor sending 2(p2 - 1)/p2 of
@@ -189,7 +199,7 @@ def rhd_allreduce(buf, comm, scale=None):
     _unfold(buf, comm, fold)
 
 
-def recursive_doubling_allreduce(buf, comm, scale=None):
+def recursive_doubling_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """Allreduce by exchanging the whole buffer with v ^ mask, log2 p2 times.
 
     Latency-optimal (log2 p2 messages) at the price of sending the whole

@@ -9,16 +9,29 @@ numpy or torch, the library needs an MPI datatype with a sum: float16 and
 bfloat16 have none in MPI 3.1, so they stay with our schedules.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 from mpi4py import MPI
+
+if TYPE_CHECKING:
+    from ..buffers import Buffer, FlatBuffer
+    from ..comm import Communicator
 
 __all__ = ["LIBRARY_DTYPES", "library_allreduce", "library_allreduce_in_place", "library_dtype_problem"]
 
 #: dtype name -> the MPI datatype the library reduces it as.
-LIBRARY_DTYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int32": MPI.INT32_T, "int64": MPI.INT64_T}
+LIBRARY_DTYPES: dict[str, MPI.Datatype] = {
+    "float32": MPI.FLOAT,
+    "float64": MPI.DOUBLE,
+    "int32": MPI.INT32_T,
+    "int64": MPI.INT64_T,
+}
 
 
-def library_dtype_problem(dtype: str):
+def library_dtype_problem(dtype: str) -> str | None:
     """None if the library can sum ``dtype``, else a sentence saying it cannot."""
     if dtype in LIBRARY_DTYPES:
         return None
@@ -28,7 +41,7 @@ def library_dtype_problem(dtype: str):
     )
 
 
-def library_allreduce(buf, comm, scale=None):
+def library_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
     ``scale`` (averaging) on every rank alike: the schedule form, on a
     :class:`~collectives.buffers.FlatBuffer` (CUDA tensors, staged or not)."""
@@ -37,7 +50,7 @@ def library_allreduce(buf, comm, scale=None):
         buf.scale_(0, buf.numel, scale)
 
 
-def library_allreduce_in_place(data, comm, scale=None):
+def library_allreduce_in_place(data: Buffer, comm: Communicator, scale: float | None = None) -> bool:
     """:func:`library_allreduce` on the caller's numpy array or CPU tensor
     itself, without the flat-buffer view: the library's call is what
     ``auto`` chose where it is fastest, mostly for small buffers, where a few

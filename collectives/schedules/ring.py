@@ -1,6 +1,14 @@
 """Ring ReduceScatter, Allgather and Allreduce on point-to-point messages."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from .partition import block_offsets
+
+if TYPE_CHECKING:
+    from ..buffers import FlatBuffer
+    from ..comm import Communicator
 
 __all__ = ["ring_allgather", "ring_allreduce", "ring_reduce_scatter"]
 
@@ -12,7 +20,7 @@ _TAG_REDUCE_SCATTER = 11
 _TAG_ALLGATHER = 12
 
 
-def ring_reduce_scatter(buf, comm, scale=None):
+def ring_reduce_scatter(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """Leave block ``rank`` of ``buf`` reduced over all ranks (in place).
 
     p - 1 steps; in step s rank r sends block (r - s - 1) mod p to r + 1 and
@@ -35,7 +43,7 @@ def ring_reduce_scatter(buf, comm, scale=None):
         buf.scale_(off[r], off[r + 1], scale)
 
 
-def ring_allgather(buf, comm):
+def ring_allgather(buf: FlatBuffer, comm: Communicator) -> None:
     """Copy block ``rank`` of ``buf`` to every rank (in place).
 
     p - 1 steps; in step s rank r forwards block (r - s) mod p to r + 1 and
@@ -49,7 +57,7 @@ def ring_allgather(buf, comm):
         comm.exchange(buf.msg(off[out], off[out + 1]), right, buf.msg(off[into], off[into + 1]), left, _TAG_ALLGATHER)
 
 
-def ring_allreduce(buf, comm, scale=None):
+def ring_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """Ring Allreduce: ring ReduceScatter, then ring Allgather.
 
     2(p - 1) steps, each rank sending 2(p - 1)/p of the buffer: the

@@ -24,11 +24,15 @@ takes the same decision even where their file systems or environments differ
 (a decision that differed across ranks would deadlock the schedules).
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 import re
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 from mpi4py import MPI
 
@@ -49,7 +53,7 @@ TUNING_ENV = "COLLECTIVES_TUNING"
 DEFAULT_TUNING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tuning")
 
 
-def node_shape(comm) -> tuple:
+def node_shape(comm: MPI.Intracomm) -> tuple[int, int]:
     """``(nodes, ranks per node)`` of ``comm``: collective. Ranks per node is
     the most on any node (a table measured on 2 x 4 ranks applies to 2 x 4)."""
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -60,7 +64,7 @@ def node_shape(comm) -> tuple:
         local.Free()
 
 
-def tuning_setting(comm) -> dict:
+def tuning_setting(comm: MPI.Intracomm) -> dict[str, Any]:
     """What a table is keyed by, for ``comm`` (collective: :func:`node_shape`):
     ``{"library", "version", "ranks", "nodes", "ranks_per_node"}``."""
     library, version, _ = mpi_library()
@@ -85,12 +89,12 @@ class TuningTable:
         source: the file it came from.
     """
 
-    def __init__(self, record: dict, source: str = ""):
+    def __init__(self, record: Mapping[str, Any], source: str = "") -> None:
         self.sizes = [int(s) for s in record["sizes_bytes"]]
         self.seconds = {name: [float(t) for t in times] for name, times in record["median_seconds"].items()}
         self.setting = {key: record[key] for key in ("library", "version", "ranks", "nodes", "ranks_per_node")}
         self.source = source
-        self._chosen = {}
+        self._chosen: dict[tuple[int, tuple[str, ...]], str | None] = {}
         if (
             not self.sizes
             or self.sizes != sorted(self.sizes)
@@ -100,7 +104,7 @@ class TuningTable:
                 f"tuning table {source or record}: sizes must ascend and every algorithm must have one time per size"
             )
 
-    def fastest(self, nbytes: int, allowed: tuple) -> str:
+    def fastest(self, nbytes: int, allowed: tuple[str, ...]) -> str | None:
         """The fastest of ``allowed`` (a tuple of names) at the measured size nearest ``nbytes``
         (log scale), or None if the table measured none of them."""
         key = (nbytes, allowed)
@@ -111,7 +115,7 @@ class TuningTable:
             self._chosen[key] = min(candidates, key=lambda name: self.seconds[name][index]) if candidates else None
         return self._chosen[key]
 
-    def to_record(self) -> dict:
+    def to_record(self) -> dict[str, Any]:
         return {**self.setting, "sizes_bytes": self.sizes, "median_seconds": self.seconds}
 
 
@@ -144,7 +148,7 @@ def _find(location, setting):
     return table
 
 
-def load_tuning(comm):
+def load_tuning(comm: MPI.Intracomm) -> TuningTable | None:
     """The tuning table for ``comm``'s setting, or None: collective over
     ``comm`` (rank 0 reads, everyone gets its answer; a table for another
     setting is ignored with a warning on rank 0).

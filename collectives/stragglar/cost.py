@@ -5,22 +5,22 @@ import math
 __all__ = ["break_even_lead", "broadcast_time", "rhd_time", "ring_time", "stragglar_time"]
 
 
-def ring_time(n, size, alpha, beta):
+def ring_time(n: int, size: float, alpha: float, beta: float) -> float:
     """Ring: 2(n-1) alpha + 2(n-1)/n s beta."""
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size * beta
 
 
-def rhd_time(n, size, alpha, beta):
+def rhd_time(n: int, size: float, alpha: float, beta: float) -> float:
     """Recursive halving/doubling: 2 log2 n alpha + 2(n-1)/n s beta."""
     return 2 * math.log2(n) * alpha + 2 * (n - 1) / n * size * beta
 
 
-def broadcast_time(n, size, alpha, beta):
+def broadcast_time(n: int, size: float, alpha: float, beta: float) -> float:
     """Straggler-aware broadcast baseline: log2 n (alpha + s beta)."""
     return math.log2(n) * (alpha + size * beta)
 
 
-def stragglar_time(n, size, alpha, beta, rounds):
+def stragglar_time(n: int, size: float, alpha: float, beta: float, rounds: int) -> float:
     """StragglAR with a schedule of ``rounds`` rounds: R alpha + R/(n-1) s beta.
 
     Like the paper, it assumes the straggler's delay hides the ReduceScatter.
@@ -28,7 +28,7 @@ def stragglar_time(n, size, alpha, beta, rounds):
     return rounds * alpha + rounds / (n - 1) * size * beta
 
 
-def break_even_lead(n, rounds):
+def break_even_lead(n: int, rounds: int) -> float:
     """The straggler's lead, as a fraction of the ring allreduce's time, from
     which StragglAR with it as the straggler beats the ring (bandwidth terms
     of Table 1, large buffers).

@@ -1,6 +1,14 @@
 """Figures of StragglAR schedules and of the cost model (matplotlib, PNG)."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from .schedule import Schedule
 
 __all__ = ["plot_schedule", "plot_speedup", "schedule_grid"]
 
@@ -16,7 +24,7 @@ def _pyplot():
     return plt
 
 
-def schedule_grid(schedule) -> np.ndarray:
+def schedule_grid(schedule: Schedule) -> np.ndarray:
     """[round, rank] -> the chunk the rank receives in that round, -1 for none.
 
     Reductions (the straggler's exchanges) and copies are told apart by
@@ -29,7 +37,7 @@ def schedule_grid(schedule) -> np.ndarray:
     return grid
 
 
-def plot_schedule(schedule, path: str):
+def plot_schedule(schedule: Schedule, path: str) -> None:
     """Rounds by ranks, like Figure 4a of the StragglAR paper: each cell
     shows the chunk a rank receives in a round and from whom; hatched cells
     are the exchanges with the straggler (reductions)."""
@@ -57,7 +65,7 @@ def plot_schedule(schedule, path: str):
     plt.close(fig)
 
 
-def plot_speedup(ns, speedups: dict, path: str, title: str):
+def plot_speedup(ns: Sequence[int], speedups: Mapping[str, Sequence[float]], path: str, title: str) -> None:
     """Speedup of StragglAR over each baseline against n (Figure 6b)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))

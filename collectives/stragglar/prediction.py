@@ -55,12 +55,17 @@ and floats, so the simulator compiles the same two functions with numba
 (:mod:`wagma.sim.kernels`).
 """
 
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["StragglerPredictor", "predicted_rank", "predictor_problem", "update_scores"]
 
 
-def update_scores(frequency, lead_seconds, arrivals, decay):
+def update_scores(
+    frequency: np.ndarray, lead_seconds: np.ndarray, arrivals: np.ndarray, decay: float
+) -> tuple[int, float]:
     """Fold one synchronization's ``arrivals`` (seconds per rank) into the
     scores, in place; returns ``(last, lead)`` of this synchronization."""
     last = 0
@@ -80,7 +85,7 @@ def update_scores(frequency, lead_seconds, arrivals, decay):
     return last, lead
 
 
-def predicted_rank(frequency, lead_seconds, confidence, min_lead_s):
+def predicted_rank(frequency: np.ndarray, lead_seconds: np.ndarray, confidence: float, min_lead_s: float) -> int:
     """The confident prediction for the next synchronization, or -1."""
     p = 0
     for r in range(frequency.size):
@@ -111,17 +116,17 @@ class StragglerPredictor:
         hits: of those, the ones whose predicted rank did arrive last.
     """
 
-    def __init__(self, ranks, *, decay=0.25, confidence=0.5, min_lead_s=0.0):
+    def __init__(self, ranks: int, *, decay: float = 0.25, confidence: float = 0.5, min_lead_s: float = 0.0) -> None:
         problem = predictor_problem(ranks, decay, confidence, min_lead_s)
         if problem:
             raise ValueError(problem)
         self.ranks, self.decay, self.confidence, self.min_lead_s = ranks, decay, confidence, min_lead_s
         self.frequency = np.zeros(ranks)
         self.lead_seconds = np.zeros(ranks)
-        self.straggler = None
+        self.straggler: int | None = None
         self.observed = self.predicted = self.hits = 0
 
-    def observe(self, arrivals):
+    def observe(self, arrivals: ArrayLike) -> tuple[int, int, float]:
         """Fold in one synchronization; returns ``(predicted, last, lead)``
         where ``predicted`` is the prediction it was run with (-1: none)."""
         arrivals = np.asarray(arrivals, dtype=np.float64)
@@ -142,14 +147,14 @@ class StragglerPredictor:
         """Hits over synchronizations run with a prediction (NaN before any)."""
         return self.hits / self.predicted if self.predicted else float("nan")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"StragglerPredictor(P={self.ranks}, straggler={self.straggler}, "
             f"{self.hits}/{self.predicted} hits over {self.observed} synchronizations)"
         )
 
 
-def predictor_problem(ranks, decay, confidence, min_lead_s):
+def predictor_problem(ranks: object, decay: object, confidence: object, min_lead_s: object) -> str | None:
     """The first bad argument of :class:`StragglerPredictor` as a sentence, or None."""
     if isinstance(ranks, bool) or not isinstance(ranks, (int, np.integer)) or ranks < 1:
         return f"ranks must be an int >= 1, got {ranks!r}"

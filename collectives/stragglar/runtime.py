@@ -19,15 +19,24 @@ like the ring and RHD allreduce of :mod:`collectives.schedules.blocking`, so
 that benchmarks compare algorithms and not transports.
 """
 
+from __future__ import annotations
+
 import functools
+from typing import Literal, Self, get_args
 
 import numpy as np
 from mpi4py import MPI
 
 from ..agreement import agree
-from ..buffers import describe
+from ..buffers import Buffer, BufferT, describe
 from ..comm import Communicator
-from ..schedules.blocking import REDUCE_SCATTER_ALGORITHMS, choice_problem, reduction_problem
+from ..schedules.blocking import (
+    REDUCE_SCATTER_ALGORITHMS,
+    Op,
+    ReduceScatterAlgorithm,
+    choice_problem,
+    reduction_problem,
+)
 from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
@@ -35,10 +44,11 @@ from .generator import generate
 from .schedule import Schedule
 from .verify import verify
 
-__all__ = ["STRAGGLER_AWARE_ALGORITHMS", "StragglerAwareAllreduce", "stragglar_allreduce"]
+__all__ = ["STRAGGLER_AWARE_ALGORITHMS", "StragglerAwareAlgorithm", "StragglerAwareAllreduce", "stragglar_allreduce"]
 
 #: Straggler-aware allreduce algorithms of :class:`StragglerAwareAllreduce`.
-STRAGGLER_AWARE_ALGORITHMS = ("stragglar", "broadcast")
+StragglerAwareAlgorithm = Literal["stragglar", "broadcast"]
+STRAGGLER_AWARE_ALGORITHMS: tuple[StragglerAwareAlgorithm, ...] = get_args(StragglerAwareAlgorithm)
 
 # Tags on the data channel; every call is blocking and every rank walks the
 # rounds in the same order, so one tag per phase suffices (see ring.py).
@@ -97,13 +107,13 @@ class StragglerAwareAllreduce:
         self,
         comm: Communicator,
         straggler: int,
-        template,
+        template: Buffer,
         *,
-        algorithm: str = "stragglar",
-        op: str = "sum",
+        algorithm: StragglerAwareAlgorithm = "stragglar",
+        op: Op = "sum",
         schedule: Schedule | None = None,
-        reduce_scatter: str = "ring",
-    ):
+        reduce_scatter: ReduceScatterAlgorithm = "ring",
+    ) -> None:
         info = describe(template)
         problem = (
             reduction_problem(info, reduce_scatter, REDUCE_SCATTER_ALGORITHMS, op)
@@ -131,11 +141,12 @@ class StragglerAwareAllreduce:
         self._chunks = block_offsets(self.numel, max(comm.size - 1, 1))
         self._steps = _my_steps(schedule, comm.rank, self._chunks) if schedule else []
         raw = comm.control.Split(MPI.UNDEFINED if comm.rank == straggler else 0, comm.rank)
-        self.peers = None if raw == MPI.COMM_NULL else Communicator(raw)
+        # mpi4py's stub types Split as returning a Comm; an Intracomm's gives an Intracomm.
+        self.peers = None if raw == MPI.COMM_NULL else Communicator(raw)  # type: ignore[arg-type]
         if raw != MPI.COMM_NULL:
             raw.Free()
 
-    def __call__(self, data, *, check: bool = True):
+    def __call__(self, data: BufferT, *, check: bool = True) -> BufferT:
         """Reduce ``data`` (shaped like the template) over all ranks, in place.
 
         Args:
@@ -213,26 +224,26 @@ class StragglerAwareAllreduce:
                 self.comm.recv(whole, order[me - span], _TAG_BROADCAST)
             span *= 2
 
-    def close(self):
+    def close(self) -> None:
         """Free the non-stragglers' communicator (collective over them)."""
         if self.peers is not None:
             self.peers.close()
             self.peers = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"StragglerAwareAllreduce({self.algorithm}, n={self.comm.size}, "
             f"straggler={self.straggler}, {self.numel} x {self.dtype}, op={self.op})"
         )
 
 
-def stragglar_allreduce(data, *, comm: Communicator, straggler: int, op: str = "sum"):
+def stragglar_allreduce(data: BufferT, *, comm: Communicator, straggler: int, op: Op = "sum") -> BufferT:
     """One StragglAR allreduce of ``data`` in place, planning and freeing the
     plan around it (collective, a communicator split each time): use
     :class:`StragglerAwareAllreduce` for repeated calls."""

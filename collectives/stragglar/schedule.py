@@ -1,6 +1,7 @@
 """A StragglAR schedule as data: rounds of chunk transfers, with JSON import and export."""
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["Schedule", "Transfer"]
@@ -39,8 +40,8 @@ class Schedule:
     n: int
     #: The straggler's rank.
     straggler: int
-    #: A tuple per round of :class:`Transfer`.
-    rounds: tuple
+    #: A tuple per round of :class:`Transfer` (made a tuple of tuples).
+    rounds: Sequence[Sequence[Transfer]]
 
     def __post_init__(self):
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 2:

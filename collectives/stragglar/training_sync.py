@@ -67,19 +67,30 @@ Every synchronization is logged: :attr:`PredictedStragglerSync.log` rows of
 allreduce ran).
 """
 
+from __future__ import annotations
+
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import numpy as np
 
-from ..buffers import describe
-from ..schedules.blocking import allreduce
+from ..buffers import Buffer, BufferT, describe
+from ..schedules.blocking import Op, allreduce
 from .cost import break_even_lead
 from .generator import lower_bound
 from .prediction import StragglerPredictor
 from .runtime import StragglerAwareAllreduce
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..comm import Communicator
+
 __all__ = ["PredictedStragglerSync"]
+
+_Buffers = TypeVar("_Buffers", bound=Iterable[Buffer])
 
 
 class PredictedStragglerSync:
@@ -118,14 +129,23 @@ class PredictedStragglerSync:
     #: Column names of :attr:`log`'s rows.
     COLUMNS = ("sync", "predicted", "last", "lead_s", "min_lead_s")
 
-    def __init__(self, comm, templates, *, op="avg", fallback=None, cached_plans=4, **predictor):
+    def __init__(
+        self,
+        comm: Communicator,
+        templates: Iterable[Buffer],
+        *,
+        op: Op = "avg",
+        fallback: Callable[[Buffer], object] | None = None,
+        cached_plans: int = 4,
+        **predictor: float,
+    ) -> None:
         if isinstance(cached_plans, bool) or not isinstance(cached_plans, int) or cached_plans < 1:
             raise ValueError(f"cached_plans must be an int >= 1, got {cached_plans!r}")
         self.comm, self.op = comm, op
         self.predictor = StragglerPredictor(comm.size, **predictor)
         self._fallback = fallback or (lambda buf: allreduce(buf, comm=comm, op=op, check=False))
-        self._plans = OrderedDict()  # (straggler, numel, dtype) -> StragglerAwareAllreduce
-        self._templates = {}  # (numel, dtype) -> a buffer of that shape
+        self._plans: OrderedDict[tuple[int | None, int, str], StragglerAwareAllreduce] = OrderedDict()
+        self._templates: dict[tuple[int, str], Buffer] = {}  # (numel, dtype) -> a buffer of that shape
         for template in templates:
             info = describe(template)
             self._templates.setdefault((info.numel, info.dtype), template)
@@ -135,17 +155,17 @@ class PredictedStragglerSync:
         self._reduce_s = (float("nan"),) * 2  # this rank's T and F at its last fallback synchronization
         self._mine = np.zeros(3)
         self._received = np.zeros((comm.size, 3))
-        self._request = None
+        self._request: MPI.Request | None = None
         self._ran_stragglar = False
-        self.log = []
+        self.log: list[tuple[int, int, int, float, float]] = []
         self._left = time.perf_counter()
 
     @property
-    def straggler(self):
+    def straggler(self) -> int | None:
         """The rank the next synchronization plans for, or None."""
         return self.predictor.straggler
 
-    def begin(self, arrival_s: float = None, reduction_started: float = None):
+    def begin(self, arrival_s: float | None = None, reduction_started: float | None = None) -> None:
         """A synchronization begins: this rank's arrival goes out
         (nonblocking).  ``arrival_s`` overrides the measured one (seconds
         since the last :meth:`end`) - for tests and replayed traces;
@@ -161,7 +181,7 @@ class PredictedStragglerSync:
         self._ran_stragglar = self.straggler is not None
         self._began = entered
 
-    def reduce(self, buffer):
+    def reduce(self, buffer: BufferT) -> BufferT:
         """Reduce ``buffer`` over all ranks in place: StragglAR with the
         predicted straggler if there is one, else the fallback."""
         if self._request is None:
@@ -177,10 +197,11 @@ class PredictedStragglerSync:
             plan(buffer, check=False)
         return buffer
 
-    def end(self):
+    def end(self) -> None:
         """The synchronization ends: every rank's arrival in, the predictor
         updated (the same on every rank), the next one's plans built."""
         reduced = time.perf_counter()
+        assert self._request is not None, "end() without begin()"
         self._request.Wait()
         self._request = None
         arrivals = self._received[:, 0]
@@ -210,7 +231,7 @@ class PredictedStragglerSync:
             old.close()
         self._plans[key] = StragglerAwareAllreduce(self.comm, key[0], template, op=self.op)
 
-    def __call__(self, buffers, arrival_s: float = None):
+    def __call__(self, buffers: _Buffers, arrival_s: float | None = None) -> _Buffers:
         """One whole synchronization of ``buffers``: begin, reduce each, end."""
         self.begin(arrival_s)
         for buffer in buffers:
@@ -222,16 +243,16 @@ class PredictedStragglerSync:
         """:attr:`log` as a float array, columns :attr:`COLUMNS`."""
         return np.asarray(self.log, dtype=np.float64).reshape(-1, len(self.COLUMNS))
 
-    def close(self):
+    def close(self) -> None:
         """Free the plans (collective)."""
         while self._plans:
             self._plans.popitem(last=False)[1].close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"PredictedStragglerSync(n={self.comm.size}, op={self.op}, {self.predictor!r})"

@@ -31,7 +31,7 @@ def verify(schedule: Schedule) -> Schedule:
     # 1024 ranks are then one machine-word loop instead of a hash-set walk.
     everyone = (1 << n) - 1
     others = everyone & ~(1 << s)
-    state = [[None] * schedule.num_chunks for _ in range(n)]
+    state: list[list[int | None]] = [[None] * schedule.num_chunks for _ in range(n)]
     for chunk in range(schedule.num_chunks):
         state[schedule.owner(chunk)][chunk] = others
         state[s][chunk] = 1 << s

@@ -14,20 +14,27 @@ from .collective import (
     ACTIVATIONS,
     LATE,
     WAITS,
+    Activation,
     GroupResult,
+    Late,
     WaitAvoidingGroupAllreduce,
+    Waits,
     majority_allreduce,
     resolve_waits,
     solo_allreduce,
 )
-from .group_allreduce import group_allreduce
+from .group_allreduce import GroupAllreduceAlgorithm, group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
 
 __all__ = [
     "ACTIVATIONS",
+    "Activation",
     "LATE",
+    "Late",
     "WAITS",
+    "Waits",
     "ButterflyGrouping",
+    "GroupAllreduceAlgorithm",
     "GroupResult",
     "WaitAvoidingGroupAllreduce",
     "butterfly_groups",

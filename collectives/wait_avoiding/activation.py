@@ -52,17 +52,17 @@ class ActivationState:
     at most d re-sends.
     """
 
-    def __init__(self, rank: int, world_size: int, target: int = -1):
+    def __init__(self, rank: int, world_size: int, target: int = -1) -> None:
         self.rank = rank
         self.dims = world_size.bit_length() - 1
         self.target = target  # highest version activated on this rank
         self.low = self.dims  # ``target`` was sent on every dimension > low
 
-    def activate(self, version: int):
+    def activate(self, version: int) -> list[tuple[int, int, int]]:
         """This rank activates ``version`` itself (root of its tree)."""
         return self.receive(version, -1)
 
-    def receive(self, version: int, dim: int):
+    def receive(self, version: int, dim: int) -> list[tuple[int, int, int]]:
         """An activation for ``version`` arrived through dimension ``dim``.
 
         Returns the messages to send, as ``(peer, version, dim)``.
@@ -76,10 +76,10 @@ class ActivationState:
             return sends
         return []
 
-    def _along(self, first: int, stop: int):
+    def _along(self, first: int, stop: int) -> list[tuple[int, int, int]]:
         return [(self.rank ^ (1 << j), self.target, j) for j in range(first, stop)]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ActivationState(rank={self.rank}, target={self.target}, low={self.low})"
 
 
@@ -104,13 +104,14 @@ class RandomActivators:
 
     _BLOCK = 1024
 
-    def __init__(self, seed: int, size: int):
+    def __init__(self, seed: int, size: int) -> None:
         self.seed, self.size = seed, size
-        self._block, self._ranks = None, None
+        self._block: int | None = None
+        self._ranks: np.ndarray | None = None
 
     def __call__(self, version: int) -> int:
         block, index = divmod(version, self._BLOCK)
-        if block != self._block:
+        if block != self._block or self._ranks is None:  # (None only before the first block)
             rng = np.random.default_rng([self.seed, block])
             self._block, self._ranks = block, rng.integers(self.size, size=self._BLOCK)
         return int(self._ranks[index])

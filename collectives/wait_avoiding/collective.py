@@ -1,26 +1,33 @@
 """The wait-avoiding group allreduce of WAGMA-SGD (section 3.1) and eager-SGD's partial collectives."""
 
+from __future__ import annotations
+
 import atexit
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, Literal, Self, get_args
 
 import numpy as np
 from mpi4py import MPI
 
 from ..agreement import agree
 from ..backoff import Backoff
-from ..buffers import describe
+from ..buffers import LikeT, describe
 from ..comm import Communicator, node_oversubscribed
-from ..schedules.blocking import allreduce, reduction_problem
+from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
-from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, choose_group_allreduce
+from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
 
 __all__ = [
     "ACTIVATIONS",
+    "Activation",
     "GroupResult",
     "LATE",
+    "Late",
     "WAITS",
+    "Waits",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
     "resolve_waits",
@@ -36,24 +43,27 @@ __all__ = [
 #: version v (rank v mod P) once ceil(P/2) ranks have arrived (the WAGMA
 #: paper's description of eager-SGD, section 2.2: "allowing at most half
 #: processors to contribute stale gradients").
-ACTIVATIONS = ("first", "random", "half")
+Activation = Literal["first", "random", "half"]
+ACTIVATIONS: tuple[Activation, ...] = get_args(Activation)
 
 #: What becomes of a late contribution, one published after its version
 #: began, when contributions are consumed (gradients): ``"drop"`` (it is
 #: discarded), ``"newest"`` (it enters the next version unless a newer one
 #: replaces it first), ``"accumulate"`` (it enters the next version, summed
 #: with every later one that version has not read yet).
-LATE = ("drop", "newest", "accumulate")
+Late = Literal["drop", "newest", "accumulate"]
+LATE: tuple[Late, ...] = get_args(Late)
 
 #: How the executions the main thread waits for wait for their transfers:
 #: ``"spin"`` in ``MPI_Waitall`` (a core per rank), ``"yield"`` testing with a
 #: back-off (more ranks than cores: a spinning rank takes the core a passive
 #: partner's progress thread needs), ``"auto"`` by
 #: :func:`~collectives.comm.node_oversubscribed`.
-WAITS = ("auto", "spin", "yield")
+Waits = Literal["auto", "spin", "yield"]
+WAITS: tuple[Waits, ...] = get_args(Waits)
 
 
-def resolve_waits(waits: str, comm) -> str:
+def resolve_waits(waits: Waits, comm: MPI.Intracomm) -> Literal["spin", "yield"]:
     """``"spin"`` or ``"yield"``: ``waits`` itself, or for ``"auto"`` what
     :func:`~collectives.comm.node_oversubscribed` calls for (collective over
     ``comm`` then)."""
@@ -63,14 +73,14 @@ def resolve_waits(waits: str, comm) -> str:
 
 
 @dataclass(frozen=True)
-class GroupResult:
+class GroupResult(Generic[LikeT]):
     """The outcome of one wait-avoiding group allreduce on one rank."""
 
     #: The group's sum (``op="sum"``) or mean (``op="avg"``) of
     #: version ``version``, in a buffer the caller owns from now on
     #: (never the one it passed, which the collective keeps: see
     #: :meth:`WaitAvoidingGroupAllreduce.allreduce`).
-    value: object
+    value: LikeT
     #: The iteration t.
     version: int
     #: Whether this rank's own contribution was its iteration-t
@@ -83,7 +93,7 @@ class GroupResult:
     contribution_iteration: int
 
 
-class WaitAvoidingGroupAllreduce:
+class WaitAvoidingGroupAllreduce(Generic[LikeT]):
     """Group allreduce that no rank waits for a slower rank to enter.
 
     Semantics (WAGMA-SGD, Li et al., IEEE TPDS 2021, section 3.1 and
@@ -202,23 +212,23 @@ class WaitAvoidingGroupAllreduce:
 
     def __init__(
         self,
-        comm,
-        like,
+        comm: MPI.Intracomm,
+        like: LikeT,
         *,
-        group_size,
-        tau=None,
-        op="sum",
-        activation="first",
-        activator_seed=0,
-        algorithm="auto",
-        history=0,
-        first_iteration=0,
-        waits="auto",
-        dynamic_groups=True,
-        late=None,
-    ):
+        group_size: int,
+        tau: int | None = None,
+        op: Op = "sum",
+        activation: Activation = "first",
+        activator_seed: int = 0,
+        algorithm: GroupAllreduceAlgorithm = "auto",
+        history: int = 0,
+        first_iteration: int = 0,
+        waits: Waits = "auto",
+        dynamic_groups: bool = True,
+        late: Late | None = None,
+    ) -> None:
         self._raw = comm
-        self._like = like
+        self._like: LikeT = like
         self.first_iteration = first_iteration
         self.group_size, self.tau, self.op = group_size, tau, op
         self.activation, self.algorithm = activation, algorithm
@@ -229,12 +239,14 @@ class WaitAvoidingGroupAllreduce:
         self.late = late
         #: The waits in use, ``"spin"`` or ``"yield"`` (``waits``, or what
         #: ``"auto"`` chose; None until :meth:`open`).
-        self.waits_used = None
+        self.waits_used: Literal["spin", "yield"] | None = None
         self._history = history
         self._like_info = describe(like)
         self._problem = self._check_arguments(comm.Get_size())
         self._state = "new"
-        self._main = self._progress = self._engine = None
+        self._main: Communicator | None = None
+        self._progress: Communicator | None = None
+        self._engine: ProgressEngine[LikeT] | None = None
 
     def _check_arguments(self, world_size):
         """``(message, exception type)`` for the first bad argument, or None."""
@@ -278,7 +290,7 @@ class WaitAvoidingGroupAllreduce:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def open(self):
+    def open(self) -> Self:
         """Duplicate the communicator, agree on the arguments, start the thread.
 
         Collective.  Raises on every rank, before any activation or data
@@ -338,7 +350,7 @@ class WaitAvoidingGroupAllreduce:
         self._state = "open"
         return self
 
-    def close(self):
+    def close(self) -> None:
         """Wait until no activation is in flight anywhere; stop and join the thread.
 
         Collective; every rank must have run the same iterations.
@@ -349,6 +361,7 @@ class WaitAvoidingGroupAllreduce:
         """
         if self._state != "open":
             return
+        assert self._main is not None  # opened
         self._state = "closing"
         agree(self._main, "WaitAvoidingGroupAllreduce.close", None, iterations_run=self._t)
         left = self._stop_engine() if self._engine else []
@@ -382,10 +395,12 @@ class WaitAvoidingGroupAllreduce:
         progress.close()
         return left
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self.open() if self._state == "new" else self
 
-    def __exit__(self, exc_type, exc, traceback):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
             return
@@ -399,7 +414,7 @@ class WaitAvoidingGroupAllreduce:
 
     # -- one call per iteration -------------------------------------------------
 
-    def allreduce(self, buf, t: int) -> GroupResult:
+    def allreduce(self, buf: LikeT, t: int) -> GroupResult[LikeT]:
         """The group reduction of version t; ``buf`` holds W'_t and is lent.
 
         ``buf`` becomes this rank's published contribution: every version
@@ -422,11 +437,12 @@ class WaitAvoidingGroupAllreduce:
                 published last time, or one it replaced and still uses).
         """
         self._expect(t, group=True, buffer=buf)
+        assert self._engine is not None  # open, and with group versions (tau != 1)
         value, contribution_iteration = self._engine.arrive(buf, t)
         self._t = t + 1
         return GroupResult(value, t, contribution_iteration == t, contribution_iteration)
 
-    def sync_allreduce(self, buf, t: int, op="sum"):
+    def sync_allreduce(self, buf: LikeT, t: int, op: Op = "sum") -> LikeT:
         """The blocking allreduce of a sync step over all P ranks, in place.
 
         Then publishes a copy of the result as this rank's contribution of
@@ -437,6 +453,7 @@ class WaitAvoidingGroupAllreduce:
         versions read zeros until the next call.
         """
         self._expect(t, group=False, buffer=buf)
+        assert self._main is not None  # open
         if self.late is not None and self._engine:
             self._engine.consume_into(buf)
         allreduce(buf, comm=self._main, op=op)
@@ -445,20 +462,20 @@ class WaitAvoidingGroupAllreduce:
             return buf
         return self._publish_sync(buf, t)
 
-    def sync_reduced(self, buf, t: int):
+    def sync_reduced(self, buf: LikeT, t: int) -> LikeT:
         """A sync step whose reduction over all P ranks the caller has done
         (another schedule, e.g. StragglAR with a predicted straggler):
         ``buf`` holds the result, published like :meth:`sync_allreduce`'s."""
         self._expect(t, group=False, buffer=buf)
         return self._publish_sync(buf, t)
 
-    def _publish_sync(self, buf, t):
+    def _publish_sync(self, buf: LikeT, t: int) -> LikeT:
         if self._engine:
             self._engine.publish_copy(buf, t)
         self._t = t + 1
         return buf
 
-    def _expect(self, t, *, group, buffer):
+    def _expect(self, t: int, *, group: bool, buffer: LikeT) -> None:
         if self._state != "open":
             raise RuntimeError(f"WaitAvoidingGroupAllreduce is {self._state}; call open() (or use a with block) first")
         if t != self._t:
@@ -477,12 +494,12 @@ class WaitAvoidingGroupAllreduce:
 
     # -- introspection ------------------------------------------------------------
 
-    def activator(self, t: int):
+    def activator(self, t: int) -> int | None:
         """With ``activation="random"``: the rank that activates version t,
         the same on every rank (no communication); else None."""
         return self._activators(t) if self.activation == "random" else None
 
-    def unconsumed(self):
+    def unconsumed(self) -> LikeT | None:
         """Under a ``late`` reading: a copy of this rank's contribution that no
         version has consumed yet (what it would add to the next version), or
         None; also after :meth:`close`."""
@@ -494,19 +511,21 @@ class WaitAvoidingGroupAllreduce:
         return self._state
 
     @property
-    def history(self):
+    def history(self) -> list[tuple[int, int]]:
         """``(version, contribution_iteration)`` of the versions executed here."""
         return list(self._engine.history or ()) if self._engine else []
 
 
-def _limited(limiter):
+def _limited(limiter: int) -> int | None:
     """The ``tau`` of eager-SGD's limiter: N partial versions, then a synchronous one."""
     if isinstance(limiter, bool) or not isinstance(limiter, int) or limiter < 0:
         raise ValueError(f"limiter must be an int >= 0 (0: none), got {limiter!r}")
     return limiter + 1 if limiter else None
 
 
-def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvoidingGroupAllreduce:
+def solo_allreduce(
+    comm: MPI.Intracomm, like: LikeT, *, late: Late = "drop", limiter: int = 32, **options: Any
+) -> WaitAvoidingGroupAllreduce[LikeT]:
     """Eager-SGD's solo allreduce (Li et al., PPoPP 2020): the first rank to
     arrive at a version activates it, a reduction over all P ranks; a late
     rank's contribution meets ``late`` (:data:`LATE`; ``"drop"`` is what the
@@ -528,8 +547,14 @@ def solo_allreduce(comm, like, *, late="drop", limiter=32, **options) -> WaitAvo
 
 
 def majority_allreduce(
-    comm, like, *, late="drop", activation="random", limiter=0, **options
-) -> WaitAvoidingGroupAllreduce:
+    comm: MPI.Intracomm,
+    like: LikeT,
+    *,
+    late: Late = "drop",
+    activation: Literal["random", "half"] = "random",
+    limiter: int = 0,
+    **options: Any,
+) -> WaitAvoidingGroupAllreduce[LikeT]:
     """Eager-SGD's majority allreduce: a reduction over all P ranks that one
     rank per version activates, drawn from a seeded sequence the same on
     every rank (``activation="random"``, ``activator_seed``; the reference's

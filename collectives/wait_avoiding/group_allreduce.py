@@ -1,12 +1,22 @@
 """Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
+
 from ..agreement import check_arguments
-from ..buffers import describe
-from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, reduction_problem
+from ..buffers import BufferT, FlatBuffer, describe
+from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
 from .groups import ButterflyGrouping
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
 
 __all__ = [
     "GROUP_ALLREDUCE_ALGORITHMS",
+    "GroupAllreduceAlgorithm",
+    "GroupAllreduceSchedule",
     "butterfly_halving_doubling",
     "butterfly_recursive_doubling",
     "choose_group_allreduce",
@@ -17,8 +27,20 @@ __all__ = [
 #: wait-avoiding collective passes tags that encode the version instead.
 TAG_GROUP = 31
 
+#: The butterfly schedules, the keys of :data:`GROUP_ALLREDUCE_ALGORITHMS`.
+GroupAllreduceSchedule = Literal["recursive_doubling", "halving_doubling"]
+#: What ``group_allreduce(algorithm=...)`` accepts: a schedule or ``"auto"`` (:func:`choose_group_allreduce`).
+GroupAllreduceAlgorithm = Literal[GroupAllreduceSchedule, "auto"]
 
-def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
+
+def butterfly_recursive_doubling(
+    buf: FlatBuffer,
+    comm: Communicator,
+    masks: Sequence[int],
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
     """Sum over the group spanned by ``masks`` into ``buf``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
@@ -49,7 +71,14 @@ def butterfly_recursive_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, sr
         buf.scale_(0, buf.numel, scale)
 
 
-def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=None):
+def butterfly_halving_doubling(
+    buf: FlatBuffer,
+    comm: Communicator,
+    masks: Sequence[int],
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
     """Sum over the group spanned by ``masks`` into ``buf``, halving then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
@@ -90,19 +119,29 @@ def butterfly_halving_doubling(buf, comm, masks, scale=None, tag=TAG_GROUP, src=
         lo, hi = wlo, whi
 
 
-GROUP_ALLREDUCE_ALGORITHMS = {
+GROUP_ALLREDUCE_ALGORITHMS: dict[GroupAllreduceSchedule, Callable[..., None]] = {
     "recursive_doubling": butterfly_recursive_doubling,
     "halving_doubling": butterfly_halving_doubling,
 }
 
 
-def choose_group_allreduce(nbytes: int) -> str:
+def choose_group_allreduce(nbytes: int) -> GroupAllreduceSchedule:
     """The schedule ``algorithm="auto"`` runs: recursive doubling below
     :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
     return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
 
 
-def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto", dynamic_groups=True, check=True):
+def group_allreduce(
+    data: BufferT,
+    *,
+    comm: Communicator,
+    group_size: int,
+    t: int,
+    op: Op = "sum",
+    algorithm: GroupAllreduceAlgorithm = "auto",
+    dynamic_groups: bool = True,
+    check: bool = True,
+) -> BufferT:
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
     The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
@@ -159,6 +198,7 @@ def group_allreduce(data, *, comm, group_size, t, op="sum", algorithm="auto", dy
         t=t,
         dynamic_groups=dynamic_groups,
     )
+    assert algorithm != "auto"  # chosen above unless a problem, which check_arguments raised
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from typing import SupportsIndex
 
 __all__ = [
     "ButterflyGrouping",
@@ -22,7 +23,7 @@ def is_power_of_two(n: object) -> bool:
 
     Anything that is not an integer (``bool`` and ``float`` included) answers ``False``.
     """
-    if isinstance(n, bool):
+    if isinstance(n, bool) or not isinstance(n, SupportsIndex):
         return False
     try:
         n = operator.index(n)
@@ -36,6 +37,8 @@ def _as_int(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
     try:
+        if not isinstance(value, SupportsIndex):
+            raise TypeError
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None

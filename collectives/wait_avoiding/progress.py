@@ -1,14 +1,22 @@
 """The progress thread of the wait-avoiding group allreduce: activation and execution."""
 
+from __future__ import annotations
+
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Generic
 
 import numpy as np
 from mpi4py import MPI
 
 from ..backoff import Backoff
-from ..buffers import address, copy_into, copy_of, empty_like, zeros_like
+from ..buffers import LikeT, address, copy_into, copy_of, empty_like, zeros_like
 from .activation import ActivationState, version_from_tag, version_tag
+
+if TYPE_CHECKING:
+    from ..comm import Communicator
+    from .collective import Activation, Late
 
 __all__ = ["ProgressEngine"]
 
@@ -17,7 +25,7 @@ _ACTIVATE = 0  # "activate every version up to this one", sent along dimension d
 _ARRIVE = 1  # "my main thread reached this version" (majority activation)
 
 
-class ProgressEngine:
+class ProgressEngine(Generic[LikeT]):
     """Executes every group version on one rank, actively or passively.
 
     Buffers change hands instead of being copied.  A contribution the main
@@ -99,20 +107,20 @@ class ProgressEngine:
 
     def __init__(
         self,
-        comm,
-        like,
+        comm: Communicator,
+        like: LikeT,
         *,
-        masks,
-        schedule,
-        is_group_version,
-        scale=None,
-        activation="first",
-        activator=None,
-        history=0,
-        first_iteration=0,
-        yield_awaited=False,
-        late=None,
-    ):
+        masks: Callable[[int], Sequence[int]],
+        schedule: Callable[..., None],
+        is_group_version: Callable[[int], bool],
+        scale: float | None = None,
+        activation: Activation = "first",
+        activator: Callable[[int], int] | None = None,
+        history: int = 0,
+        first_iteration: int = 0,
+        yield_awaited: bool = False,
+        late: Late | None = None,
+    ) -> None:
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
@@ -123,7 +131,9 @@ class ProgressEngine:
         # TAG_UB is the environment's, an attribute of MPI_COMM_WORLD (the
         # standard's environmental inquiries); Open MPI does not copy it to
         # communicators made by Split, MPICH answers on any communicator.
-        self._tag_space = (comm.control.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)) + 1
+        tag_ub = comm.control.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        assert tag_ub is not None  # every MPI_COMM_WORLD has it
+        self._tag_space = tag_ub + 1
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
         # Held while a thread receives, forwards or sends control messages;
@@ -131,38 +141,38 @@ class ProgressEngine:
         self._messaging = threading.Lock()
         self._wake = threading.Event()
         # Shared with the main thread (under _lock).
-        self._published = copy_of(like)
+        self._published: LikeT = copy_of(like)
         self._published_iteration = first_iteration - 1
         self._late = late
         # With a late reading: whether a version has read the published
         # contribution (the initial one counts as read), and what later ones
         # read instead.
         self._consumed = late is not None
-        self._zeros = zeros_like(like) if late is not None else None
-        self._reading = None  # the published buffer the executing version reads
-        self._free = []
+        self._zeros: LikeT | None = zeros_like(like) if late is not None else None
+        self._reading: LikeT | None = None  # the published buffer the executing version reads
+        self._free: list[LikeT] = []
         self.started = first_iteration - 1
         self._next = self._following(first_iteration - 1)
         self._executing = False
-        self._awaited = None  # the version the main thread waits for
-        self._results = {}
-        self._requests = []
+        self._awaited: int | None = None  # the version the main thread waits for
+        self._results: dict[int, tuple[LikeT, int]] = {}
+        self._requests: list[int] = []
         self._sent = self._received = 0
-        self._error = None
+        self._error: BaseException | None = None
         self._stop = False
-        self.history = deque(maxlen=history) if history else None
+        self.history: deque[tuple[int, int]] | None = deque(maxlen=history) if history else None
         # Owned by the progress thread.
         self._activation = ActivationState(self._rank, self._size, first_iteration - 1)
-        self._arrivals = {}
-        self._pending_sends = []
+        self._arrivals: dict[int, int] = {}
+        self._pending_sends: list[tuple[MPI.Request, np.ndarray]] = []
         self._thread = threading.Thread(target=self._run, name=f"wait-avoiding-progress-{self._rank}", daemon=True)
 
     # -- main-thread side ---------------------------------------------------
 
-    def start(self):
+    def start(self) -> None:
         self._thread.start()
 
-    def arrive(self, contribution, t: int):
+    def arrive(self, contribution: LikeT, t: int) -> tuple[LikeT, int]:
         """Lend ``contribution`` as iteration t; the result of version t.
 
         Fresh (version t has not begun here): t is activated (by this rank
@@ -206,7 +216,7 @@ class ProgressEngine:
         self._wake.set()  # activations of later versions may wait for this one
         return outcome
 
-    def publish_copy(self, contribution, t: int):
+    def publish_copy(self, contribution: LikeT, t: int) -> None:
         """Publish a copy of ``contribution`` as iteration t (the caller keeps
         ``contribution``), activating nothing."""
         with self._lock:
@@ -215,7 +225,7 @@ class ProgressEngine:
             copy_into(copy, contribution)
             self._publish(copy, t)
 
-    def consume_into(self, contribution):
+    def consume_into(self, contribution: LikeT) -> None:
         """A sync step under a late reading: settle ``contribution`` as a
         publication would (add an unconsumed earlier contribution into it,
         or drop that one), then leave nothing to read: versions that begin
@@ -226,7 +236,7 @@ class ProgressEngine:
             self._settle(contribution)
             self._consumed = True
 
-    def unconsumed(self):
+    def unconsumed(self) -> LikeT | None:
         """With a late reading: a copy of the contribution no version has
         read yet, or None."""
         with self._lock:
@@ -254,14 +264,14 @@ class ProgressEngine:
                 "pass the buffer of the last result (result.value) or one of your own"
             )
 
-    def counts(self):
+    def counts(self) -> tuple[int, int]:
         """``(sent, received)`` control messages; a received one counts once
         everything it caused has been sent."""
         with self._lock:
             self._raise_if_failed()
             return self._sent, self._received
 
-    def stop(self):
+    def stop(self) -> None:
         """End the loop and join the thread; then complete the sends.
 
         Only once no message is in flight (see
@@ -273,7 +283,7 @@ class ProgressEngine:
         self._pending_sends.clear()
         self._raise_if_failed()
 
-    def halt(self, timeout=None):
+    def halt(self, timeout: float | None = None) -> None:
         """End the loop and join the thread, without completing sends (at
         interpreter exit without close(), where peers may be gone)."""
         with self._lock:

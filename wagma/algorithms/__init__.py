@@ -1,7 +1,13 @@
 """Training algorithms by name: one interface, driven by ``step()`` after ``backward()``."""
 
-from collectives.agreement import agree
+from typing import Any
 
+import torch
+
+from collectives.agreement import agree
+from collectives.comm import Communicator
+
+from ..options import AlgorithmName
 from ..replicas import require_communicator
 from .adpsgd import ADPSGD
 from .allreduce_sgd import AllreduceSGD
@@ -36,7 +42,15 @@ ALGORITHMS = {
 }
 
 
-def create(name, model, optimizer, comm, *, init_sync=True, **options) -> Algorithm:
+def create(
+    name: AlgorithmName,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    comm: Communicator,
+    *,
+    init_sync: bool = True,
+    **options: Any,
+) -> Algorithm:
     """Build the algorithm called ``name``; collective over ``comm``.
 
     Args:

@@ -1,9 +1,13 @@
 """AD-PSGD (Lian et al., ICML 2018): asynchronous pairwise gossip on a bipartite ring."""
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+import torch
 
+from collectives.comm import Communicator
 from collectives.gossip import PairwiseGossip
 
 from ..options.algorithms import ADPSGDOptions
@@ -45,14 +49,19 @@ class ADPSGD(Algorithm):
 
     name = "adpsgd"
     Options = ADPSGDOptions
+    config: ADPSGDOptions
     #: The columns of table ``exchanges``.
     EXCHANGE_COLUMNS = ("rank", "peer", "active", "copied_after", "applied_after")
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         self.lock = threading.Lock()
-        self.gossip = PairwiseGossip(comm.data, list(self.flat.params.values()), lock=self.lock).open()
-        self._exchanges = None
+        self.gossip: PairwiseGossip[torch.Tensor] | None = PairwiseGossip(
+            comm.data, list(self.flat.params.values()), lock=self.lock
+        ).open()
+        self._exchanges: np.ndarray | None = None
 
     def _step(self):
         with self.lock:
@@ -60,7 +69,7 @@ class ADPSGD(Algorithm):
             self.gossip.fold()
         self.gossip.step_done()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The counters, options and the half differences not yet folded
         into the model (``pending``); take it holding :attr:`~wagma.algorithms.base.Algorithm.lock`, with the
         model's, so that the two add up to the model as it stands.  An
@@ -70,18 +79,18 @@ class ADPSGD(Algorithm):
             state["pending"] = self.gossip.pending()
         return state
 
-    def load_state_dict(self, state: dict):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         if state.get("pending") is not None and self.gossip is not None:
             self.gossip.load_pending(state["pending"])
 
-    def sync_tables(self) -> dict:
+    def sync_tables(self) -> dict[str, tuple[np.ndarray, list[str]]]:
         tables = super().sync_tables()
         if self._exchanges is not None:
             tables["exchanges"] = (self._exchanges, list(self.EXCHANGE_COLUMNS))
         return tables
 
-    def close(self):
+    def close(self) -> None:
         """Finish every requested exchange on every rank and gather their
         log on rank 0 (collective)."""
         if self.gossip is not None:

@@ -2,11 +2,14 @@
 
 import contextlib
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from collectives import broadcast
 from collectives.background import BackgroundAllreduce
+from collectives.comm import Communicator
 
 from ..options.algorithms import AllreduceSGDOptions
 from .base import Algorithm
@@ -80,9 +83,13 @@ class AllreduceSGD(Algorithm):
 
     name = "allreduce_sgd"
     Options = AllreduceSGDOptions
+    config: AllreduceSGDOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
+        assert self.flat.grads is not None  # FlatParameters keeps gradients unless told not to
         self._open_straggler_sync(self.config.sync, self.flat.grads.values())
         self.buckets = self._make_buckets(int(self.config.bucket_cap_mb * 1e6))
         self._bucket_of = {id(p): b for b, (_, _, _, params) in enumerate(self.buckets) for p in params}
@@ -174,7 +181,7 @@ class AllreduceSGD(Algorithm):
         self._averaged = True
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Backward passes inside accumulate the local gradients without communication."""
         self._sync = False
         try:
@@ -193,7 +200,7 @@ class AllreduceSGD(Algorithm):
         for tensor in self.flat.buffers.values():
             broadcast(tensor, comm=self.comm, root=0, check=False)
 
-    def close(self):
+    def close(self) -> None:
         """Remove the hooks and stop the worker thread (collective)."""
         for hook in self._hooks:
             hook.remove()

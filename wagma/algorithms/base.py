@@ -4,15 +4,20 @@ import contextlib
 import inspect
 import math
 import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
 
 from collectives.agreement import agree
+from collectives.comm import Communicator
 from collectives.stragglar.training_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
 from ..options import options_problem
+from ..options.base import Options as AlgorithmOptions
 from ..options.base import keyword_signature
 from ..reallocation import Reallocation
 from ..replicas import broadcast_model, require_communicator, same_parameters_problem
@@ -117,8 +122,8 @@ class Algorithm:
     """
 
     name = "algorithm"
-    #: The options object of the algorithm (:class:`wagma.options.base.Options`).
-    Options = None
+    #: The options object of the algorithm (:class:`wagma.options.base.Options`); every subclass sets it.
+    Options: ClassVar[type[AlgorithmOptions]]
     #: How the loop scores the model.  False (every algorithm but
     #: ensemble_sync): the ranks' average, collectively.  True: rank 0 alone
     #: scores :attr:`ensemble`, ``(step, parameters)`` of the last average it
@@ -133,20 +138,33 @@ class Algorithm:
         leading.append(inspect.Parameter("init_sync", inspect.Parameter.KEYWORD_ONLY, default=True))
         cls.__signature__ = keyword_signature(cls.Options, leading)
 
-    def __init__(self, model, optimizer, comm, *, init_sync=True, **options):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        comm: Communicator,
+        *,
+        init_sync: bool = True,
+        **options: Any,
+    ) -> None:
         require_communicator(comm)
         self.model, self.optimizer, self.comm = model, optimizer, comm
         self.steps = 0
         self.stale_steps = 0
         self.contribution = math.nan
-        self.lock = contextlib.nullcontext()
-        self.total_steps, self.samples_per_step, self._policy = None, None, None
-        self._period_samples, self._period_seconds, self._returned = 0, 0.0, None
-        self.work_measured = []
-        self.straggler_sync = None
-        self._scaler, self._inside_step, self._outside_steps = None, False, 0
+        self.lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self.total_steps: int | None = None
+        self.samples_per_step: int | None = None
+        self._policy: Reallocation | None = None
+        self._period_samples, self._period_seconds = 0, 0.0
+        self._returned: float | None = None
+        self.work_measured: list[tuple[int, float]] = []
+        self.straggler_sync: PredictedStragglerSync | None = None
+        self._scaler: torch.amp.GradScaler | None = None
+        self._inside_step, self._outside_steps = False, 0
         self.comm_in_backward_s, self._comm_in_backward = 0.0, 0.0
-        self.skipped, self.ensemble = None, None
+        self.skipped: tuple[int, int] | None = None
+        self.ensemble: tuple[int, list[torch.Tensor]] | None = None
         problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
         config = None if problem else self.Options(**options).resolve(comm.size)
         agree(
@@ -160,6 +178,7 @@ class Algorithm:
         problem = same_parameters_problem(comm, model)
         if problem:
             raise ValueError(f"{self.name}: {problem}")
+        assert config is not None  # made unless a problem, which agree raised
         self.config = config
         self.options = config.as_dict()
         self.flat = FlatParameters(model)
@@ -203,7 +222,7 @@ class Algorithm:
         else:
             self._scaler.step(self.optimizer)
 
-    def plan(self, total_steps: int, batch_size: int):
+    def plan(self, total_steps: int, batch_size: int) -> None:
         """Told by the training loop before the first step: the run's number
         of steps and the per-rank batch (the shares' budget is ``size *
         batch_size`` when the algorithm reallocates)."""
@@ -211,7 +230,7 @@ class Algorithm:
         if self.options.get("reallocate"):
             self._policy = Reallocation(self.comm.size, batch_size)
 
-    def step(self, scaler=None):
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
         """One training step, after ``backward()``: the optimizer step and
         whatever communication the algorithm does at this step.
 
@@ -250,7 +269,7 @@ class Algorithm:
         self.comm_in_backward_s, self._comm_in_backward = self._comm_in_backward, 0.0
         self._returned = time.perf_counter()
 
-    def start_step_timer(self):
+    def start_step_timer(self) -> None:
         """Called by a training loop where a step's work begins (its data,
         forward, backward): what the loop does between steps (evaluations,
         writing results) then does not count as this rank's work for the
@@ -281,7 +300,7 @@ class Algorithm:
             self.straggler_sync = PredictedStragglerSync(self.comm, templates, op="avg")
         return self.straggler_sync
 
-    def sync_tables(self) -> dict:
+    def sync_tables(self) -> dict[str, tuple[np.ndarray, list[str]]]:
         """Tables for the run file's ``sync/`` group, ``name -> (rows,
         columns)``: the straggler predictor's log with ``sync="stragglar"``
         (one row per global synchronization)."""
@@ -290,13 +309,13 @@ class Algorithm:
         return {"stragglers": (self.straggler_sync.rows(), list(self.straggler_sync.COLUMNS))}
 
     @property
-    def dead_ranks(self) -> set:
+    def dead_ranks(self) -> set[int]:
         """The ranks this algorithm found dead (ULFM) on this rank; the run
         file lists them.  Empty for the algorithms that do not survive a
         dead rank."""
         return set()
 
-    def run_attributes(self) -> dict:
+    def run_attributes(self) -> dict[str, Any]:
         """Root attributes of the run file this algorithm adds at the end,
         on rank 0 (ensemble_sync: the outages its rounds show); none here."""
         return {}
@@ -304,31 +323,33 @@ class Algorithm:
     def _step(self):
         raise NotImplementedError
 
-    def close(self):
+    def close(self) -> None:
         """Release threads and communicators the algorithm holds (collective)."""
         self._step_hook.remove()
         if self.straggler_sync is not None:
             self.straggler_sync.close()
             self.straggler_sync = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.close()
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
         """Zero the gradients, keeping them views of the flat buffer (one
         write per dtype).  ``optimizer.zero_grad()`` works too: the
         gradients it sets to None are copied back into the flat buffer
         where the algorithm needs them, at the cost of that copy."""
         self.flat.zero_grad()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The algorithm's counters and options (not the model or optimizer)."""
         return {"algorithm": self.name, "steps": self.steps, "options": dict(self.options)}
 
-    def load_state_dict(self, state: dict):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("algorithm") != self.name:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, not {self.name!r}")
         saved = state.get("options", {})
@@ -338,6 +359,6 @@ class Algorithm:
             raise ValueError(f"state_dict options {saved} differ from this run's {self.options}")
         self.steps = int(state["steps"])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"{type(self).__name__}({options}; step {self.steps}, {self.flat!r})"

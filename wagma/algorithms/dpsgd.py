@@ -31,6 +31,7 @@ class DPSGD(Algorithm):
 
     name = "dpsgd"
     Options = DPSGDOptions
+    config: DPSGDOptions
 
     def _step(self):
         if self.comm.size > 1:

@@ -1,6 +1,11 @@
 """Eager-SGD (Li et al., PPoPP 2020): gradient averaging with solo or majority partial allreduces."""
 
-from collectives import majority_allreduce, solo_allreduce
+from typing import Any
+
+import torch
+
+from collectives import WaitAvoidingGroupAllreduce, majority_allreduce, solo_allreduce
+from collectives.comm import Communicator
 
 from ..options.algorithms import EagerSGDOptions
 from .base import Algorithm
@@ -90,12 +95,15 @@ class EagerSGD(Algorithm):
 
     name = "eager_sgd"
     Options = EagerSGDOptions
+    config: EagerSGDOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
-        self._collectives = None
+        self._collectives: dict[torch.dtype, WaitAvoidingGroupAllreduce[torch.Tensor]] | None = None
         #: Per dtype, this rank's gradient that no version took, set by :meth:`close`.
-        self.unapplied = {}
+        self.unapplied: dict[torch.dtype, torch.Tensor | None] = {}
 
     def _open(self, grad, t):
         """This dtype's partial collective, its versions numbered from step t."""
@@ -134,7 +142,7 @@ class EagerSGD(Algorithm):
         self.stale_steps += not fresh
         self._optimizer_step()
 
-    def close(self):
+    def close(self) -> None:
         """Close the collectives (collective); :attr:`unapplied` then holds,
         per dtype, this rank's gradient that no version took (under
         ``"accumulate"`` the sum of its gradients computed after its last

@@ -1,11 +1,13 @@
 """EnsembleSync (Xie and Yasunaga): T local steps, then the average of the models that arrived within a timeout."""
 
 import json
+from typing import Any
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from collectives.comm import Communicator
 from collectives.member_allreduce import member_allreduce
 
 from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision, fault_events
@@ -82,9 +84,12 @@ class EnsembleSync(Algorithm):
 
     name = "ensemble_sync"
     Options = EnsembleSyncOptions
+    config: EnsembleSyncOptions
     evaluates_ensemble = True
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         c = self.config
         self.period, self.timeout_s, self.reallocate = c.period, float(c.timeout_s), c.reallocate
@@ -97,7 +102,7 @@ class EnsembleSync(Algorithm):
         if comm.rank == 0:
             self.coordinator = Coordinator(self._reports, self._decisions, self.timeout_s, None, 1)
 
-    def plan(self, total_steps, batch_size):
+    def plan(self, total_steps: int, batch_size: int) -> None:
         """Also hands the batch and the reallocation policy to rank 0's
         coordinator, which decides the shares (its decisions carry them to
         every rank).  Without it, the run has no last round that waits for
@@ -141,25 +146,25 @@ class EnsembleSync(Algorithm):
             if tensor.device.type != "cpu":
                 tensor.copy_(torch.from_numpy(host))
 
-    def sync_tables(self) -> dict:
+    def sync_tables(self) -> dict[str, tuple[np.ndarray, list[str]]]:
         """On rank 0, the coordinator's round log as table ``rounds``."""
         if self.coordinator is None or not self.coordinator.log:
             return {}
         return {"rounds": (self.coordinator.rows(), self.coordinator.columns())}
 
     @property
-    def dead_ranks(self) -> set:
+    def dead_ranks(self) -> set[int]:
         """On rank 0, the ranks the coordinator found dead (ULFM); empty elsewhere."""
         return set(self.coordinator.dead) if self.coordinator is not None else set()
 
-    def run_attributes(self) -> dict:
+    def run_attributes(self) -> dict[str, Any]:
         """On rank 0: ``fault_events``, the outages the whole round log shows
         (:func:`~wagma.ensemble_coordinator.fault_events`)."""
         if self.coordinator is None:
             return {}
         return {"fault_events": json.dumps(fault_events(self.coordinator.rows(), self.coordinator.ranks))}
 
-    def close(self):
+    def close(self) -> None:
         """Stop the coordinator (rank 0) and free the channels; local, so
         that a dead rank cannot block it."""
         if self._reports == MPI.COMM_NULL:

@@ -1,5 +1,9 @@
 """Hierarchical SGD (seed 000, PyTorch's HierarchicalModelAverager): model averaging at several levels."""
 
+from typing import Any, cast
+
+import torch
+
 from collectives import Communicator, allreduce
 
 from ..options.algorithms import HierarchicalSGDOptions
@@ -41,21 +45,27 @@ class HierarchicalSGD(Algorithm):
 
     name = "hierarchical_sgd"
     Options = HierarchicalSGDOptions
+    config: HierarchicalSGDOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         self.warmup_steps = self.config.warmup_steps
-        self.levels = []
-        for period, size in self.config.period_group_size_dict.items():
+        self.levels: list[tuple[int, Communicator]] = []
+        # Resolved: a dict whose sizes are ints ("P" made the rank count).
+        levels = cast("dict[int, int]", self.config.period_group_size_dict)
+        for period, size in levels.items():
             if size == comm.size:
                 group = comm
             else:
                 split = comm.data.Split(comm.rank // size, comm.rank)
-                group = Communicator(split)
+                # mpi4py's stub types Split as returning a Comm; an Intracomm's gives an Intracomm.
+                group = Communicator(split)  # type: ignore[arg-type]
                 split.Free()
             self.levels.append((period, group))
 
-    def averaging_level(self, t):
+    def averaging_level(self, t: int) -> Communicator | None:
         """The communicator that averages after step t, or None."""
         if t < self.warmup_steps:
             return None
@@ -76,7 +86,7 @@ class HierarchicalSGD(Algorithm):
             for tensor in self.flat.params.values():
                 allreduce(tensor, comm=group, op="avg")
 
-    def close(self):
+    def close(self) -> None:
         for _, group in self.levels:
             if group is not self.comm:
                 group.close()

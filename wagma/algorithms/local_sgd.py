@@ -1,6 +1,11 @@
 """Local SGD: every rank trains alone and the models are averaged every ``period`` steps."""
 
+from typing import Any
+
+import torch
+
 from collectives import allreduce
+from collectives.comm import Communicator
 
 from ..options.algorithms import LocalSGDOptions
 from .base import Algorithm
@@ -38,8 +43,11 @@ class LocalSGD(Algorithm):
 
     name = "local_sgd"
     Options = LocalSGDOptions
+    config: LocalSGDOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         self.period = self.config.period
         self._open_straggler_sync(self.config.sync, self.flat.params.values())

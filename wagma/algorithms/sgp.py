@@ -1,7 +1,11 @@
 """Stochastic Gradient Push (Assran et al., ICML 2019): push-sum on a time-varying exponential graph."""
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
+from collectives.comm import Communicator
 from collectives.neighbors import neighbor_sum
 
 from ..options.algorithms import SGPOptions
@@ -10,7 +14,7 @@ from .base import Algorithm
 __all__ = ["SGP", "out_peer_offsets"]
 
 
-def out_peer_offsets(t: int, peers: int, ranks: int) -> tuple:
+def out_peer_offsets(t: int, peers: int, ranks: int) -> tuple[int, ...]:
     """The offsets 2**k of step t's out-peers on the exponential graph of
     ``ranks`` ranks: k = (t * peers + j) mod ceil(log2 P) for j < ``peers``."""
     rounds = max(1, (ranks - 1).bit_length())  # ceil(log2 P)
@@ -44,13 +48,16 @@ class SGP(Algorithm):
 
     name = "sgp"
     Options = SGPOptions
+    config: SGPOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         self.peers = self.config.peers
         self.weight = torch.ones(1, dtype=torch.float64)
 
-    def out_peer_offsets(self, t):
+    def out_peer_offsets(self, t: int) -> tuple[int, ...]:
         """The offsets 2**k of step t's out-peers (:func:`out_peer_offsets`)."""
         return out_peer_offsets(t, self.peers, self.comm.size)
 
@@ -70,11 +77,11 @@ class SGP(Algorithm):
         for tensor in self.flat.params.values():
             tensor.div_(self.weight.item())  # z = x / w
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["weight"] = self.weight.item()
         return state
 
-    def load_state_dict(self, state: dict):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.weight.fill_(state["weight"])

@@ -1,6 +1,11 @@
 """WAGMA-SGD (Li et al., IEEE TPDS 2021, Algorithm 2): wait-avoiding group model averaging."""
 
+from typing import Any
+
+import torch
+
 from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
+from collectives.comm import Communicator
 
 from ..options.algorithms import WagmaOptions
 from .base import Algorithm
@@ -14,7 +19,7 @@ def averages_globally(t: int, tau: int) -> bool:
     return (t + 1) % tau == 0
 
 
-def stale_average(mean, own, group_size: int):
+def stale_average(mean: torch.Tensor, own: torch.Tensor, group_size: int) -> torch.Tensor:
     """A stale rank's W_{t+1} (Algorithm 2, line 13), in place of ``mean``:
     ``(S * mean + W'_t) / (S + 1)``, where ``mean`` is the group's average
     of version t (made with this rank's older contribution) and ``own`` its
@@ -76,14 +81,17 @@ class WagmaSGD(Algorithm):
 
     name = "wagma"
     Options = WagmaOptions
+    config: WagmaOptions
 
-    def __init__(self, model, optimizer, comm, **options):
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
+    ) -> None:
         super().__init__(model, optimizer, comm, **options)
         c = self.config
         self.group_size, self.tau = c.group_size, c.tau
         self.wait_avoiding, self.group_averaging = c.wait_avoiding, c.group_averaging
         self.fixed_groups = c.fixed_groups
-        self._collectives = None
+        self._collectives: dict[torch.dtype, WaitAvoidingGroupAllreduce[torch.Tensor]] | None = None
         self._open_straggler_sync(c.sync, self.flat.params.values())
 
     def _step(self):
@@ -150,7 +158,7 @@ class WagmaSGD(Algorithm):
         if sync is not None:
             sync.end()
 
-    def close(self):
+    def close(self) -> None:
         for wa in (self._collectives or {}).values():
             wa.close()
         self._collectives = None

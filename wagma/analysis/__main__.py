@@ -7,6 +7,7 @@
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 
 from collectives.logs import configure_logging
 
@@ -19,7 +20,7 @@ __all__ = ["main"]
 logger = logging.getLogger("wagma.analysis")
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/python -m wagma.analysis",
         description="Compare training runs (HDF5 run files): throughput, speedup, accuracy, waiting.",

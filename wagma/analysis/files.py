@@ -1,6 +1,7 @@
 """Finding run files on disk and reading them, skipping what is not one."""
 
 import os
+from collections.abc import Iterable
 
 import h5py
 
@@ -9,12 +10,13 @@ from wagma.results import SCHEMA, Run, is_partial, load_run
 __all__ = ["find_run_files", "is_partial", "read_runs"]
 
 
-def find_run_files(paths) -> list[str]:
+def find_run_files(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     """The files named in ``paths``, directories replaced by the ``*.h5``
     files under them (recursively, sorted; ``*.partial.h5`` included), each
     file once, in the order first named."""
-    found, seen = [], set()
-    for path in map(os.fspath, paths):
+    found: list[str] = []
+    seen: set[str] = set()
+    for path in (os.fspath(p) for p in paths):
         if os.path.isdir(path):
             names = sorted(
                 os.path.join(top, name) for top, _, files in os.walk(path) for name in files if name.endswith(".h5")
@@ -42,7 +44,7 @@ def _why_not(path: str, error: Exception) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0]
 
 
-def read_runs(paths) -> tuple[list[Run], list[tuple[str, str]]]:
+def read_runs(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Run], list[tuple[str, str]]]:
     """Load every run file in ``paths`` (files or directories).
 
     Returns:
@@ -51,7 +53,8 @@ def read_runs(paths) -> tuple[list[Run], list[tuple[str, str]]]:
         ``(path, reason)`` pair for each one that could not (missing, not
         HDF5, not of the run schema, truncated).
     """
-    runs, skipped = [], []
+    runs: list[Run] = []
+    skipped: list[tuple[str, str]] = []
     for path in find_run_files(paths):
         if os.path.isfile(path) and not h5py.is_hdf5(path):
             skipped.append((path, "not an HDF5 file"))

@@ -2,6 +2,8 @@
 allocation, what each outage cost."""
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +23,7 @@ def _epochs(run: Run) -> np.ndarray:
     return (np.arange(run.steps["clock"].shape[1]) + 1) / per_epoch
 
 
-def outage_row(run: Run, scenario: str, fault_free: Run = None) -> dict:
+def outage_row(run: Run, scenario: str, fault_free: Run | None = None) -> dict[str, Any]:
     """What a fault cost one run.
 
     ``others_longest_wait_s``: over the ranks no fault was injected into, the
@@ -51,7 +53,7 @@ def outage_row(run: Run, scenario: str, fault_free: Run = None) -> dict:
     return row
 
 
-def format_outage_table(rows) -> str:
+def format_outage_table(rows: Iterable[Mapping[str, Any]]) -> str:
     """A markdown table of :func:`outage_row` rows."""
     lines = [
         "| scenario | algorithm | status | epochs | training time (s) | longest wait of the others (s) "

@@ -22,7 +22,7 @@ def spread_rows(rows: list[dict]) -> list[dict]:
     rows of repeated runs: ``runs``, and the (min, max, mean) over them of
     ``final_accuracy``, ``last_epoch_accuracy`` and ``stale_fraction``
     (None where no run has one), in the order the variants first appear."""
-    groups = {}
+    groups: dict[tuple[str, int], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["label"], row["ranks"]), []).append(row)
     return [

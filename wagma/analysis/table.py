@@ -3,6 +3,8 @@
 import csv
 import math
 import os
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +160,7 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
         "file": run.path,
         "algorithm": str(attrs.get("algorithm", "?")),
         "label": run_label(run),
-        "ranks": int(attrs.get("ranks", run.steps["clock"].shape[0] if "clock" in run.steps else 0)),
+        "ranks": int(attrs.get("ranks", int(run.steps["clock"].shape[0]) if "clock" in run.steps else 0)),
         "group_size": int(attrs.get("group_size", 0)),
         "tau": int(attrs.get("tau", 0)),
         "imbalance": str(attrs.get("imbalance", "none")),
@@ -200,7 +202,12 @@ def _sort_key(row: dict) -> tuple:
     )
 
 
-def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9, skip: int | None = None) -> list[dict]:
+def compare(
+    runs: Iterable[Run | str | os.PathLike[str]],
+    baseline: str = "allreduce_sgd",
+    target_accuracy: float = 0.9,
+    skip: int | None = None,
+) -> list[dict[str, Any]]:
     """One row (a dict of :data:`ROW_FIELDS`) per run, sorted by imbalance
     (``none`` first), compute mode, P, algorithm and variant.
 
@@ -226,9 +233,10 @@ def compare(runs, baseline: str = "allreduce_sgd", target_accuracy: float = 0.9,
         raise ValueError(f"target_accuracy must be a fraction in (0, 1], got {target_accuracy}")
     if skip is not None and skip < 0:
         raise ValueError(f"skip must be >= 0, got {skip}")
-    runs = [load_run(os.fspath(r)) if isinstance(r, (str, os.PathLike)) else r for r in runs]
-    rows = sorted((_row(run, baseline, target_accuracy, skip) for run in runs), key=_sort_key)
-    labelled, named = {}, {}
+    loaded = [load_run(os.fspath(r)) if isinstance(r, (str, os.PathLike)) else r for r in runs]
+    rows = sorted((_row(run, baseline, target_accuracy, skip) for run in loaded), key=_sort_key)
+    labelled: dict[tuple, list[dict]] = {}
+    named: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["label"] == baseline:
             labelled.setdefault(baseline_key(row), []).append(row)

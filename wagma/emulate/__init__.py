@@ -13,7 +13,7 @@ schedule, models and gradients give the same replicas bitwise.
   (:class:`~.emulator.Emulator`).
 """
 
-from .emulator import EMULATED, Emulator
+from .emulator import EMULATED, Emulated, Emulator
 from .schedule import Schedule, logged_schedule, simulated_schedule
 
-__all__ = ["EMULATED", "Emulator", "Schedule", "logged_schedule", "simulated_schedule"]
+__all__ = ["EMULATED", "Emulated", "Emulator", "Schedule", "logged_schedule", "simulated_schedule"]

@@ -1,5 +1,8 @@
 """P replicas in one process, updated by each algorithm's rule as a schedule orders the contributions."""
 
+from collections.abc import Callable, Sequence
+from typing import Literal, get_args
+
 import numpy as np
 import torch
 
@@ -12,11 +15,12 @@ from ..algorithms.wagma_sgd import averages_globally, stale_average
 from ..flat import FlatParameters
 from .schedule import Schedule
 
-__all__ = ["EMULATED", "Emulator"]
+__all__ = ["EMULATED", "Emulated", "Emulator"]
 
 #: The algorithms the emulator runs, Figure 5's (section 5.2 of the WAGMA
 #: paper) and eager-SGD.
-EMULATED = ("allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd")
+Emulated = Literal["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd"]
+EMULATED: tuple[Emulated, ...] = get_args(Emulated)
 
 
 def _sum(tensors):
@@ -110,7 +114,12 @@ class Emulator:
             :attr:`wagma.algorithms.base.Algorithm.stale_steps` counts them.
     """
 
-    def __init__(self, schedule: Schedule, models, optimizers):
+    def __init__(
+        self,
+        schedule: Schedule,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+    ) -> None:
         if schedule.algorithm not in EMULATED:
             raise ValueError(f"the emulator runs {', '.join(EMULATED)}; got {schedule.algorithm!r}")
         if len(models) != schedule.ranks or len(optimizers) != schedule.ranks:
@@ -131,7 +140,13 @@ class Emulator:
     def ranks(self) -> int:
         return self.schedule.ranks
 
-    def run(self, gradient, *, lr=None, after_step=None):
+    def run(
+        self,
+        gradient: Callable[[int, int], object],
+        *,
+        lr: Callable[[int], float] | None = None,
+        after_step: Callable[[int], object] | None = None,
+    ) -> np.ndarray:
         """Emulate every step of the schedule.
 
         Args:

@@ -1,11 +1,18 @@
 """Who contributed what to each averaging of a run: what the emulator replays."""
 
+from __future__ import annotations
+
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from wagma.options import resolved_options
+from wagma.options import AlgorithmName, resolved_options
+
+if TYPE_CHECKING:
+    from wagma.results import Run
+    from wagma.sim import Scenario, SimulatedRun
 
 __all__ = ["Schedule", "exchanges_from_times", "logged_schedule", "simulated_schedule"]
 
@@ -32,21 +39,21 @@ class Schedule:
     #: The algorithm's name (:func:`wagma.algorithms.create`'s).
     algorithm: str
     #: Its options, resolved for ``ranks`` (``"auto"`` made concrete).
-    options: dict
+    options: dict[str, Any]
     #: P.
     ranks: int
     #: T.
     steps: int
     #: :data:`NEEDS` of the algorithm, ``[P, T]`` each
     #: (``exchanges``: ``[rows, 5]``).
-    arrays: dict
+    arrays: dict[str, np.ndarray]
     #: ``[P, T]`` seconds on the training clock when each rank
     #: ended each step (the time axis of the emulated run).
     clock: np.ndarray
     #: Where the schedule comes from, for the run file.
     origin: str
     #: The simulated run it was read from (None for a logged one).
-    run: object = field(default=None, compare=False, repr=False)
+    run: SimulatedRun | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         needs = NEEDS.get(self.algorithm, ())
@@ -67,7 +74,7 @@ class Schedule:
         return np.zeros((self.ranks, self.steps))
 
 
-def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
+def simulated_schedule(algorithm: AlgorithmName, scenario: Scenario, **options: Any) -> Schedule:
     """The schedule of ``algorithm`` in a :class:`wagma.sim.engine.Scenario`: the
     simulator's times decide who was fresh (a core or GPU per rank, the
     scenario's imbalance and network).  Raises ValueError as
@@ -94,7 +101,7 @@ def simulated_schedule(algorithm: str, scenario, **options) -> Schedule:
     )
 
 
-def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
+def exchanges_from_times(partner: np.ndarray, begin: np.ndarray, finish: np.ndarray, exchange_s: float) -> np.ndarray:
     """AD-PSGD's exchange table (:data:`NEEDS`) from the simulator's times
     (:func:`wagma.sim.kernels.adpsgd`): the exchange that active rank a
     asked for after step k, with ``partner[a, k]``, begins at ``begin[a, k]``;
@@ -126,7 +133,7 @@ def exchanges_from_times(partner, begin, finish, exchange_s) -> np.ndarray:
     return np.array([(r, peer, active, c, d) for r, _, peer, active, c, d in rows], dtype=np.int64).reshape(-1, 5)
 
 
-def logged_schedule(run) -> Schedule:
+def logged_schedule(run: Run) -> Schedule:
     """The schedule a measured run logged: its step field ``contribution``
     (:attr:`wagma.algorithms.base.Algorithm.contribution`, each rank's iteration
     at each step) read back into ``source`` (WAGMA-SGD) or ``taken``

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from .algorithms import OPTIONS, SYNCS, auto_group_size
+from .algorithms import ALGORITHM_NAMES, OPTIONS, SYNCS, AlgorithmName, Auto, Sync, auto_group_size
 from .base import COMMAND_LINE, LIBRARY, Options, Wording, option
 
 __all__ = [
     "ALGORITHM_NAMES",
+    "AlgorithmName",
+    "Auto",
     "COMMAND_LINE",
     "LIBRARY",
     "OPTIONS",
     "Options",
     "SYNCS",
+    "Sync",
     "Wording",
     "auto_group_size",
     "option",
     "options_problem",
     "resolved_options",
 ]
-
-#: The algorithms' names, as ``create`` and ``--algo`` take them.
-ALGORITHM_NAMES = tuple(sorted(OPTIONS))
 
 
 def _name_problem(name):

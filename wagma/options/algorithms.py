@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any, Literal, Self, get_args
 
-from .base import Options, option, options_of
+from .base import Options, Wording, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
 
 __all__ = [
     "ADPSGDOptions",
+    "ALGORITHM_NAMES",
+    "AlgorithmName",
     "AllreduceSGDOptions",
+    "Auto",
     "DPSGDOptions",
     "EAGER_LIMITER",
     "EagerSGDOptions",
     "EnsembleSyncOptions",
     "HierarchicalSGDOptions",
+    "LATE",
+    "Late",
     "LocalSGDOptions",
     "OPTIONS",
+    "QUORUMS",
+    "Quorum",
     "SGPOptions",
     "SYNCS",
+    "Sync",
     "WagmaOptions",
     "auto_group_size",
     "parse_levels",
@@ -29,7 +38,26 @@ __all__ = [
 #: reduce: ``"allreduce"`` (the tuned allreduce) or ``"stragglar"``
 #: (StragglAR with the rank predicted to arrive last as its straggler,
 #: :mod:`collectives.stragglar.training_sync`; the allreduce while no rank is predicted).
-SYNCS = ("allreduce", "stragglar")
+Sync = Literal["allreduce", "stragglar"]
+SYNCS: tuple[Sync, ...] = get_args(Sync)
+
+#: The values of eager-SGD's ``quorum`` option: which partial collective starts a version.
+Quorum = Literal["solo", "majority", "half"]
+QUORUMS: tuple[Quorum, ...] = get_args(Quorum)
+
+#: The values of eager-SGD's ``late`` option: what becomes of a gradient its
+#: version began without.  The values of :data:`collectives.wait_avoiding.LATE`,
+#: spelled here too: the options import no MPI.
+Late = Literal["drop", "newest", "accumulate"]
+LATE: tuple[Late, ...] = get_args(Late)
+
+#: The value of an option whose value :meth:`~wagma.options.Options.resolve`
+#: makes concrete for the rank count.
+Auto = Literal["auto"]
+
+
+def _metavar(choices: tuple[str, ...]) -> str:
+    return "{" + ",".join(choices) + "}"
 
 
 def auto_group_size(ranks: int) -> int:
@@ -42,11 +70,11 @@ def auto_group_size(ranks: int) -> int:
     return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
 
 
-def _sync():
+def _sync() -> Any:
     return option(
         "allreduce",
         check=one_of(*SYNCS),
-        metavar="{allreduce,stragglar}",
+        metavar=_metavar(SYNCS),
         help="how the global averages (Allreduce-SGD's of the gradients, local SGD's and WAGMA-SGD's "
         "every tau steps of the models) reduce: 'allreduce' (the tuned allreduce) or 'stragglar' "
         "(StragglAR with the rank predicted to arrive last as its straggler; the same average up "
@@ -54,7 +82,7 @@ def _sync():
     )
 
 
-def _reallocate():
+def _reallocate() -> Any:
     return option(
         False,
         check=boolean,
@@ -63,7 +91,7 @@ def _reallocate():
     )
 
 
-def _needs_power_of_two(algorithm, ranks, say, why):
+def _needs_power_of_two(algorithm: str, ranks: int, say: Wording, why: str) -> str | None:
     if not is_power_of_two(ranks):
         return f"{algorithm} needs a power-of-two number of ranks ({why}), got {say.ranks(ranks)}"
     return None
@@ -76,7 +104,7 @@ class AllreduceSGDOptions(Options):
     bucket_cap_mb: float = option(
         25.0, check=positive_number, parse=float, help="bucket size in MB (10**6 bytes), DDP's default 25."
     )
-    sync: str = _sync()
+    sync: Sync = _sync()
 
 
 @options_of("local_sgd")
@@ -91,10 +119,10 @@ class LocalSGDOptions(Options):
         "paper's baseline, section 5.1), 10 its ablation 1.",
     )
     reallocate: bool = _reallocate()
-    sync: str = _sync()
+    sync: Sync = _sync()
 
 
-def _group_size(value, name, ranks, say):
+def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if not is_power_of_two(value) or value > ranks:
@@ -102,9 +130,9 @@ def _group_size(value, name, ranks, say):
     return None
 
 
-def _int_or_auto(text):
+def _int_or_auto(text: str) -> int | Auto:
     if text == "auto":
-        return text
+        return "auto"
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected an int or 'auto', got {text!r}")
     return int(text)
@@ -114,7 +142,7 @@ def _int_or_auto(text):
 class WagmaOptions(Options):
     """WAGMA-SGD's options (Algorithm 2's S, tau, alpha and beta)."""
 
-    group_size: int | str = option(
+    group_size: int | Auto = option(
         "auto",
         check=_group_size,
         parse=_int_or_auto,
@@ -140,12 +168,12 @@ class WagmaOptions(Options):
         "butterfly groups (the paper's ablation 2, section 5.2).",
     )
     reallocate: bool = _reallocate()
-    sync: str = _sync()
+    sync: Sync = _sync()
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
 
-    def _relations(self, ranks, say):
+    def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.wait_avoiding and self.group_averaging:
             return (
                 f"{say('wait_avoiding')} and {say('group_averaging')} cannot both be on (Algorithm 2's "
@@ -158,7 +186,7 @@ class WagmaOptions(Options):
             )
         return None
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         if self.group_size != "auto":
             return self
         return type(self)(**{**self.as_dict(), "group_size": auto_group_size(ranks)})
@@ -173,7 +201,7 @@ class DPSGDOptions(Options):
 class ADPSGDOptions(Options):
     """AD-PSGD's options."""
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         if ranks > 1 and ranks % 2:
             return (
                 f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
@@ -182,7 +210,7 @@ class ADPSGDOptions(Options):
         return None
 
 
-def _peers(value, name, ranks, say):
+def _peers(value: object, name: str, ranks: int, say: Wording) -> str | None:
     # The paper's 1 or 2 on any P (on 2 ranks both pushes go to the one
     # other rank), and up to the ceil(log2 P) distinct offsets 2**k of the graph.
     most = max(2, (ranks - 1).bit_length())
@@ -203,7 +231,7 @@ class SGPOptions(Options):
     )
 
 
-def _limiter(value, name, ranks, say):
+def _limiter(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -214,30 +242,30 @@ def _limiter(value, name, ranks, say):
 #: The limiter of ``limiter="auto"``, the reference's for solo (``LIMITER``
 #: 32 in its training scripts), none for the majority, whose reference
 #: leaves it commented out (``ffrand_allreduce.c``).
-EAGER_LIMITER = {"solo": 32, "majority": 0, "half": 0}
+EAGER_LIMITER: dict[Quorum, int] = {"solo": 32, "majority": 0, "half": 0}
 
 
 @options_of("eager_sgd")
 class EagerSGDOptions(Options):
     """Eager-SGD's options (the partial collective, the late gradient's fate, the limiter)."""
 
-    quorum: str = option(
+    quorum: Quorum = option(
         "majority",
-        check=one_of("solo", "majority", "half"),
-        metavar="{solo,majority,half}",
+        check=one_of(*QUORUMS),
+        metavar=_metavar(QUORUMS),
         help="which partial collective starts a version: 'solo' (the first rank to arrive), "
         "'majority' (one rank drawn per version, the same on every rank, as the authors' "
         "code does) or 'half' (once ceil(P/2) ranks have arrived).",
     )
-    late: str = option(
+    late: Late = option(
         "drop",
-        check=one_of("drop", "newest", "accumulate"),
-        metavar="{drop,newest,accumulate}",
+        check=one_of(*LATE),
+        metavar=_metavar(LATE),
         help="what becomes of a gradient its version began without: 'drop' (the authors' code), "
         "'newest' (the next version takes the rank's newest gradient) or 'accumulate' (the "
         "next version takes the sum of every gradient not yet applied).",
     )
-    limiter: int | str = option(
+    limiter: int | Auto = option(
         "auto",
         check=_limiter,
         parse=_int_or_auto,
@@ -252,29 +280,29 @@ class EagerSGDOptions(Options):
         help="the seed of the majority's activator sequence (the same on every rank).",
     )
 
-    def ranks_problem(self, ranks, say):
+    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         if self.limiter != "auto":
             return self
         return type(self)(**{**self.as_dict(), "limiter": EAGER_LIMITER[self.quorum]})
 
 
-def parse_levels(text):
+def parse_levels(text: str) -> dict[int, int | Literal["P"]]:
     """``"2:4,10:P"`` -> ``{2: 4, 10: "P"}``: period -> group size (P: all ranks)."""
-    levels = {}
+    levels: dict[int, int | Literal["P"]] = {}
     for item in text.split(","):
         period, sep, size = (s.strip() for s in item.partition(":"))
         if not sep or not period.isdigit() or not (size.isdigit() or size == "P"):
             raise argparse.ArgumentTypeError(
                 f"expected PERIOD:SIZE[,PERIOD:SIZE...] with SIZE an integer or P, got {text!r}"
             )
-        levels[int(period)] = size if size == "P" else int(size)
+        levels[int(period)] = "P" if size == "P" else int(size)
     return levels
 
 
-def _levels(value, name, ranks, say):
+def _levels(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
     if not isinstance(value, dict) or not value:
@@ -296,7 +324,7 @@ def _levels(value, name, ranks, say):
 class HierarchicalSGDOptions(Options):
     """Hierarchical SGD's options (the names of PyTorch's ``HierarchicalModelAverager``)."""
 
-    period_group_size_dict: dict | str = option(
+    period_group_size_dict: dict[int, int | Literal["P"]] | Auto = option(
         "auto",
         check=_levels,
         parse=parse_levels,
@@ -309,7 +337,7 @@ class HierarchicalSGDOptions(Options):
         0, check=int_at_least(0), parse=int, help="steps of gradient averaging before the local steps begin."
     )
 
-    def resolve(self, ranks):
+    def resolve(self, ranks: int) -> Self:
         levels = self.period_group_size_dict
         if levels == "auto":
             # sqrt(P) as a power of two, or the largest divisor of P below it.
@@ -332,6 +360,20 @@ class EnsembleSyncOptions(Options):
     )
     reallocate: bool = _reallocate()
 
+
+#: The algorithms' names, as ``create`` and ``--algo`` take them (the keys of :data:`OPTIONS`).
+AlgorithmName = Literal[
+    "adpsgd",
+    "allreduce_sgd",
+    "dpsgd",
+    "eager_sgd",
+    "ensemble_sync",
+    "hierarchical_sgd",
+    "local_sgd",
+    "sgp",
+    "wagma",
+]
+ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
 
 #: The options object of each algorithm, by the name ``create`` and ``--algo`` take.
 OPTIONS: dict[str, type[Options]] = {

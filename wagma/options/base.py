@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypeVar
 
 __all__ = ["COMMAND_LINE", "LIBRARY", "Options", "Wording", "keyword_signature", "option", "options_of"]
 
@@ -38,13 +38,13 @@ Check = Callable[[Any, str, int, Wording], "str | None"]
 
 
 def option(
-    default,
+    default: Any,
     *,
     help: str,
     check: Check | None = None,
     parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
-):
+) -> Any:
     """A field of an :class:`Options` dataclass.
 
     Args:
@@ -83,7 +83,7 @@ class Options:
         return {f.name: f for f in dataclasses.fields(cls)}
 
     @classmethod
-    def keyword_problem(cls, keywords, say: Wording = LIBRARY) -> str | None:
+    def keyword_problem(cls, keywords: Iterable[str], say: Wording = LIBRARY) -> str | None:
         """The keywords this algorithm does not have, with the ones it has, or None."""
         unknown = [k for k in keywords if k not in cls.fields()]
         if not unknown:
@@ -109,22 +109,25 @@ class Options:
         """Problems between fields, checked after each field's own."""
         return None
 
-    def resolve(self, ranks: int) -> Options:
+    def resolve(self, ranks: int) -> Self:
         """These options with "auto" values made concrete for ``ranks``
         ranks: the values a run uses and records.  Call after
         :meth:`~wagma.options.base.Options.problem`."""
         return self
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.fields()}
 
 
-def options_of(algorithm: str):
+_Options = TypeVar("_Options", bound=Options)
+
+
+def options_of(algorithm: str) -> Callable[[type[_Options]], type[_Options]]:
     """Class decorator: a frozen :class:`Options` dataclass for
     ``algorithm``, its docstring completed by an ``Args:`` section of the
     fields' documentation and defaults."""
 
-    def make(cls):
+    def make(cls: type[_Options]) -> type[_Options]:
         cls = dataclass(frozen=True)(cls)
         cls.algorithm = algorithm
         args = [f"    {f.name}: {f.metadata['help']} Default ``{f.default!r}``." for f in dataclasses.fields(cls)]

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeGuard
+
+if TYPE_CHECKING:
+    from .base import Check, Wording
+
 __all__ = ["boolean", "int_at_least", "is_power_of_two", "one_of", "positive_number"]
 
 
-def is_power_of_two(n) -> bool:
+def is_power_of_two(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
 
 
-def int_at_least(low: int):
+def int_at_least(low: int) -> Check:
     """A check: an int (not a bool) >= ``low``."""
 
-    def check(value, name, ranks, say):
+    def check(value: object, name: str, ranks: int, say: Wording) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             return f"{name} must be an int >= {low}, got {value!r}"
         return None
@@ -20,24 +25,24 @@ def int_at_least(low: int):
     return check
 
 
-def positive_number(value, name, ranks, say):
+def positive_number(value: object, name: str, ranks: int, say: Wording) -> str | None:
     """A check: an int or float above 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         return f"{name} must be a number above 0, got {value!r}"
     return None
 
 
-def boolean(value, name, ranks, say):
+def boolean(value: object, name: str, ranks: int, say: Wording) -> str | None:
     """A check: True or False."""
     if not isinstance(value, bool):
         return f"{name} must be True or False, got {value!r}"
     return None
 
 
-def one_of(*choices):
+def one_of(*choices: object) -> Check:
     """A check: one of ``choices``."""
 
-    def check(value, name, ranks, say):
+    def check(value: object, name: str, ranks: int, say: Wording) -> str | None:
         if value not in choices or isinstance(value, bool):
             return f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
         return None

@@ -3,33 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
 
 from . import ALGORITHM_NAMES, COMMAND_LINE, OPTIONS, options_problem
 
 __all__ = ["add_algorithm_flags", "flags_problem", "options_from_args"]
 
 
-def _fields_by_name():
+def _fields_by_name() -> dict[str, list[tuple[str, dataclasses.Field]]]:
     """Each option name -> [(algorithm, field)] of the algorithms that have it."""
-    by_name = defaultdict(list)
+    by_name: defaultdict[str, list[tuple[str, dataclasses.Field]]] = defaultdict(list)
     for algorithm in ALGORITHM_NAMES:
         for name, f in OPTIONS[algorithm].fields().items():
             by_name[name].append((algorithm, f))
     return by_name
 
 
-def _help(owners):
+def _help(owners: Iterable[tuple[str, dataclasses.Field]]) -> str:
     """One flag's help: its documentation for each algorithm that has it,
     with that algorithm's default in brackets (identical texts once)."""
-    texts = defaultdict(list)
+    texts: defaultdict[tuple[str, str], list[str]] = defaultdict(list)
     for algorithm, f in owners:
         default = f.default if not isinstance(f.default, bool) else ("on" if f.default else "off")
         texts[(f.metadata["help"], str(default))].append(algorithm)
     return "; ".join(f"{', '.join(algorithms)}: {text} [{default}]" for (text, default), algorithms in texts.items())
 
 
-def add_algorithm_flags(parser: argparse.ArgumentParser):
+def add_algorithm_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per option name, ``--NAME-WITH-DASHES`` (booleans also
     ``--no-NAME``), its help from each algorithm's documentation; the
     parsed value is None when the flag is not given."""
@@ -50,13 +53,13 @@ def add_algorithm_flags(parser: argparse.ArgumentParser):
             )
 
 
-def options_from_args(args, algorithm: str) -> dict:
+def options_from_args(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
     """The keywords of ``create(algorithm, ...)`` that the flags of ``args`` give
     (the flags not given are left out: the options object has their defaults)."""
     return {name: getattr(args, name) for name in OPTIONS[algorithm].fields() if getattr(args, name, None) is not None}
 
 
-def flags_problem(args, ranks: int) -> str | None:
+def flags_problem(args: argparse.Namespace, ranks: int) -> str | None:
     """The first problem with the algorithm flags of ``args`` (``args.algo``)
     on ``ranks`` ranks, in the command line's words, or None: a flag of
     another algorithm, then the options object's checks."""

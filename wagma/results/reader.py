@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import h5py
 import numpy as np
@@ -17,14 +18,14 @@ class Run:
     """A run file's content: attributes, the written steps, evaluations, summary."""
 
     path: str
-    attrs: dict
-    steps: dict = field(default_factory=dict)  # field -> (P, written) array
-    eval: dict = field(default_factory=dict)  # field -> (E,) array
-    summary: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)  # sync/<name> by name -> array (rounds, stragglers)
+    attrs: dict[str, Any]
+    steps: dict[str, np.ndarray] = field(default_factory=dict)  # field -> (P, written) array
+    eval: dict[str, np.ndarray] = field(default_factory=dict)  # field -> (E,) array
+    summary: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, np.ndarray] = field(default_factory=dict)  # sync/<name> by name -> array (rounds, stragglers)
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return json.loads(self.attrs.get("config", "{}"))
 
 

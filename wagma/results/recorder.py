@@ -8,11 +8,16 @@ dies keeps what it measured up to the last flush in a readable file; at the
 end it is renamed to ``NAME.h5`` in one ``os.replace``.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import time
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from collectives.collect import RootCollector
 
@@ -20,6 +25,9 @@ from .reader import load_run
 from .schema import STEP_FIELDS
 from .summary import summarize
 from .writer import FileWriter
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["RunRecorder"]
 
@@ -44,19 +52,29 @@ class RunRecorder:
             is killed loses no step it finished).
     """
 
-    def __init__(self, comm, path, attrs, *, resume_step=None, flush_seconds=2.0, post_every=8):
+    def __init__(
+        self,
+        comm: MPI.Intracomm,
+        path: str,
+        attrs: Mapping[str, Any],
+        *,
+        resume_step: int | None = None,
+        flush_seconds: float = 2.0,
+        post_every: int = 8,
+    ) -> None:
         self.ranks = comm.Get_size()
         self.collector = RootCollector(comm, 1 + len(STEP_FIELDS))
         self.writer = FileWriter(path, attrs, self.ranks, resume_step) if self.collector.is_root else None
         self.flush_seconds, self.post_every = flush_seconds, post_every
-        self._buffer, self._last_flush = [], time.monotonic()
-        self._table_rows = {}  # rows of each sync table handed to the writer
+        self._buffer: list[list[float]] = []
+        self._last_flush = time.monotonic()
+        self._table_rows: dict[str, int] = {}  # rows of each sync table handed to the writer
 
     @property
-    def path(self):
+    def path(self) -> str | None:
         return self.writer.path if self.writer else None
 
-    def record(self, step: int, **values):
+    def record(self, step: int, **values: float) -> None:
         """This rank's measurements of ``step`` (the :data:`~wagma.results.schema.STEP_FIELDS`)."""
         self._buffer.append([step, *(values[k] for k in STEP_FIELDS)])
         if len(self._buffer) >= self.post_every:
@@ -67,7 +85,7 @@ class RunRecorder:
             if time.monotonic() - self._last_flush >= self.flush_seconds:
                 self.flush()
 
-    def record_tables(self, tables: dict):
+    def record_tables(self, tables: Mapping[str, tuple[np.ndarray, list[str]]]) -> None:
         """On rank 0: the algorithm's ``sync/<name>`` tables as they stand
         (``name -> (rows, columns)``, :meth:`~wagma.algorithms.base.Algorithm.sync_tables`),
         whose rows only ever grow.  A table goes to the next flush the first
@@ -81,7 +99,7 @@ class RunRecorder:
                 self.writer.set_table(name, rows, columns)
                 self._table_rows[name] = len(rows)
 
-    def record_eval(self, replica_accuracy=None, **values):
+    def record_eval(self, replica_accuracy: ArrayLike | None = None, **values: float) -> None:
         """On rank 0: one evaluation (the :data:`~wagma.results.schema.EVAL_FIELDS`)."""
         if self.writer:
             self.writer.add_eval(values, replica_accuracy)
@@ -90,14 +108,14 @@ class RunRecorder:
         for rank, rows in self.collector.poll():
             self.writer.add_rows(rank, rows)
 
-    def flush(self):
+    def flush(self) -> None:
         """Rank 0: write what has arrived (local; the others: nothing)."""
         if self.writer:
             self._drain()
             self.writer.flush()
             self._last_flush = time.monotonic()
 
-    def close(self, status: str, dead=(), attrs=None):
+    def close(self, status: str, dead: Collection[int] = (), attrs: Mapping[str, Any] | None = None) -> str | None:
         """Collective over the living ranks: gather every rank's remaining
         rows, write the :func:`~wagma.results.summary.summarize` figures and ``status``;
         ``"complete"`` renames the file to its final name.  ``dead``: ranks
@@ -108,6 +126,7 @@ class RunRecorder:
             self.collector.post(np.array(self._buffer))
             self._buffer = []
         for rank, rows in self.collector.finish(absent=dead):
+            assert self.writer is not None  # only the root receives rows
             self.writer.add_rows(rank, rows)
         self.collector.close()
         if not self.writer:
@@ -123,7 +142,7 @@ class RunRecorder:
         os.replace(self.writer.partial, self.writer.path)
         return self.writer.path
 
-    def abandon(self, status: str = "failed"):
+    def abandon(self, status: str = "failed") -> None:
         """After an error, without communicating: rank 0 writes what has
         arrived and marks the partial file with ``status``."""
         if self.writer:

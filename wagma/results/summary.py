@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .schema import LATER_STEP_FIELDS
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["last_epoch_accuracy", "straggler_summary", "summarize"]
 
 
-def straggler_summary(rows) -> dict:
+def straggler_summary(rows: ArrayLike) -> dict[str, float | int]:
     """The straggler predictor's record from table ``sync/stragglers``:
     ``stragglar_fraction`` (global synchronizations run as StragglAR, with a
     predicted straggler), ``straggler_hit_rate`` (of those, the ones whose
@@ -33,7 +34,7 @@ def straggler_summary(rows) -> dict:
     }
 
 
-def summarize(run: Run, skip: int = 0) -> dict:
+def summarize(run: Run, skip: int = 0) -> dict[str, Any]:
     """Throughput and accuracy figures of a run, from its datasets.
 
     Throughput counts every rank's samples (``steps/samples``: skipped

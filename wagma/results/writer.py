@@ -8,9 +8,12 @@ readable whenever the run dies; :func:`write_run` writes a whole run at once
 
 import json
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import h5py
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .reader import load_run
 from .schema import EVAL_FIELDS, LATER_STEP_FIELDS, SCHEMA, STEP_FIELDS, partial_path
@@ -37,10 +40,12 @@ def _attr(value):
 class FileWriter:
     """The root's side: appends rows and evaluations to the partial file."""
 
-    def __init__(self, path, attrs, ranks, resume_step):
+    def __init__(self, path: str, attrs: Mapping[str, Any], ranks: int, resume_step: int | None) -> None:
         self.path, self.partial, self.ranks = path, partial_path(path), ranks
         self.next_step = np.zeros(ranks, dtype=np.int64)
-        self._rows, self._evals, self._tables = [], [], {}
+        self._rows: list[tuple[int, np.ndarray]] = []
+        self._evals: list[tuple[list[float], ArrayLike | None]] = []
+        self._tables: dict[str, tuple[np.ndarray, Sequence[str]]] = {}
         os.makedirs(os.path.dirname(os.path.abspath(self.partial)), exist_ok=True)
         if resume_step is not None and os.path.exists(self.partial):
             self._reopen(resume_step)
@@ -91,18 +96,23 @@ class FileWriter:
             f.attrs["status"] = "running"
         self.next_step[:] = step
 
-    def add_rows(self, rank, rows):
+    def add_rows(self, rank: int, rows: np.ndarray) -> None:
         if len(rows):
             self._rows.append((rank, rows))
 
-    def add_eval(self, values, replica_accuracy):
+    def add_eval(self, values: Mapping[str, float], replica_accuracy: ArrayLike | None) -> None:
         self._evals.append(([values[k] for k in EVAL_FIELDS], replica_accuracy))
 
-    def set_table(self, name, rows, columns):
+    def set_table(self, name: str, rows: ArrayLike, columns: Sequence[str]) -> None:
         """Table ``sync/<name>`` as it is now (its earlier rows unchanged), for the next flush."""
         self._tables[name] = (np.asarray(rows, dtype=np.float64), columns)
 
-    def flush(self, status=None, summary=None, attrs=None):
+    def flush(
+        self,
+        status: str | None = None,
+        summary: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not (self._rows or self._evals or self._tables or status or summary or attrs):
             return
         with h5py.File(self.partial, "a") as f:
@@ -131,7 +141,7 @@ class FileWriter:
                 if end > steps[STEP_FIELDS[0]].shape[1]:
                     for name in STEP_FIELDS:
                         steps[name].resize(end, axis=1)
-                by_rank = {}
+                by_rank: dict[int, list[np.ndarray]] = {}
                 for rank, rows in self._rows:
                     by_rank.setdefault(rank, []).append(rows)
                 for rank, blocks in by_rank.items():
@@ -158,7 +168,13 @@ class FileWriter:
         self._rows, self._evals, self._tables = [], [], {}
 
 
-def write_run(path: str, attrs: dict, steps: dict, evals: dict | None = None, status: str = "complete"):
+def write_run(
+    path: str,
+    attrs: Mapping[str, Any],
+    steps: Mapping[str, ArrayLike],
+    evals: Mapping[str, Any] | None = None,
+    status: str = "complete",
+) -> None:
     """Write a whole run file at once (the simulator's results, test fixtures).
 
     ``steps``: every :data:`~wagma.results.schema.STEP_FIELDS` name -> a ``(P, T)`` array;

@@ -14,6 +14,16 @@ simulated arrivals.  CLI:
 """
 
 from .engine import ALGORITHMS, Scenario, SimulatedRun, compute_times, save, simulate
-from .network import COLLECTIVES, Network
+from .network import COLLECTIVES, Collective, Network
 
-__all__ = ["ALGORITHMS", "COLLECTIVES", "Network", "Scenario", "SimulatedRun", "compute_times", "save", "simulate"]
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "Collective",
+    "Network",
+    "Scenario",
+    "SimulatedRun",
+    "compute_times",
+    "save",
+    "simulate",
+]

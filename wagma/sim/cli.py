@@ -1,11 +1,15 @@
 """``python -m wagma.sim``: simulate algorithms at several rank counts, print
 the comparison table, optionally write run files and the throughput figure."""
 
+from __future__ import annotations
+
 import argparse
 import logging
 import math
 import os
 import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,15 +20,18 @@ from wagma.options import COMMAND_LINE, options_problem
 from wagma.options.cli import add_algorithm_flags, options_from_args
 from wagma.results import straggler_summary
 
-from .engine import ALGORITHMS, Scenario, age_summary, save, simulate
+from .engine import ALGORITHMS, Scenario, SimulatedRun, age_summary, save, simulate
 from .network import COLLECTIVES, Network
+
+if TYPE_CHECKING:
+    from wagma.models import ModelName
 
 __all__ = ["format_spread", "main", "model_parameters"]
 
 logger = logging.getLogger("wagma.sim")
 
 
-def model_parameters(name: str) -> int:
+def model_parameters(name: ModelName) -> int:
     """The parameter count of ``wagma.models`` model ``name``, shaped for
     its synthetic data (ImageNet for resnet18/50, CIFAR for resnet20), built
     on PyTorch's meta device (no memory, no initialisation)."""
@@ -38,7 +45,7 @@ def model_parameters(name: str) -> int:
         return sum(p.numel() for p in build_model(name, spec).parameters())
 
 
-def format_spread(runs, skip=0, markdown=False) -> str:
+def format_spread(runs: Iterable[SimulatedRun], skip: int = 0, markdown: bool = False) -> str:
     """Per run: how the waiting spreads over the ranks (each rank's mean wait
     per step: the least, median and most waiting rank), how old the
     averaged contributions were (mean and largest age in steps), and with
@@ -50,6 +57,7 @@ def format_spread(runs, skip=0, markdown=False) -> str:
     ]
     for run in sorted(runs, key=lambda r: (r.attrs["ranks"], r.attrs["algorithm"])):
         wait = np.nanmean(run.steps["wait_time"][:, skip:], axis=1) * 1e3
+        assert run.age is not None  # simulate() always sets it
         mean_age, max_age = age_summary(run.age[:, skip:])
         predicted = hit_rate = "-"
         if "stragglers" in run.tables:
@@ -161,7 +169,7 @@ def build_parser():
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging()

@@ -6,9 +6,11 @@ import inspect
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import h5py
 import numpy as np
+from numpy.typing import ArrayLike
 
 from collectives.stragglar.cost import break_even_lead
 from collectives.stragglar.generator import lower_bound
@@ -16,11 +18,11 @@ from collectives.stragglar.prediction import StragglerPredictor, predictor_probl
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from collectives.wait_avoiding.activation import RandomActivators
 from wagma.imbalance import parse_imbalance
-from wagma.options import ALGORITHM_NAMES, OPTIONS, resolved_options
+from wagma.options import ALGORITHM_NAMES, OPTIONS, AlgorithmName, resolved_options
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
 
 from . import kernels
-from .network import COLLECTIVES, GlobalAllreduce, Network
+from .network import COLLECTIVES, Collective, GlobalAllreduce, Network
 
 __all__ = [
     "ALGORITHMS",
@@ -88,7 +90,7 @@ class Scenario:
     parameters: int
     imbalance: str = "none"
     compute_ms: float = 600.0
-    collective: str = "auto"
+    collective: Collective = "auto"
     seed: int = 0
     model: str = "custom"
     batch_size: int = 128
@@ -303,11 +305,13 @@ class SimulatedRun(Run):
     many seconds, and the lead the next prediction required), and its
     summary has :func:`~wagma.results.summary.straggler_summary`'s figures."""
 
-    age: np.ndarray = field(default=None)
-    schedule: dict = field(default_factory=dict)
+    age: np.ndarray | None = field(default=None)
+    schedule: dict[str, Any] = field(default_factory=dict)  # arrays; AD-PSGD's exchange_s in seconds
 
 
-def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None, **options) -> SimulatedRun:
+def simulate(
+    algorithm: AlgorithmName, scenario: Scenario, skip: int = 0, compute: ArrayLike | None = None, **options: Any
+) -> SimulatedRun:
     """Simulate ``algorithm`` with ``options`` (the keywords of
     :func:`wagma.algorithms.create`, with its defaults) in ``scenario``.
 
@@ -337,7 +341,8 @@ def simulate(algorithm: str, scenario: Scenario, skip: int = 0, compute=None, **
             "collective='stragglar' (the oracle that always knows the last rank) cannot be that"
         )
     skipped = np.zeros_like(compute)
-    stragglers, schedule = None, {}
+    stragglers = None
+    schedule: dict[str, Any] = {}
     if algorithm == "ensemble_sync":
         (clock, skipped), stale, age = _ensemble_sync(scenario, options, compute), None, None
         compute, injected = compute * (1 - skipped), injected * (1 - skipped)

@@ -25,13 +25,18 @@ here, fed with the simulated arrivals (``_synchronize``).
 import hashlib
 import inspect
 import os
+from typing import TypeAlias
 
 import numpy as np
 from numba import njit
 
 from collectives.stragglar.prediction import predicted_rank, update_scores
+from wagma.options.algorithms import Late
+
+from .network import AllreduceCost
 
 __all__ = [
+    "Predictor",
     "SYNC_FIELDS",
     "adpsgd",
     "eager_sgd",
@@ -47,6 +52,10 @@ __all__ = [
 #: runtime's log, :class:`collectives.stragglar.training_sync.PredictedStragglerSync`,
 #: without its first, the synchronization's number).
 SYNC_FIELDS = ("predicted", "last", "lead_s", "min_lead_s")
+
+#: The prediction arguments of :func:`local_sgd` and :func:`wagma`:
+#: ``(on, decay, confidence, first_min_lead_s, min_lead_s)`` (see :func:`_synchronize`).
+Predictor: TypeAlias = tuple[bool, float, float, float, float]
 
 _update_scores = njit(cache=True)(update_scores)
 _predicted_rank = njit(cache=True)(predicted_rank)
@@ -70,7 +79,7 @@ def _global_end(f, straggler, after_last, straggler_aware, reduce_scatter, after
     return max(others + reduce_scatter, f[straggler]) + after_straggler
 
 
-def no_prediction(ranks):
+def no_prediction(ranks: int) -> tuple[Predictor, np.ndarray, np.ndarray]:
     """The prediction arguments of :func:`local_sgd` and :func:`wagma` for a
     run without it (every synchronization runs ``collective``)."""
     return (False, 0.0, 1.0, 0.0, 0.0), np.zeros((2, ranks)), np.zeros((0, len(SYNC_FIELDS)))
@@ -138,7 +147,15 @@ def _forget_kernels_of_another_predictor(kernels):
 
 
 @njit(cache=True)
-def local_sgd(compute, tau, collective, planned, predictor, scores, record):
+def local_sgd(
+    compute: np.ndarray,
+    tau: int,
+    collective: AllreduceCost,
+    planned: AllreduceCost,
+    predictor: Predictor,
+    scores: np.ndarray,
+    record: np.ndarray,
+) -> np.ndarray:
     """Model averaging over all ranks at steps with (t + 1) mod tau == 0
     (a barrier: the last rank's arrival, then the allreduce); no waiting in
     between.  tau = 1 is synchronous model averaging, and Allreduce-SGD too:
@@ -163,7 +180,14 @@ def local_sgd(compute, tau, collective, planned, predictor, scores, record):
 
 
 @njit(cache=True)
-def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
+def hierarchical_sgd(
+    compute: np.ndarray,
+    periods: np.ndarray,
+    sizes: np.ndarray,
+    costs: np.ndarray,
+    warmup: int,
+    collective: AllreduceCost,
+) -> np.ndarray:
     """Hierarchical SGD: during the first ``warmup`` steps a gradient
     allreduce over all ranks (``collective``); afterwards, at steps t with
     t mod period == 0 for some level, the level with the largest period
@@ -196,7 +220,7 @@ def hierarchical_sgd(compute, periods, sizes, costs, warmup, collective):
 
 
 @njit(cache=True)
-def neighbours(compute, offsets, exchange):
+def neighbours(compute: np.ndarray, offsets: np.ndarray, exchange: float) -> np.ndarray:
     """Synchronous gossip: at step t rank r receives from ranks r - o for each
     offset o in ``offsets[t]`` and waits for them, then spends ``exchange``
     (its sends).  D-PSGD: offsets (1, -1), the two ring neighbours, every
@@ -216,7 +240,7 @@ def neighbours(compute, offsets, exchange):
 
 
 @njit(cache=True)
-def adpsgd(compute, exchange):
+def adpsgd(compute: np.ndarray, exchange: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """AD-PSGD (our :class:`~collectives.gossip.PairwiseGossip`): after its
     step k an even (active) rank asks an odd neighbour for an exchange, right
     at even k and left at odd k, so each odd (passive) rank gets one request
@@ -269,11 +293,19 @@ def adpsgd(compute, exchange):
 
 #: The ``late`` readings of :func:`eager_sgd` by code, those of
 #: :data:`collectives.wait_avoiding.collective.LATE`, in its order.
-LATE_CODES = {"drop": 0, "newest": 1, "accumulate": 2}
+LATE_CODES: dict[Late, int] = {"drop": 0, "newest": 1, "accumulate": 2}
 
 
 @njit(cache=True)
-def eager_sgd(compute, quorum, activators, synchronous, activation, cost, late):
+def eager_sgd(
+    compute: np.ndarray,
+    quorum: int,
+    activators: np.ndarray,
+    synchronous: np.ndarray,
+    activation: float,
+    cost: float,
+    late: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Eager-SGD's partial allreduce over all ranks.  Version t starts when
     its activator ``activators[t]`` has arrived (the majority's random
     activator), or, where that is -1, when ``quorum`` ranks have arrived
@@ -363,21 +395,21 @@ def _popcount(x):
 
 @njit(cache=True)
 def wagma(
-    compute,
-    tau,
-    log_ranks,
-    log_group,
-    dynamic,
-    phases,
-    phase_costs,
-    activation,
-    hop,
-    collective,
-    planned,
-    predictor,
-    scores,
-    record,
-):
+    compute: np.ndarray,
+    tau: int,
+    log_ranks: int,
+    log_group: int,
+    dynamic: bool,
+    phases: np.ndarray,
+    phase_costs: np.ndarray,
+    activation: bool,
+    hop: float,
+    collective: AllreduceCost,
+    planned: AllreduceCost,
+    predictor: Predictor,
+    scores: np.ndarray,
+    record: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """WAGMA-SGD's wait-avoiding group allreduce (Algorithm 2; DESIGN
     "The wait-avoiding group allreduce").
 
@@ -457,7 +489,9 @@ def wagma(
 
 
 @njit(cache=True)
-def ensemble_sync(compute, period, timeout, costs, notify):
+def ensemble_sync(
+    compute: np.ndarray, period: int, timeout: float, costs: np.ndarray, notify: float
+) -> tuple[np.ndarray, np.ndarray]:
     """EnsembleSync (:class:`wagma.algorithms.ensemble_sync.EnsembleSync`): rounds of
     ``period`` steps; a round closes when every present rank has reported,
     or ``timeout`` after its first report (the last round: when every rank

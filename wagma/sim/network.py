@@ -12,6 +12,7 @@ simulated run costs what the code it stands for would send.
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal, TypeAlias, get_args
 
 import numpy as np
 
@@ -20,10 +21,15 @@ from collectives.stragglar.cost import rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.wait_avoiding.group_allreduce import choose_group_allreduce
 
-__all__ = ["COLLECTIVES", "GlobalAllreduce", "Network"]
+__all__ = ["COLLECTIVES", "AllreduceCost", "Collective", "GlobalAllreduce", "Network"]
 
 #: Schedules of a blocking allreduce over all P ranks.
-COLLECTIVES = ("auto", "ring", "rhd", "recursive_doubling", "stragglar")
+Collective = Literal["auto", "ring", "rhd", "recursive_doubling", "stragglar"]
+COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
+
+#: :meth:`GlobalAllreduce.as_tuple`, the form the kernels take:
+#: ``(after_last, straggler_aware, reduce_scatter, after_straggler)``.
+AllreduceCost: TypeAlias = tuple[float, bool, float, float]
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class GlobalAllreduce:
     reduce_scatter: float = 0.0
     after_straggler: float = 0.0
 
-    def as_tuple(self):
+    def as_tuple(self) -> AllreduceCost:
         return (self.after_last, self.straggler_aware, self.reduce_scatter, self.after_straggler)
 
 
@@ -110,26 +116,25 @@ class Network:
         """One point-to-point message."""
         return self.alpha + nbytes * self.beta
 
-    def allreduce(self, n: int, nbytes: float, collective: str = "auto") -> GlobalAllreduce:
+    def allreduce(self, n: int, nbytes: float, collective: Collective = "auto") -> GlobalAllreduce:
         """A blocking allreduce of ``nbytes`` over ``n`` ranks with schedule ``collective``
         (one of :data:`COLLECTIVES`; ``auto`` is the runtime's choice)."""
         if collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
         if n <= 1:
             return GlobalAllreduce(0.0)
-        if collective == "auto":
-            collective = choose_allreduce(int(nbytes), n)
-        if collective == "ring":
+        schedule: str = choose_allreduce(int(nbytes), n) if collective == "auto" else collective
+        if schedule == "ring":
             return GlobalAllreduce(ring_time(n, nbytes, self.alpha, self.beta))
-        if collective == "rhd":
+        if schedule == "rhd":
             return GlobalAllreduce(rhd_time(n, nbytes, self.alpha, self.beta))
-        if collective == "recursive_doubling":
+        if schedule == "recursive_doubling":
             return GlobalAllreduce(math.ceil(math.log2(n)) * self.message(nbytes))
         rounds = lower_bound(n)  # what the generator reaches (docs/stragglar.md)
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
-    def butterfly_phases(self, group_size: int, nbytes: float):
+    def butterfly_phases(self, group_size: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
         """The group allreduce of WAGMA within a butterfly group of ``group_size``:
         ``(phase, seconds)`` arrays, ``phase`` k meaning the k-th of iteration t's
         partner masks.  Recursive doubling (log2 S phases of the whole buffer)
