@@ -332,22 +332,7 @@ def _loop(run, start, clock_offset):
                 clocks[step] = now
                 step += 1
                 if algo.skipped:  # ensemble_sync's fast-forward of a late rank
-                    for missed in range(*algo.skipped):  # no times: the rank did not take these steps
-                        recorder.record(
-                            missed,
-                            step_time=math.nan,
-                            compute_time=math.nan,
-                            delay=math.nan,
-                            comm_time=math.nan,
-                            wait_time=math.nan,
-                            loss=math.nan,
-                            stale=math.nan,
-                            clock=now,
-                            samples=0.0,
-                            skipped=1.0,
-                            contribution=math.nan,
-                        )
-                        clocks[missed] = now
+                    _record_skipped(recorder, range(*algo.skipped), now, clocks)
                     data.skip(algo.skipped[1] - step, samples)
                     step = algo.skipped[1]
                 progress.update(step, loss, ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9))
@@ -379,6 +364,15 @@ def _loop(run, start, clock_offset):
             if vote is not None:
                 vote.close()
     return status, clock()
+
+
+def _record_skipped(recorder, steps, now, clocks):
+    """Steps a rank skipped (ensemble_sync's fast-forward): samples 0, no
+    times (it did not take them), its clock ``now``, when it rejoined."""
+    nothing = dict.fromkeys(("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale"), math.nan)
+    for missed in steps:
+        recorder.record(missed, **nothing, clock=now, samples=0.0, skipped=1.0, contribution=math.nan)
+        clocks[missed] = now
 
 
 def _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated):
