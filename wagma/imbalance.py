@@ -223,71 +223,99 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
     if not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     form, _, body = spec.strip().partition(":")
-    zeros = np.zeros(ranks)
     if form == "none" and not body:
+        zeros = np.zeros(ranks)
         return Imbalance(spec, "delay", ranks, seed, lambda rng, t: zeros)
-    if form == "random":
-        f = _fields(spec, body, ("k", "ms"))
-        k, delay = f["k"], _ms(spec, f, "ms")
-        if k != int(k) or not 0 <= k <= ranks:
-            raise _bad(spec, f"k must be an integer in [0, {ranks}] (the number of ranks), got {k:g}")
+    if form == "trace" and not body or form not in _FORMS:
+        raise _bad(spec, f"unknown form {form!r}")
+    return _FORMS[form](spec, body, ranks, seed)
 
-        def draw(rng, t):
-            out = np.zeros(ranks)
-            out[rng.choice(ranks, int(k), replace=False)] = delay
-            return out
 
-        return Imbalance(spec, "delay", ranks, seed, draw)
-    if form == "bernoulli":
-        f = _fields(spec, body, ("p", "ms"))
-        p, delay = f["p"], _ms(spec, f, "ms")
-        if not 0 <= p <= 1:
-            raise _bad(spec, f"p must be in [0, 1], got {p:g}")
-        return Imbalance(spec, "delay", ranks, seed, lambda rng, t: (rng.random(ranks) < p) * delay)
-    if form == "straggler":
-        f = _fields(spec, body, ("rank", "ms"))
-        rank, delay = f["rank"], _ms(spec, f, "ms")
-        if rank != int(rank) or not 0 <= rank < ranks:
-            raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}], got {rank:g}")
-        late = np.zeros(ranks)
-        late[int(rank)] = delay
-        return Imbalance(spec, "delay", ranks, seed, lambda rng, t: late)
-    if form == "switching":
-        f = _fields(spec, body, ("every", "ms"))
-        every, delay = f["every"], _ms(spec, f, "ms")
-        if every != int(every) or every < 1:
-            raise _bad(spec, f"every must be an integer >= 1 (steps), got {every:g}")
+def _random(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("k", "ms"))
+    k, delay = f["k"], _ms(spec, f, "ms")
+    if k != int(k) or not 0 <= k <= ranks:
+        raise _bad(spec, f"k must be an integer in [0, {ranks}] (the number of ranks), got {k:g}")
 
-        def draw(rng, t):
-            out = np.zeros(ranks)
-            # The block's own generator: the same rank for all its steps.
-            out[np.random.default_rng([seed, _SWITCHING, t // int(every)]).integers(ranks)] = delay
-            return out
+    def draw(rng, t):
+        out = np.zeros(ranks)
+        out[rng.choice(ranks, int(k), replace=False)] = delay
+        return out
 
-        return Imbalance(spec, "delay", ranks, seed, draw)
-    if form == "lognormal":
-        f = _fields(spec, body, ("median_ms", "sigma"), ("min_ms", "max_ms"))
-        median = _ms(spec, f, "median_ms", minimum=1e-9)
-        sigma = f["sigma"]
-        if not sigma >= 0:
-            raise _bad(spec, f"sigma must be >= 0, got {sigma:g}")
-        lo = _ms(spec, f, "min_ms") if "min_ms" in f else 0.0
-        hi = _ms(spec, f, "max_ms") if "max_ms" in f else math.inf
-        if lo > hi:
-            raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
-        return Imbalance(
-            spec, "compute", ranks, seed, lambda rng, t: np.clip(rng.lognormal(math.log(median), sigma, ranks), lo, hi)
-        )
-    if form == "uniform":
-        f = _fields(spec, body, ("min_ms", "max_ms"))
-        lo, hi = _ms(spec, f, "min_ms"), _ms(spec, f, "max_ms")
-        if lo > hi:
-            raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
-        return Imbalance(spec, "compute", ranks, seed, lambda rng, t: rng.uniform(lo, hi, ranks))
-    if form == "trace" and body:
-        trace = _read_trace(spec, body)
-        if trace.ndim == 2:
-            columns = np.arange(ranks) % trace.shape[1]
-            return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[t % trace.shape[0], columns])
-        return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[rng.integers(0, trace.size, ranks)])
-    raise _bad(spec, f"unknown form {form!r}")
+    return Imbalance(spec, "delay", ranks, seed, draw)
+
+
+def _bernoulli(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("p", "ms"))
+    p, delay = f["p"], _ms(spec, f, "ms")
+    if not 0 <= p <= 1:
+        raise _bad(spec, f"p must be in [0, 1], got {p:g}")
+    return Imbalance(spec, "delay", ranks, seed, lambda rng, t: (rng.random(ranks) < p) * delay)
+
+
+def _straggler(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("rank", "ms"))
+    rank, delay = f["rank"], _ms(spec, f, "ms")
+    if rank != int(rank) or not 0 <= rank < ranks:
+        raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}], got {rank:g}")
+    late = np.zeros(ranks)
+    late[int(rank)] = delay
+    return Imbalance(spec, "delay", ranks, seed, lambda rng, t: late)
+
+
+def _switching(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("every", "ms"))
+    every, delay = f["every"], _ms(spec, f, "ms")
+    if every != int(every) or every < 1:
+        raise _bad(spec, f"every must be an integer >= 1 (steps), got {every:g}")
+
+    def draw(rng, t):
+        out = np.zeros(ranks)
+        # The block's own generator: the same rank for all its steps.
+        out[np.random.default_rng([seed, _SWITCHING, t // int(every)]).integers(ranks)] = delay
+        return out
+
+    return Imbalance(spec, "delay", ranks, seed, draw)
+
+
+def _lognormal(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("median_ms", "sigma"), ("min_ms", "max_ms"))
+    median = _ms(spec, f, "median_ms", minimum=1e-9)
+    sigma = f["sigma"]
+    if not sigma >= 0:
+        raise _bad(spec, f"sigma must be >= 0, got {sigma:g}")
+    lo = _ms(spec, f, "min_ms") if "min_ms" in f else 0.0
+    hi = _ms(spec, f, "max_ms") if "max_ms" in f else math.inf
+    if lo > hi:
+        raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
+    return Imbalance(
+        spec, "compute", ranks, seed, lambda rng, t: np.clip(rng.lognormal(math.log(median), sigma, ranks), lo, hi)
+    )
+
+
+def _uniform(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    f = _fields(spec, body, ("min_ms", "max_ms"))
+    lo, hi = _ms(spec, f, "min_ms"), _ms(spec, f, "max_ms")
+    if lo > hi:
+        raise _bad(spec, f"min_ms must be <= max_ms, got {lo * 1e3:g} > {hi * 1e3:g}")
+    return Imbalance(spec, "compute", ranks, seed, lambda rng, t: rng.uniform(lo, hi, ranks))
+
+
+def _trace(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    trace = _read_trace(spec, body)
+    if trace.ndim == 2:
+        columns = np.arange(ranks) % trace.shape[1]
+        return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[t % trace.shape[0], columns])
+    return Imbalance(spec, "compute", ranks, seed, lambda rng, t: trace[rng.integers(0, trace.size, ranks)])
+
+
+#: Each form but ``none``: its parser, from the spec's body to the model.
+_FORMS = {
+    "random": _random,
+    "bernoulli": _bernoulli,
+    "straggler": _straggler,
+    "switching": _switching,
+    "lognormal": _lognormal,
+    "uniform": _uniform,
+    "trace": _trace,
+}
