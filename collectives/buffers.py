@@ -46,7 +46,7 @@ __all__ = [
 #: alike (numpy has no bfloat16; torch tensors of that type are accepted).
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
-#: What the collectives take as a buffer: a numpy array or a torch tensor
+#: What the collectives take as a buffer, a numpy array or a torch tensor
 #: (for annotations only: torch is imported by type checkers alone).
 Buffer: TypeAlias = "np.ndarray | torch.Tensor"
 #: A buffer passed in and handed back (the same object).

@@ -27,7 +27,8 @@ FAILURE_CLASSES: frozenset[int] = frozenset(
 )
 
 
-_Result = TypeVar("_Result")
+#: What the ``call`` of :func:`any_source` returns, which it hands back.
+ResultT = TypeVar("ResultT")
 
 
 def fault_tolerant(environ: Mapping[str, str] | None = None) -> bool:
@@ -58,7 +59,7 @@ def failed_ranks(comm: MPI.Comm) -> set[int]:
         everyone.Free()
 
 
-def any_source(comm: MPI.Comm, call: Callable[..., _Result], *args: Any) -> _Result:
+def any_source(comm: MPI.Comm, call: Callable[..., ResultT], *args: Any) -> ResultT:
     """``call(*args)``, a receive or probe from ``MPI_ANY_SOURCE`` on
     ``comm``, retried after acknowledging the failures that made it return
     ``MPI_ERR_PROC_FAILED_PENDING`` (so that a dead rank cannot block

@@ -77,7 +77,7 @@ class DataSpec:
             raise ValueError(f"task must be 'classification' or 'seq2seq', got {self.task!r}")
 
 
-#: A batch: ``(x, y)`` of a classification task, ``(src, tgt)`` of a seq2seq one.
+#: A batch, ``(x, y)`` of a classification task or ``(src, tgt)`` of a seq2seq one.
 Batch: TypeAlias = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -575,6 +575,7 @@ def _synthetic(model, synthetic_size, seed, rank, ranks):
 
 #: Dataset names ``load_dataset`` accepts.
 DatasetName = Literal["digits", "cifar10", "synthetic", "synthetic-cifar", "translation"]
+#: The values of :data:`DatasetName`, in its order.
 DATASETS: tuple[DatasetName, ...] = get_args(DatasetName)
 
 

@@ -69,7 +69,7 @@ FORMS = (
 )
 
 
-#: What an imbalance model draws: ``"delay"`` (added to compute) or ``"compute"`` (the compute time).
+#: What an imbalance model draws, ``"delay"`` (added to compute) or ``"compute"`` (the compute time).
 ImbalanceKind = Literal["delay", "compute"]
 
 

@@ -343,6 +343,7 @@ class ModelEntry:
 
 #: The models' names, as the CLI takes them (the keys of :data:`MODELS`).
 ModelName = Literal["mlp", "resnet20", "resnet18", "resnet50", "transformer", "transformer-base"]
+#: The values of :data:`ModelName`, in its order.
 MODEL_NAMES: tuple[ModelName, ...] = get_args(ModelName)
 
 #: Models by the name the CLI uses.

@@ -46,19 +46,21 @@ __all__ = [
 #: Reduction operations, ``sum`` or ``avg`` (the sum divided by the number
 #: of contributions, floating-point buffers only).
 Op = Literal["sum", "avg"]
+#: The reduction operations, the values of :data:`Op`.
 OPS: tuple[Op, ...] = get_args(Op)
 
 #: Our allreduce schedules, the keys of :data:`ALLREDUCE_ALGORITHMS`.
 AllreduceSchedule = Literal["ring", "rhd", "recursive_doubling"]
-#: What ``allreduce(algorithm=...)`` runs: ours or ``"mpi"``, the keys of :data:`ALLREDUCE_CHOICES`.
+#: What ``allreduce(algorithm=...)`` runs, ours or ``"mpi"`` (the keys of :data:`ALLREDUCE_CHOICES`).
 AllreduceChoice = Literal[AllreduceSchedule, "mpi"]
-#: What ``allreduce(algorithm=...)`` accepts: a choice or ``"auto"`` (:func:`choose_allreduce`).
+#: What ``allreduce(algorithm=...)`` accepts, a choice or ``"auto"`` (:func:`choose_allreduce`).
 AllreduceAlgorithm = Literal[AllreduceChoice, "auto"]
 #: What ``reduce_scatter(algorithm=...)`` accepts, the keys of :data:`REDUCE_SCATTER_ALGORITHMS`.
 ReduceScatterAlgorithm = Literal["ring", "recursive_halving"]
 #: What ``allgather(algorithm=...)`` accepts, the keys of :data:`ALLGATHER_ALGORITHMS`.
 AllgatherAlgorithm = Literal["ring", "recursive_doubling"]
 
+#: Our allreduce schedules, by the name ``allreduce(algorithm=...)`` takes.
 ALLREDUCE_ALGORITHMS: dict[AllreduceSchedule, Callable[..., None]] = {
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
@@ -76,6 +78,7 @@ REDUCE_SCATTER_ALGORITHMS: dict[ReduceScatterAlgorithm, Callable[..., None]] = {
     "ring": ring_reduce_scatter,
     "recursive_halving": recursive_halving_reduce_scatter,
 }
+#: The allgather schedules, by the name ``allgather(algorithm=...)`` takes.
 ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
     "ring": ring_allgather,
     "recursive_doubling": recursive_doubling_allgather,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .schedule import Schedule
+# Imported at run time (the package has imported it already) so that the annotations
+# resolve: the reference then names the Schedule of this package, not wagma.emulate's.
+from .schedule import Schedule
 
 __all__ = ["plot_schedule", "plot_speedup", "schedule_grid"]
 

@@ -22,7 +22,7 @@ that benchmarks compare algorithms and not transports.
 from __future__ import annotations
 
 import functools
-from typing import Literal, Self, get_args
+from typing import TYPE_CHECKING, Literal, Self, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -41,13 +41,18 @@ from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
 from .generator import generate
-from .schedule import Schedule
 from .verify import verify
+
+if TYPE_CHECKING:
+    # The full path in the annotation: the reference then names the Schedule of this
+    # package, not wagma.emulate's.
+    import collectives.stragglar.schedule
 
 __all__ = ["STRAGGLER_AWARE_ALGORITHMS", "StragglerAwareAlgorithm", "StragglerAwareAllreduce", "stragglar_allreduce"]
 
 #: Straggler-aware allreduce algorithms of :class:`StragglerAwareAllreduce`.
 StragglerAwareAlgorithm = Literal["stragglar", "broadcast"]
+#: The values of :data:`StragglerAwareAlgorithm`, in its order.
 STRAGGLER_AWARE_ALGORITHMS: tuple[StragglerAwareAlgorithm, ...] = get_args(StragglerAwareAlgorithm)
 
 # Tags on the data channel; every call is blocking and every rank walks the
@@ -111,7 +116,7 @@ class StragglerAwareAllreduce:
         *,
         algorithm: StragglerAwareAlgorithm = "stragglar",
         op: Op = "sum",
-        schedule: Schedule | None = None,
+        schedule: collectives.stragglar.schedule.Schedule | None = None,
         reduce_scatter: ReduceScatterAlgorithm = "ring",
     ) -> None:
         info = describe(template)

@@ -44,6 +44,7 @@ __all__ = [
 #: paper's description of eager-SGD, section 2.2: "allowing at most half
 #: processors to contribute stale gradients").
 Activation = Literal["first", "random", "half"]
+#: The values of :data:`Activation`, in its order.
 ACTIVATIONS: tuple[Activation, ...] = get_args(Activation)
 
 #: What becomes of a late contribution, one published after its version
@@ -52,6 +53,7 @@ ACTIVATIONS: tuple[Activation, ...] = get_args(Activation)
 #: replaces it first), ``"accumulate"`` (it enters the next version, summed
 #: with every later one that version has not read yet).
 Late = Literal["drop", "newest", "accumulate"]
+#: The values of :data:`Late`, in its order.
 LATE: tuple[Late, ...] = get_args(Late)
 
 #: How the executions the main thread waits for wait for their transfers:
@@ -60,6 +62,7 @@ LATE: tuple[Late, ...] = get_args(Late)
 #: partner's progress thread needs), ``"auto"`` by
 #: :func:`~collectives.comm.node_oversubscribed`.
 Waits = Literal["auto", "spin", "yield"]
+#: The values of :data:`Waits`, in its order.
 WAITS: tuple[Waits, ...] = get_args(Waits)
 
 

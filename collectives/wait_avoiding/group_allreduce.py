@@ -119,6 +119,7 @@ def butterfly_halving_doubling(
         lo, hi = wlo, whi
 
 
+#: The group allreduce schedules, by the name ``group_allreduce(algorithm=...)`` takes.
 GROUP_ALLREDUCE_ALGORITHMS: dict[GroupAllreduceSchedule, Callable[..., None]] = {
     "recursive_doubling": butterfly_recursive_doubling,
     "halving_doubling": butterfly_halving_doubling,

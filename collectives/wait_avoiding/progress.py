@@ -16,7 +16,8 @@ from .activation import ActivationState, version_from_tag, version_tag
 
 if TYPE_CHECKING:
     from ..comm import Communicator
-    from .collective import Activation, Late
+    from . import collective
+    from .collective import Activation
 
 __all__ = ["ProgressEngine"]
 
@@ -119,7 +120,7 @@ class ProgressEngine(Generic[LikeT]):
         history: int = 0,
         first_iteration: int = 0,
         yield_awaited: bool = False,
-        late: Late | None = None,
+        late: collective.Late | None = None,
     ) -> None:
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)

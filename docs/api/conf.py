@@ -48,12 +48,15 @@ napoleon_numpy_docstring = False
 napoleon_custom_sections = [("Options", "params_style")]
 html_theme = "alabaster"
 
-# Names of other projects (the standard library, numpy, torch, mpi4py, h5py), mostly from type hints: they
-# would resolve through intersphinx, but its inventories come from the network, and the build must
-# work offline.  So they are not checked; every name of collectives and wagma is.
+# Names of other projects (the standard library, numpy, torch, mpi4py, h5py, pandas), mostly from type
+# hints: they would resolve through intersphinx, but its inventories come from the network, and the build
+# must work offline.  So they are not checked; every name of collectives and wagma is.  An annotation that
+# cannot be evaluated (a name imported for type checkers alone) is shown as written: hence ``MPI.`` for
+# ``from mpi4py import MPI``, and a standard-library class imported by its own name.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(numpy|np|torch|mpi4py|h5py)(\..*)?"),
-    (r"py:.*", r"(argparse|collections|contextlib|dataclasses|inspect|threading)\..*"),
+    (r"py:.*", r"(numpy|np|torch|mpi4py|MPI|h5py|pandas)(\..*)?"),
+    (r"py:.*", r"(argparse|collections|contextlib|dataclasses|inspect|os|threading)\..*"),
+    (r"py:.*", r"AbstractContextManager"),
 ]
 
 

@@ -65,49 +65,8 @@ class Algorithm:
     optimizer step, through ``_optimizer_step``, and the communication
     of one step).
 
-    The attributes below are those a training loop may read.
-
-    Attributes:
-        config: the options object, "auto" values made concrete for the
-            rank count.
-        options: :attr:`config` as a dict (the run file's
-            ``algorithm_options``).
-        steps: steps taken (the counter of :meth:`state_dict`).
-        stale_steps: steps whose contribution was stale (a group or quorum
-            collective began without this rank); 0 for algorithms without
-            partial collectives.
-        contribution: after :meth:`step`, the iteration of the contribution
-            this rank gave to the step's averaging, from the partial
-            collective (WAGMA-SGD's model, eager-SGD's gradient: the step
-            itself where fresh, an older one where stale; -1 for the initial
-            model, or for zeros under a ``late`` reading; with several
-            parameter dtypes, the first's); NaN for the others.  Run files keep it (step field ``contribution``), and
-            :mod:`wagma.emulate` replays it.
-        lock: a context manager held while the parameters must not be read
-            half-updated; algorithms whose own threads change the parameters
-            (AD-PSGD) replace this no-op with their lock.
-        samples_per_step: this rank's batch for the next step; the
-            training loop's ``--batch-size`` unless the algorithm reallocates
-            work (``reallocate``, :mod:`wagma.reallocation`).
-        work_measured: with ``reallocate`` (EnsembleSync: always, for its
-            reports), one ``(samples, seconds)`` pair per global
-            synchronization: this rank's work (see :meth:`step`) since the
-            previous one, whose ``samples / seconds`` is the speed the next
-            shares are computed from.
-        total_steps: the run's steps (set by :meth:`plan`).
-        comm_in_backward_s: after :meth:`step`, the seconds the step's
-            backward passes spent in the algorithm's communication
-            (Allreduce-SGD's end-of-backward wait for its buckets); a
-            training loop that times ``backward()`` as compute moves them
-            to the step's communication, where the waiting belongs.  0 for
-            algorithms that communicate inside :meth:`step` only.
-        skipped: after a :meth:`step` that fast-forwarded this rank past
-            steps it did not take (ensemble_sync's late rank rejoining),
-            ``(first, stop)`` of the global steps skipped: the loop records
-            them as skipped and moves its data past their samples; else None.
-        ensemble: on rank 0 of an algorithm whose :attr:`evaluates_ensemble`
-            is True, ``(step, parameters)`` of the last average it took part
-            in (None before the first); None elsewhere.
+    The instance attributes documented below (set at construction) are
+    those a training loop may read.
 
     Args:
         model: the ``torch.nn.Module``, parameters on one device.
@@ -149,21 +108,57 @@ class Algorithm:
     ) -> None:
         require_communicator(comm)
         self.model, self.optimizer, self.comm = model, optimizer, comm
+        #: Steps taken (the counter of :meth:`state_dict`).
         self.steps = 0
+        #: Steps whose contribution was stale (a group or quorum collective
+        #: began without this rank); 0 for algorithms without partial
+        #: collectives.
         self.stale_steps = 0
+        #: After :meth:`step`, the iteration of the contribution this rank
+        #: gave to the step's averaging, from the partial collective
+        #: (WAGMA-SGD's model, eager-SGD's gradient: the step itself where
+        #: fresh, an older one where stale; -1 for the initial model, or for
+        #: zeros under a ``late`` reading; with several parameter dtypes, the
+        #: first's); NaN for the others.  Run files keep it (step field
+        #: ``contribution``), and :mod:`wagma.emulate` replays it.
         self.contribution = math.nan
+        #: A context manager held while the parameters must not be read
+        #: half-updated; algorithms whose own threads change the parameters
+        #: (AD-PSGD) replace this no-op with their lock.
         self.lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        #: The run's steps (set by :meth:`plan`).
         self.total_steps: int | None = None
+        #: This rank's batch for the next step, the training loop's
+        #: ``--batch-size`` unless the algorithm reallocates work
+        #: (``reallocate``, :mod:`wagma.reallocation`).
         self.samples_per_step: int | None = None
         self._policy: Reallocation | None = None
         self._period_samples, self._period_seconds = 0, 0.0
         self._returned: float | None = None
+        #: With ``reallocate`` (EnsembleSync always, for its reports), one
+        #: ``(samples, seconds)`` pair per global synchronization: this
+        #: rank's work (see :meth:`step`) since the previous one, whose
+        #: ``samples / seconds`` is the speed the next shares are computed
+        #: from.
         self.work_measured: list[tuple[int, float]] = []
         self.straggler_sync: PredictedStragglerSync | None = None
         self._scaler: torch.amp.GradScaler | None = None
         self._inside_step, self._outside_steps = False, 0
+        #: After :meth:`step`, the seconds the step's backward passes spent in
+        #: the algorithm's communication (Allreduce-SGD's end-of-backward
+        #: wait for its buckets); a training loop that times ``backward()``
+        #: as compute moves them to the step's communication, where the
+        #: waiting belongs.  0 for algorithms that communicate inside
+        #: :meth:`step` only.
         self.comm_in_backward_s, self._comm_in_backward = 0.0, 0.0
+        #: After a :meth:`step` that fast-forwarded this rank past steps it
+        #: did not take (ensemble_sync's late rank rejoining), ``(first,
+        #: stop)`` of the global steps skipped (the loop records them as
+        #: skipped and moves its data past their samples); else None.
         self.skipped: tuple[int, int] | None = None
+        #: On rank 0 of an algorithm whose :attr:`evaluates_ensemble` is
+        #: True, ``(step, parameters)`` of the last average it took part in
+        #: (None before the first); None elsewhere.
         self.ensemble: tuple[int, list[torch.Tensor]] | None = None
         problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
         config = None if problem else self.Options(**options).resolve(comm.size)
@@ -179,7 +174,10 @@ class Algorithm:
         if problem:
             raise ValueError(f"{self.name}: {problem}")
         assert config is not None  # made unless a problem, which agree raised
+        #: The options object, "auto" values made concrete for the rank
+        #: count.
         self.config = config
+        #: :attr:`config` as a dict (the run file's ``algorithm_options``).
         self.options = config.as_dict()
         self.flat = FlatParameters(model)
         if init_sync:

@@ -20,6 +20,7 @@ __all__ = ["EMULATED", "Emulated", "Emulator"]
 #: The algorithms the emulator runs, Figure 5's (section 5.2 of the WAGMA
 #: paper) and eager-SGD.
 Emulated = Literal["allreduce_sgd", "local_sgd", "wagma", "dpsgd", "sgp", "eager_sgd", "adpsgd"]
+#: The values of :data:`Emulated`, in its order.
 EMULATED: tuple[Emulated, ...] = get_args(Emulated)
 
 

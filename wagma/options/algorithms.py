@@ -39,19 +39,22 @@ __all__ = [
 #: (StragglAR with the rank predicted to arrive last as its straggler,
 #: :mod:`collectives.stragglar.training_sync`; the allreduce while no rank is predicted).
 Sync = Literal["allreduce", "stragglar"]
+#: The values of :data:`Sync`, in its order.
 SYNCS: tuple[Sync, ...] = get_args(Sync)
 
-#: The values of eager-SGD's ``quorum`` option: which partial collective starts a version.
+#: The values of eager-SGD's ``quorum`` option, which partial collective starts a version.
 Quorum = Literal["solo", "majority", "half"]
+#: The values of :data:`Quorum`, in its order.
 QUORUMS: tuple[Quorum, ...] = get_args(Quorum)
 
-#: The values of eager-SGD's ``late`` option: what becomes of a gradient its
-#: version began without.  The values of :data:`collectives.wait_avoiding.LATE`,
+#: The values of eager-SGD's ``late`` option, what becomes of a gradient its
+#: version began without.  The values of :data:`collectives.wait_avoiding.collective.LATE`,
 #: spelled here too: the options import no MPI.
 Late = Literal["drop", "newest", "accumulate"]
+#: The values of :data:`Late`, in its order.
 LATE: tuple[Late, ...] = get_args(Late)
 
-#: The value of an option whose value :meth:`~wagma.options.Options.resolve`
+#: The value of an option whose value :meth:`~wagma.options.base.Options.resolve`
 #: makes concrete for the rank count.
 Auto = Literal["auto"]
 
@@ -373,6 +376,7 @@ AlgorithmName = Literal[
     "sgp",
     "wagma",
 ]
+#: The values of :data:`AlgorithmName`, in its order.
 ALGORITHM_NAMES: tuple[AlgorithmName, ...] = get_args(AlgorithmName)
 
 #: The options object of each algorithm, by the name ``create`` and ``--algo`` take.

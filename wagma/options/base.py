@@ -119,15 +119,16 @@ class Options:
         return {name: getattr(self, name) for name in self.fields()}
 
 
-_Options = TypeVar("_Options", bound=Options)
+#: An :class:`Options` subclass, which :func:`options_of` completes and hands back.
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
-def options_of(algorithm: str) -> Callable[[type[_Options]], type[_Options]]:
+def options_of(algorithm: str) -> Callable[[type[OptionsT]], type[OptionsT]]:
     """Class decorator: a frozen :class:`Options` dataclass for
     ``algorithm``, its docstring completed by an ``Args:`` section of the
     fields' documentation and defaults."""
 
-    def make(cls: type[_Options]) -> type[_Options]:
+    def make(cls: type[OptionsT]) -> type[OptionsT]:
         cls = dataclass(frozen=True)(cls)
         cls.algorithm = algorithm
         args = [f"    {f.name}: {f.metadata['help']} Default ``{f.default!r}``." for f in dataclasses.fields(cls)]

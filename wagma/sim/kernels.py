@@ -54,7 +54,7 @@ __all__ = [
 SYNC_FIELDS = ("predicted", "last", "lead_s", "min_lead_s")
 
 #: The prediction arguments of :func:`local_sgd` and :func:`wagma`:
-#: ``(on, decay, confidence, first_min_lead_s, min_lead_s)`` (see :func:`_synchronize`).
+#: ``(on, decay, confidence, first_min_lead_s, min_lead_s)`` (see ``_synchronize``).
 Predictor: TypeAlias = tuple[bool, float, float, float, float]
 
 _update_scores = njit(cache=True)(update_scores)

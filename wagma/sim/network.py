@@ -25,6 +25,7 @@ __all__ = ["COLLECTIVES", "AllreduceCost", "Collective", "GlobalAllreduce", "Net
 
 #: Schedules of a blocking allreduce over all P ranks.
 Collective = Literal["auto", "ring", "rhd", "recursive_doubling", "stragglar"]
+#: The values of :data:`Collective`, in its order.
 COLLECTIVES: tuple[Collective, ...] = get_args(Collective)
 
 #: :meth:`GlobalAllreduce.as_tuple`, the form the kernels take:
