@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Generic, Self
+from typing import TYPE_CHECKING, Any, Generic
 
 from mpi4py import MPI
 
 from .buffers import BufferT
 from .comm import Communicator
 from .schedules.blocking import AllreduceAlgorithm, Op, allreduce
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
 
@@ -59,7 +62,7 @@ class BackgroundAllreduce:
         self._thread: threading.Thread | None = None
         self._comm: Communicator | None = None
 
-    def open(self) -> Self:
+    def open(self) -> "Self":
         if self._thread is not None:
             raise RuntimeError("BackgroundAllreduce is already open")
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE)
@@ -95,7 +98,7 @@ class BackgroundAllreduce:
         assert self._comm is not None  # opened with the thread
         self._comm.close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self.open()
 
     def __exit__(self, *exc: object) -> None:

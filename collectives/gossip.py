@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, Generic, Self
+from typing import TYPE_CHECKING, Any, Generic
 
 from mpi4py import MPI
 
 from .backoff import Backoff
 from .buffers import LikeT, copy_into, copy_of, empty_like, zeros_like
 from .comm import Communicator
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = ["PairwiseGossip", "apply_half_difference", "fold_pending"]
 
@@ -110,7 +113,7 @@ class PairwiseGossip(Generic[LikeT]):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def open(self) -> Self:
+    def open(self) -> "Self":
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
         self._sent: list[LikeT] = [empty_like(b) for b in self.buffers]
         self._received: list[LikeT] = [empty_like(b) for b in self.buffers]

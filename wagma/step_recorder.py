@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,8 @@ from .clock import TrainingClock
 from .results import RunRecorder
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
+
     from .algorithms import Algorithm
 
 __all__ = ["StepRecorder"]
@@ -191,7 +193,7 @@ class StepRecorder:
             hook.remove()
         self._recorder.abandon("failed")
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self
 
     def __exit__(

@@ -22,7 +22,7 @@ that benchmarks compare algorithms and not transports.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Literal, Self, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +44,8 @@ from .generator import generate
 from .verify import verify
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
+
     # The full path in the annotation: the reference then names the Schedule of this
     # package, not wagma.emulate's.
     import collectives.stragglar.schedule
@@ -235,7 +237,7 @@ class StragglerAwareAllreduce:
             self.peers.close()
             self.peers = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self
 
     def __exit__(self, *exc: object) -> None:

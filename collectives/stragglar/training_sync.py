@@ -72,7 +72,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -85,6 +85,7 @@ from .runtime import StragglerAwareAllreduce
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
     from ..comm import Communicator
 
@@ -248,7 +249,7 @@ class PredictedStragglerSync:
         while self._plans:
             self._plans.popitem(last=False)[1].close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, get_args
+from typing import TYPE_CHECKING, Any, Generic, Literal, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -19,6 +19,9 @@ from .activation import RandomActivators
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
 from .groups import ButterflyGrouping
 from .progress import ProgressEngine
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = [
     "ACTIVATIONS",
@@ -293,7 +296,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
 
     # -- lifecycle ------------------------------------------------------------
 
-    def open(self) -> Self:
+    def open(self) -> "Self":
         """Duplicate the communicator, agree on the arguments, start the thread.
 
         Collective.  Raises on every rank, before any activation or data
@@ -398,7 +401,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         progress.close()
         return left
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self.open() if self._state == "new" else self
 
     def __exit__(

@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from ..options.base import Options as AlgorithmOptions
 from ..options.base import keyword_signature
 from ..reallocation import Reallocation
 from ..replicas import broadcast_model, require_communicator, same_parameters_problem
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = ["Algorithm"]
 
@@ -328,7 +331,7 @@ class Algorithm:
             self.straggler_sync.close()
             self.straggler_sync = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> "Self":
         return self
 
     def __exit__(

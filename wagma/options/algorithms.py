@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Literal, Self, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .base import Options, Wording, option, options_of
 from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = [
     "ADPSGDOptions",
@@ -189,7 +192,7 @@ class WagmaOptions(Options):
             )
         return None
 
-    def resolve(self, ranks: int) -> Self:
+    def resolve(self, ranks: int) -> "Self":
         if self.group_size != "auto":
             return self
         return type(self)(**{**self.as_dict(), "group_size": auto_group_size(ranks)})
@@ -286,7 +289,7 @@ class EagerSGDOptions(Options):
     def ranks_problem(self, ranks: int, say: Wording) -> str | None:
         return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
 
-    def resolve(self, ranks: int) -> Self:
+    def resolve(self, ranks: int) -> "Self":
         if self.limiter != "auto":
             return self
         return type(self)(**{**self.as_dict(), "limiter": EAGER_LIMITER[self.quorum]})
@@ -340,7 +343,7 @@ class HierarchicalSGDOptions(Options):
         0, check=int_at_least(0), parse=int, help="steps of gradient averaging before the local steps begin."
     )
 
-    def resolve(self, ranks: int) -> Self:
+    def resolve(self, ranks: int) -> "Self":
         levels = self.period_group_size_dict
         if levels == "auto":
             # sqrt(P) as a power of two, or the largest divisor of P below it.

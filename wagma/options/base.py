@@ -6,7 +6,10 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = ["COMMAND_LINE", "LIBRARY", "Options", "Wording", "keyword_signature", "option", "options_of"]
 
@@ -109,7 +112,7 @@ class Options:
         """Problems between fields, checked after each field's own."""
         return None
 
-    def resolve(self, ranks: int) -> Self:
+    def resolve(self, ranks: int) -> "Self":
         """These options with "auto" values made concrete for ``ranks``
         ranks: the values a run uses and records.  Call after
         :meth:`~wagma.options.base.Options.problem`."""
