@@ -14,7 +14,10 @@ import logging
 import os
 import sys
 
-__all__ = ["configure_logging", "job_rank"]
+__all__ = ["PACKAGES", "configure_logging", "job_rank"]
+
+#: The framework's packages, whose loggers :func:`configure_logging` sets to its level.
+PACKAGES = ("collectives", "wagma", "experiments")
 
 #: Where launchers put a process's rank in its environment, for MPICH's hydra and
 #: Intel MPI (PMI), Open MPI, PMIx (Open MPI's PRRTE, srun --mpi=pmix), Slurm.
@@ -50,8 +53,8 @@ class _Formatter(logging.Formatter):
 
 
 def configure_logging(level: int = logging.INFO, rank: int | None = None) -> None:
-    """Send the root logger's records of ``level`` and above to stderr, each
-    line prefixed with the rank (``rank`` or :func:`job_rank`; no prefix for
+    """Send the framework's records of ``level`` and above (other libraries':
+    warnings and above) to stderr, each line prefixed with the rank (``rank`` or :func:`job_rank`; no prefix for
     a process no launcher started).  Replaces the handlers an earlier call
     installed, so an entry point may call it again once it knows its rank."""
     rank = job_rank() if rank is None else rank
@@ -61,4 +64,8 @@ def configure_logging(level: int = logging.INFO, rank: int | None = None) -> Non
     handler.set_name("collectives.logs")
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if h.get_name() != "collectives.logs"] + [handler]
-    root.setLevel(level)
+    # ``level`` for the framework's own loggers; other libraries' (matplotlib's
+    # font cache, numba's compiler) keep to warnings and errors.
+    root.setLevel(max(level, logging.WARNING))
+    for name in PACKAGES:
+        logging.getLogger(name).setLevel(level)

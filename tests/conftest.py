@@ -29,6 +29,23 @@ def pytest_collection_modifyitems(config, items):
         )
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """A test that runs an entry point's main() in this process (which calls
+    collectives.logs.configure_logging) leaves the logging set-up as it found
+    it: no handler on a stream pytest has closed since, no level changed."""
+    import logging
+
+    from collectives.logs import PACKAGES
+
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in PACKAGES)]
+    saved = [(logger, logger.handlers[:], logger.level) for logger in loggers]
+    yield
+    for logger, handlers, level in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+
+
 @pytest.fixture
 def shared_dir():
     """For MPI tests: a folder every rank of COMM_WORLD sees, removed by rank 0
