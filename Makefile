@@ -170,7 +170,7 @@ reproduce: venv
 	MPIEXEC=$(MPIEXEC) $(PY) -m experiments.reproduce $(if $(ONLY),--only $(ONLY)) $(if $(FULL),--full)
 
 clean:
-	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache
+	rm -rf build dist .eggs *.egg-info test-logs .pytest_cache docs/api/generated
 	find . -path './.venv*' -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

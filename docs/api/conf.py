@@ -9,6 +9,7 @@ module appears without an edit; autosummary writes one page per module into
 """
 
 import os
+import shutil
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -27,9 +28,12 @@ def _modules():
 
 
 # A page of its own (not an include): autosummary makes the module pages only from the
-# directives of source files, and puts them beside the page that lists them.
-os.makedirs(os.path.join(os.path.dirname(__file__), "generated"), exist_ok=True)
-with open(os.path.join(os.path.dirname(__file__), "generated", "modules.rst"), "w") as listing:
+# directives of source files, and puts them beside the page that lists them.  The folder is
+# made afresh: the page of a module since moved or removed would fail the build with -W.
+GENERATED = os.path.join(os.path.dirname(__file__), "generated")
+shutil.rmtree(GENERATED, ignore_errors=True)
+os.makedirs(GENERATED)
+with open(os.path.join(GENERATED, "modules.rst"), "w") as listing:
     listing.write("Modules\n=======\n\n.. autosummary::\n   :toctree: .\n\n" + "".join(f"   {m}\n" for m in _modules()))
 
 project = "wagma-collectives"
