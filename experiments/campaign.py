@@ -446,13 +446,26 @@ ENSEMBLE_ALGORITHMS = {
 }
 
 
+def kill_runs_refused(mpiexec: str) -> str | None:
+    """Why the ensemblesync campaign cannot kill a rank with ``mpiexec``, or
+    None: a killed rank ends the job unless the launcher has fault tolerance
+    (Open MPI's ULFM), so the kill runs are left out and the campaign says so."""
+    from .mpirun import launcher_library
+
+    library = launcher_library(mpiexec)
+    if library == "openmpi":
+        return None
+    return (
+        "they need a launcher with fault tolerance (Open MPI's ULFM; run this campaign with "
+        f".venv-openmpi/bin/python), and {_shown(mpiexec)} is {library}'s"
+    )
+
+
 def _ensemblesync(args, mpiexec, out_dir, algos):
     """The faults on the last rank, at fractions of the run's steps."""
     from wagma.analysis.outages import format_outage_table, outage_row, plot_allocation, plot_time_vs_epoch
     from wagma.datasets import load_dataset
     from wagma.results import load_run, partial_path
-
-    from .mpirun import launcher_library
 
     total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs
     victim = args.ranks - 1
@@ -462,7 +475,7 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
         "slow": [f"slow:rank={victim},steps={2 * total // 10}-{6 * total // 10 - 1},ms={args.slow_ms:g}"],
         "kill": [f"kill:rank={victim},step={total // 2}"],
     }
-    tolerant = launcher_library(mpiexec) == "openmpi"
+    refused = kill_runs_refused(mpiexec)
     common = [
         "--dataset",
         "digits",
@@ -478,13 +491,8 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
     ]
     runs = {}
     for fault, specs in faults.items():
-        if fault == "kill" and not tolerant:
-            print(
-                f"\nskipped the kill runs: they need a launcher with fault tolerance (Open MPI's ULFM; "
-                f"run this campaign with .venv-openmpi/bin/python), and {_shown(mpiexec)} is "
-                f"{launcher_library(mpiexec)}'s",
-                flush=True,
-            )
+        if fault == "kill" and refused:
+            print(f"\nskipped the kill runs: {refused}", flush=True)
             continue
         for algo in algos:
             extra = (

@@ -62,6 +62,21 @@ def test_main_campaign_writes_a_fresh_folder_under_runs_and_prints_pasteable_com
 
 
 @pytest.mark.launcher
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_ensemblesync_campaign_leaves_out_the_kill_runs_where_the_launcher_has_no_fault_tolerance():
+    """Under MPICH the campaign runs none, stop and slow and says why not kill;
+    under Open MPI (ULFM) nothing is refused (the campaign test below runs it)."""
+    from experiments.campaign import kill_runs_refused
+
+    refused = kill_runs_refused(mpiexec())
+    if launcher_library(mpiexec()) == "openmpi":
+        assert refused is None
+    else:
+        assert refused.startswith("they need a launcher with fault tolerance (Open MPI's ULFM")
+        assert refused.endswith(f"is {launcher_library(mpiexec())}'s")
+
+
+@pytest.mark.launcher
 @pytest.mark.timing
 @pytest.mark.timeout(480)  # four jobs: 53-96 s under Open MPI, 209 s beside a 4-rank ResNet-20 job
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
