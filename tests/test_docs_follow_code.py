@@ -71,7 +71,8 @@ def test_every_algorithm_and_option_is_documented():
         f"{name}: {option}"
         for name, cls in ALGORITHMS.items()
         for option in [name, *(f.name for f in dataclasses.fields(cls.Options))]
-        # An option appears as `option` (the Python keyword) or --option (the command line's flag).
-        if f"`{option}" not in text and f"--{option.replace('_', '-')}" not in text
+        # An option appears as `option` or `option=...` (the Python keyword) or --option (the
+        # command line's flag), whole: `period` is not named by `period_group_size_dict`.
+        if not re.search(rf"`{option}[`=]|--{option.replace('_', '-')}\b(?!-)", text)
     ]
     assert not missing, f"not named in docs/{', docs/'.join(ALGORITHM_DOCS)}:\n" + "\n".join(missing)
