@@ -390,4 +390,6 @@ def test_an_optimizer_without_a_trainable_parameter_is_named(comm):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_each_algorithm_says_what_a_gradient_holds_before_step(name):
     doc = " ".join(ALGORITHMS[name].__doc__.split())
-    assert re.search(r"[Bb]etween ``backward\(\)`` and :meth:`step` the gradients|When ``backward\(\)`` returns", doc)
+    # The role names Algorithm.step, the method a subclass inherits: :meth:`~wagma.algorithms.base.Algorithm.step`.
+    step = r":meth:`~?(wagma\.algorithms\.base\.Algorithm\.)?step`"
+    assert re.search(rf"[Bb]etween ``backward\(\)`` and {step} the gradients|When ``backward\(\)`` returns", doc), doc
