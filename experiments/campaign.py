@@ -353,6 +353,30 @@ def _main_job(args, mpiexec, out_dir, variants):
     _table(out_dir, files, ["--target-accuracy", str(args.target_accuracy)])
 
 
+def _emulated_task(args):
+    """experiments.train's flags for the sweep's and stragglersync's task:
+    ``--model``'s buffers on synthetic data, ``--compute-ms`` of emulated
+    compute per step, ``--steps`` steps of batch 128."""
+    steps = str(args.steps)
+    return [
+        "--dataset",
+        "synthetic",
+        "--model",
+        args.model,
+        "--compute",
+        "emulate",
+        "--compute-ms",
+        str(args.compute_ms),
+        "--max-steps",
+        steps,
+        "--epochs",
+        steps,
+        "--batch-size",
+        "128",
+        "--no-progress",
+    ]
+
+
 def _sweep(args, mpiexec, out_dir, variants):
     """Every variant at each rank count with emulated compute; the throughput table and plot."""
     files = []
@@ -364,26 +388,7 @@ def _sweep(args, mpiexec, out_dir, variants):
                 ranks,
                 algo,
                 out,
-                [
-                    *flags,
-                    "--dataset",
-                    "synthetic",
-                    "--model",
-                    args.model,
-                    "--compute",
-                    "emulate",
-                    "--compute-ms",
-                    str(args.compute_ms),
-                    "--max-steps",
-                    str(args.steps),
-                    "--batch-size",
-                    "128",
-                    "--epochs",
-                    str(args.steps),
-                    "--imbalance",
-                    args.imbalance,
-                    "--no-progress",
-                ],
+                [*flags, *_emulated_task(args), "--imbalance", args.imbalance],
             )
             files.append(out)
     _table(out_dir, files, ["--skip-steps", "5"])
@@ -548,25 +553,7 @@ def _stragglersync(args, mpiexec, out_dir):
         "random-k": f"random:k=2,ms={args.delay_ms:g}",
     }
     imbalances = {name: known[name] for name in args.imbalances.split(",")}
-    common = [
-        "--dataset",
-        "synthetic",
-        "--model",
-        args.model,
-        "--compute",
-        "emulate",
-        "--compute-ms",
-        str(args.compute_ms),
-        "--max-steps",
-        str(args.steps),
-        "--epochs",
-        str(args.steps),
-        "--batch-size",
-        "128",
-        "--eval-every",
-        "0",
-        "--no-progress",
-    ]
+    common = [*_emulated_task(args), "--eval-every", "0"]
     rows = []
     for imbalance, spec in imbalances.items():
         for algo, _, tau in args.variants:
