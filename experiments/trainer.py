@@ -25,7 +25,7 @@ from wagma.imbalance import parse_imbalance
 from wagma.models import build_model
 from wagma.options import resolved_options
 from wagma.options.cli import options_from_args
-from wagma.results import RunRecorder
+from wagma.results import STEP_FIELDS, RunRecorder
 
 from .checkpoint import latest_step, load_checkpoint, save_checkpoint
 from .compute import StepCompute
@@ -369,9 +369,9 @@ def _loop(run, start, clock_offset):
 def _record_skipped(recorder, steps, now, clocks):
     """Steps a rank skipped (ensemble_sync's fast-forward): samples 0, no
     times (it did not take them), its clock ``now``, when it rejoined."""
-    nothing = dict.fromkeys(("step_time", "compute_time", "delay", "comm_time", "wait_time", "loss", "stale"), math.nan)
+    row = {**dict.fromkeys(STEP_FIELDS, math.nan), "clock": now, "samples": 0.0, "skipped": 1.0}
     for missed in steps:
-        recorder.record(missed, **nothing, clock=now, samples=0.0, skipped=1.0, contribution=math.nan)
+        recorder.record(missed, **row)
         clocks[missed] = now
 
 
