@@ -226,7 +226,7 @@ def parse_imbalance(spec: str, ranks: int, seed: int = 0) -> Imbalance:
     if form == "none" and not body:
         zeros = np.zeros(ranks)
         return Imbalance(spec, "delay", ranks, seed, lambda rng, t: zeros)
-    if form == "trace" and not body or form not in _FORMS:
+    if form not in _FORMS:
         raise _bad(spec, f"unknown form {form!r}")
     return _FORMS[form](spec, body, ranks, seed)
 
@@ -302,6 +302,8 @@ def _uniform(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
 
 
 def _trace(spec: str, body: str, ranks: int, seed: int) -> Imbalance:
+    if not body:  # ``trace:PATH`` without its PATH is no form at all
+        raise _bad(spec, "unknown form 'trace'")
     trace = _read_trace(spec, body)
     if trace.ndim == 2:
         columns = np.arange(ranks) % trace.shape[1]
