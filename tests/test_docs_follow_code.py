@@ -11,21 +11,18 @@ import dataclasses
 import re
 from pathlib import Path
 
+from markdown_tables import path_rows
+
 from wagma.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = ROOT / "docs" / "layout.md"
 PACKAGES = ("collectives", "wagma", "experiments")
-# A table row: its first cell holds one or more backquoted paths.
-ROW = re.compile(r"^\| (.+?) \| (.*) \|$")
-PATH = re.compile(r"`([\w./-]+)`")
 
 
 def _rows():
-    for line in LAYOUT.read_text().splitlines():
-        match = ROW.match(line)
-        if match and match.group(1) != "path":
-            yield PATH.findall(match.group(1)), match.group(2)
+    """``(paths, what)`` for each row of docs/layout.md's tables: the paths its first cell names."""
+    return [(paths, " | ".join(cells[1:])) for _, paths, cells in path_rows(LAYOUT)]
 
 
 def _modules():

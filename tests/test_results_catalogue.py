@@ -14,37 +14,25 @@ import re
 from pathlib import Path
 
 import pytest
+from markdown_tables import CODE, path_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 README = RESULTS / "README.md"
 COLUMNS = ("set", "what it shows", "command", "cited by")
-CODE = re.compile(r"`([^`]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-
-
-def _cells(line):
-    """The cells of a Markdown table row (the pipes at both ends dropped)."""
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
 def _rows():
     """``[(line number, paths, cells)]`` for each row of the README's table
     whose first cell names paths in backquotes (the header and the separator
     have none)."""
-    rows = []
-    for number, line in enumerate(README.read_text().splitlines(), 1):
-        if not line.startswith("| "):
-            continue
-        cells = _cells(line)
-        paths = CODE.findall(cells[0])
-        if not paths:
-            continue
+    rows = path_rows(README)
+    for number, paths, cells in rows:
         assert len(cells) == len(COLUMNS), (
             f"results/README.md:{number}: {len(cells)} cells, expected {len(COLUMNS)} "
             f"({', '.join(COLUMNS)}): {', '.join(paths)}"
         )
-        rows.append((number, paths, cells))
     assert rows, "results/README.md has no table rows naming result sets"
     return rows
 
