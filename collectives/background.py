@@ -88,6 +88,16 @@ class BackgroundAllreduce:
                 pending._error = exc
             pending._done.set()
 
+    def abandon(self) -> None:
+        """Stop the worker without communicating (a failure: the channel is
+        revoked, so an allreduce in flight ends with an error, handed to its
+        waiter); the communicator is let go, not freed."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout=5.0)
+        self._thread = None
+
     def close(self) -> None:
         """Finish what was submitted, join the worker, free the communicator."""
         if self._thread is None:

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 from numpy.typing import ArrayLike
 
-from .failures import any_source
+from .failures import any_source, track
 
 __all__ = ["LaggedVote", "RootCollector"]
 
@@ -39,7 +39,7 @@ class RootCollector:
     """
 
     def __init__(self, comm: MPI.Intracomm, width: int, root: int = 0) -> None:
-        self.comm = comm.Dup()
+        self.comm = track(comm.Dup())
         self.width, self.root = int(width), root
         self.is_root = self.comm.Get_rank() == root
         self._sending: list[tuple[MPI.Request, np.ndarray]] = []  # (request, rows) until the send completes
@@ -115,7 +115,7 @@ class LaggedVote:
     def __init__(self, comm: MPI.Intracomm, period: int) -> None:
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"period must be an int >= 1, got {period!r}")
-        self.comm, self.period = comm.Dup(), period
+        self.comm, self.period = track(comm.Dup()), period
         self._pending: MPI.Request | None = None
         self._send, self._recv = np.zeros(1, np.int32), np.zeros(1, np.int32)
 

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from .backoff import Backoff
 from .buffers import Buffer, FlatBuffer, StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
+from .failures import revoked, track
 from .schedules.tuning import TuningTable, load_tuning
 
 __all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
@@ -91,8 +92,8 @@ class Communicator:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError(f"comm must be an mpi4py.MPI.Intracomm, got {type(comm).__name__}")
-        self.data = comm.Dup()
-        self.control = comm.Dup()
+        self.data = track(comm.Dup())
+        self.control = track(comm.Dup())
         self.rank = self.data.Get_rank()
         self.size = self.data.Get_size()
         self.staging = StagingArea()
@@ -100,6 +101,7 @@ class Communicator:
         self.yield_while_waiting = yield_while_waiting
         self._tuning: TuningTable | None = None
         self._tuning_loaded = False
+        self._let_go = False  # closed without freeing: revoked after a failure
 
     @property
     def tuning(self) -> TuningTable | None:
@@ -123,7 +125,7 @@ class Communicator:
 
     @property
     def closed(self) -> bool:
-        return self.data == MPI.COMM_NULL
+        return self._let_go or self.data == MPI.COMM_NULL
 
     def open_buffer(self, data: Buffer, writeback: bool = True) -> AbstractContextManager[FlatBuffer]:
         """:func:`~collectives.buffers.open_buffer` with this communicator's
@@ -184,10 +186,15 @@ class Communicator:
             raise RuntimeError("Communicator is closed")
 
     def close(self) -> None:
-        """Free both duplicates; collective over the original communicator."""
+        """Free both duplicates; collective over the original communicator.
+        Duplicates revoked after a failure (ULFM) are let go instead: peers
+        may be dead, and nothing can be sent on them any more."""
         if not self.closed:
-            self.data.Free()
-            self.control.Free()
+            if revoked(self.data) or revoked(self.control):
+                self._let_go = True
+            else:
+                self.data.Free()
+                self.control.Free()
             self.staging.clear()
             self.workspace.clear()
 

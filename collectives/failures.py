@@ -14,21 +14,43 @@ these helpers see no failures.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from mpi4py import MPI
 
-__all__ = ["FAILURE_CLASSES", "any_source", "failed_ranks", "fault_tolerant"]
+__all__ = [
+    "FAILURE_CLASSES",
+    "INTERRUPTION_CLASSES",
+    "any_source",
+    "failed_ranks",
+    "fault_tolerant",
+    "mpi_failure",
+    "revoke_tracked",
+    "revoked",
+    "track",
+]
 
 #: The error classes that mean "a rank of this communicator has failed".
 FAILURE_CLASSES: frozenset[int] = frozenset(
     getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING") if hasattr(MPI, name)
 )
 
+#: The error classes that end an operation because of a failure: a dead
+#: rank's (:data:`FAILURE_CLASSES`) or a revoked communicator's
+#: (``MPI_ERR_REVOKED``: a survivor that noticed a failure revoked it, so
+#: that no rank stays blocked on a peer that went on to recover).
+INTERRUPTION_CLASSES: frozenset[int] = FAILURE_CLASSES | (
+    frozenset([MPI.ERR_REVOKED]) if hasattr(MPI, "ERR_REVOKED") and FAILURE_CLASSES else frozenset()
+)
+
 
 #: What the ``call`` of :func:`any_source` returns, which it hands back.
 ResultT = TypeVar("ResultT")
+#: The communicator :func:`track` is given, which it hands back.
+CommT = TypeVar("CommT", bound=MPI.Comm)
 
 
 def fault_tolerant(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,3 +93,68 @@ def any_source(comm: MPI.Comm, call: Callable[..., ResultT], *args: Any) -> Resu
             if error.Get_error_class() not in FAILURE_CLASSES:
                 raise
             comm.Ack_failed()
+
+
+def _interruptions() -> frozenset[int]:
+    """:data:`INTERRUPTION_CLASSES`, and under fault tolerance also the
+    classes of a multiple completion (``MPI_Waitall``) one of whose requests
+    failed: ``MPI_ERR_IN_STATUS`` (the failed request's status holds its
+    class) and ``MPI_ERR_PENDING`` (a request left pending because another
+    failed).  The schedules complete their transfers with ``Waitall``, so a
+    peer that dies in the middle of one surfaces as these."""
+    if not fault_tolerant():
+        return INTERRUPTION_CLASSES
+    return INTERRUPTION_CLASSES | {MPI.ERR_IN_STATUS, MPI.ERR_PENDING}
+
+
+def mpi_failure(error: BaseException) -> MPI.Exception | None:
+    """The ``MPI.Exception`` of a failure (:data:`INTERRUPTION_CLASSES`) that
+    ``error`` is or was raised from (a progress thread's failure reaches the
+    main thread as a ``RuntimeError`` whose cause is the thread's error), or
+    None: ``error`` has nothing to do with a failed rank."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MPI.Exception) and current.Get_error_class() in _interruptions():
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# Every communicator this process's collectives created, so that a rank that
+# notices a failure can revoke them all: a peer blocked on any of them (a
+# progress thread's control channel, an algorithm's private duplicate) would
+# otherwise wait forever for a rank that went on to recover.
+_tracked: weakref.WeakValueDictionary[int, MPI.Comm] = weakref.WeakValueDictionary()  # by id: unhashable
+_tracked_lock = threading.Lock()
+
+
+def track(comm: CommT) -> CommT:
+    """Register ``comm`` (a duplicate or split this package made) for
+    :func:`revoke_tracked`; returns it.  Freed communicators drop out."""
+    with _tracked_lock:
+        _tracked[id(comm)] = comm
+    return comm
+
+
+def revoked(comm: MPI.Comm) -> bool:
+    """Whether ``comm`` was revoked (ULFM); False where the library has no ULFM."""
+    try:
+        return bool(comm.Is_revoked())
+    except (NotImplementedError, MPI.Exception):
+        return False
+
+
+def revoke_tracked() -> None:
+    """``MPI_Comm_revoke`` every tracked communicator that is still open:
+    every pending and later operation on them, on every rank, ends with
+    ``MPI_ERR_REVOKED`` (ULFM).  Local and without effect where the library
+    has no ULFM; a communicator already revoked is skipped quietly."""
+    with _tracked_lock:
+        comms = [c for c in _tracked.values() if c != MPI.COMM_NULL]
+    for comm in comms:
+        try:
+            comm.Revoke()
+        except (NotImplementedError, MPI.Exception):
+            pass

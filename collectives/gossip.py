@@ -177,6 +177,18 @@ class PairwiseGossip(Generic[LikeT]):
         with self.lock:
             self.fold()
 
+    def abandon(self) -> None:
+        """Stop the communication thread without communicating (a failure:
+        the channels are revoked, so an exchange in flight returns with an
+        error and the thread ends).  The differences not yet folded are
+        dropped with the replica they were for."""
+        if self._thread is not None:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
     # -- the communication thread --------------------------------------------
 
     def _guarded(self, loop):

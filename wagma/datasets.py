@@ -1,9 +1,10 @@
 """Datasets by name for the training runs, each rank reading its own equal shard of the training set."""
 
+import copy
 import dataclasses
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal, TypeAlias, get_args
 
 import numpy as np
@@ -141,6 +142,39 @@ class Dataset:
         order = _rng(self.seed, _EPOCH, self.rank, epoch).permutation(self._shard)
         for step in range(start, steps):
             yield self._batch("train", order[step * batch_size : (step + 1) * batch_size])
+
+    def shard(self, rank: int) -> "Dataset":
+        """This dataset as shard ``rank`` sees it (the same samples, another
+        part): the batches a rank that left would have read, for the ranks
+        that take them over (:meth:`batch_of_shards`)."""
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank must be in [0, {self.ranks}), got {rank}")
+        view = copy.copy(self)
+        size = self.spec.train_size // self.ranks
+        view.rank = rank
+        view._shard = _rng(self.seed, _SHARD).permutation(self.spec.train_size)[rank * size : (rank + 1) * size]
+        return view
+
+    def batch_of_shards(self, parts: Sequence[tuple[int, int, int]], epoch: int, index: int, batch_size: int) -> Batch:
+        """One batch made of parts of several shards' batch ``index`` of
+        epoch ``epoch``: for each ``(shard, lo, hi)``, the samples ``lo:hi``
+        of the batch that shard's rank reads there (:meth:`train_batches`).
+
+        The survivors of a dead rank read its batches this way: each one
+        its own batch and a slice of the dead rank's, the slices cutting
+        that batch into disjoint parts.  So the global batch stays the same,
+        and within an epoch no sample is read twice and none of the dead
+        rank's is left out.
+        """
+        steps = self.steps_per_epoch(batch_size)
+        if not 0 <= index < steps:
+            raise ValueError(f"index must be in [0, {steps}) (batches per epoch), got {index}")
+        chosen = []
+        for shard, lo, hi in parts:
+            view = self if shard == self.rank else self.shard(shard)
+            order = _rng(self.seed, _EPOCH, shard, epoch).permutation(view._shard)
+            chosen.append(order[index * batch_size : (index + 1) * batch_size][lo:hi])
+        return self._batch("train", np.concatenate(chosen))
 
     def stream_batch(self, position: int, count: int) -> Batch:
         """``count`` samples of this rank's sample stream from ``position`` on.

@@ -52,7 +52,7 @@ import numpy as np
 from mpi4py import MPI
 from numpy.typing import ArrayLike
 
-from collectives.failures import any_source, failed_ranks
+from collectives.failures import any_source, failed_ranks, mpi_failure
 
 if TYPE_CHECKING:
     from .reallocation import Reallocation
@@ -185,12 +185,21 @@ class Coordinator:
 
     # The thread.
 
+    def abandon(self) -> None:
+        """After a failure, once the channels are revoked: join the thread,
+        which ends on its revoked channel; the decisions in flight are let go."""
+        self._thread.join(timeout=5.0)
+
     def _serve(self):
         """The thread's body: a failure here would leave every rank waiting
-        for a decision, so it ends the job instead, with the traceback."""
+        for a decision, so it ends the job instead, with the traceback.  A
+        revoked channel (the survivors of a dead rank recover, under ULFM)
+        ends it quietly."""
         try:
             self._serve_rounds()
-        except BaseException:
+        except BaseException as exc:
+            if mpi_failure(exc) is not None:
+                return
             print(
                 "".join(
                     f"[rank 0, ensemble coordinator] {line}\n" for line in traceback.format_exc().rstrip().splitlines()

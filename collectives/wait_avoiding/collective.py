@@ -413,6 +413,14 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         # Leaving on an error: close() is collective and the other ranks may
         # never get there, so only stop this rank's thread and let the error
         # surface (under ``python -m mpi4py`` it aborts the job).
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Stop this rank's progress thread without communicating, and let
+        go of the channels (not freed: after a failure they are revoked and
+        peers may be gone).  For a rank that leaves on an error, or the
+        survivors of a dead rank (:func:`collectives.failures.revoke_tracked`
+        first, so that a thread blocked in MPI returns)."""
         if self._engine is not None:
             atexit.unregister(self._engine.halt)
             self._engine.halt(timeout=1.0)

@@ -90,6 +90,14 @@ class ADPSGD(Algorithm):
             tables["exchanges"] = (self._exchanges, list(self.EXCHANGE_COLUMNS))
         return tables
 
+    def abandon(self) -> None:
+        """Stop the communication thread without communicating (a dead
+        rank); the exchanges in flight are dropped."""
+        if self.gossip is not None:
+            self.gossip.abandon()
+            self.gossip = None
+        super().abandon()
+
     def close(self) -> None:
         """Finish every requested exchange on every rank and gather their
         log on rank 0 (collective)."""

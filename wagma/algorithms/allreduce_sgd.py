@@ -200,6 +200,15 @@ class AllreduceSGD(Algorithm):
         for tensor in self.flat.buffers.values():
             broadcast(tensor, comm=self.comm, root=0, check=False)
 
+    def abandon(self) -> None:
+        """Remove the hooks and stop the worker thread without communicating
+        (a dead rank); the gradients of the failed step are dropped."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._background.abandon()
+        super().abandon()
+
     def close(self) -> None:
         """Remove the hooks and stop the worker thread (collective)."""
         for hook in self._hooks:

@@ -1,21 +1,24 @@
 """The interface every training algorithm implements: construction, the training-loop contract, its checks."""
 
 import contextlib
+import copy
 import inspect
 import math
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
 from collectives.agreement import agree
 from collectives.comm import Communicator
+from collectives.failures import fault_tolerant
 from collectives.stragglar.training_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
+from ..membership import Membership
 from ..options import options_problem
 from ..options.base import Options as AlgorithmOptions
 from ..options.base import keyword_signature
@@ -86,6 +89,14 @@ class Algorithm:
     name = "algorithm"
     #: The options object of the algorithm (:class:`wagma.options.base.Options`); every subclass sets it.
     Options: ClassVar[type[AlgorithmOptions]]
+    #: The model the survivors of a dead rank continue from
+    #: (:func:`wagma.membership.survive`): ``"own"``, each survivor its own
+    #: replica as of its last completed step (model averaging: the replicas
+    #: differ by design and the next average merges them), or ``"source"``,
+    #: the model, buffers and optimizer state of the survivor that completed
+    #: the most steps (gradient averaging: the replicas are equal after every
+    #: step, so that is the last completed average).
+    survivors_continue_from: ClassVar[Literal["own", "source"]] = "own"
     #: How the loop scores the model.  False (every algorithm but
     #: ensemble_sync): the ranks' average, collectively.  True: rank 0 alone
     #: scores :attr:`ensemble`, ``(step, parameters)`` of the last average it
@@ -111,6 +122,14 @@ class Algorithm:
     ) -> None:
         require_communicator(comm)
         self.model, self.optimizer, self.comm = model, optimizer, comm
+        #: The ranks the algorithm runs on and the changes so far (a dead
+        #: rank, under MPI fault tolerance: :mod:`wagma.membership`).
+        self.membership = Membership(comm.control, list(range(comm.size)))
+        # Under fault tolerance, the model and optimizer state at the start
+        # of the step in progress, to put back if the step fails half-way.
+        self._survivable = fault_tolerant()
+        self._before_step: tuple[list[torch.Tensor], dict[str, Any]] | None = None
+        self._owned_comm: Communicator | None = None  # the survivors' communicator after a rebuild
         #: Steps taken (the counter of :meth:`state_dict`).
         self.steps = 0
         #: Steps whose contribution was stale (a group or quorum collective
@@ -261,11 +280,18 @@ class Algorithm:
         if self._returned is not None:
             self._period_seconds += entered - self._returned
             self._period_samples += self.samples_per_step or 0
+        if self._survivable:
+            with self.lock:
+                self._before_step = (
+                    [p.detach().clone() for p in self.model.parameters()],
+                    copy.deepcopy(self.optimizer.state_dict()),
+                )
         self._scaler, self._inside_step = scaler, True
         try:
             self._step()
         finally:
             self._scaler, self._inside_step = None, False
+        self._before_step = None
         self.steps += 1
         self.comm_in_backward_s, self._comm_in_backward = self._comm_in_backward, 0.0
         self._returned = time.perf_counter()
@@ -311,10 +337,10 @@ class Algorithm:
 
     @property
     def dead_ranks(self) -> set[int]:
-        """The ranks this algorithm found dead (ULFM) on this rank; the run
-        file lists them.  Empty for the algorithms that do not survive a
-        dead rank."""
-        return set()
+        """The ranks that left the job (ULFM, :attr:`membership`), as ranks
+        of the communicator the algorithm was first built on; the run file
+        lists them."""
+        return set(self.membership.left)
 
     def run_attributes(self) -> dict[str, Any]:
         """Root attributes of the run file this algorithm adds at the end,
@@ -324,12 +350,70 @@ class Algorithm:
     def _step(self):
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """After a failure (:func:`wagma.membership.survive`), without
+        communicating: stop the algorithm's threads, let go of what it holds
+        on the old members, and put back the model and optimizer state of
+        the start of a step that failed half-way.  Subclasses that run
+        threads or hold collectives stop them first, then call this."""
+        self._step_hook.remove()
+        self.straggler_sync = None  # its communicators are revoked; a new one is built with the algorithm
+        if self._before_step is not None:
+            parameters, optimizer_state = self._before_step
+            with torch.no_grad(), self.lock:
+                for p, saved in zip(self.model.parameters(), parameters):
+                    p.copy_(saved)
+            self.optimizer.load_state_dict(optimizer_state)
+            self._before_step = None
+
+    def rebuild(self, comm: Communicator, options: Mapping[str, Any], step: int, source: int) -> None:
+        """Build the algorithm again on the survivors ``comm`` after
+        :meth:`abandon` (collective over them; :func:`wagma.membership.survive`
+        calls it): with ``options`` (fitted to the rank count), going on from
+        ``step``; under :attr:`survivors_continue_from` ``"source"`` every
+        member takes the model, buffers and optimizer state of member
+        ``source``.  The membership, the stale count, the plan and the work
+        measured so far are kept; the algorithm owns ``comm`` from now on
+        (:meth:`close` closes it)."""
+        kept = {
+            name: getattr(self, name)
+            for name in (
+                "membership",
+                "stale_steps",
+                "work_measured",
+                "_period_samples",
+                "_period_seconds",
+                "_returned",
+            )
+        }
+        total, batch = self.total_steps, self.samples_per_step
+        type(self).__init__(self, self.model, self.optimizer, comm, init_sync=False, **options)
+        for name, value in kept.items():
+            setattr(self, name, value)
+        self._owned_comm = comm
+        if self.survivors_continue_from == "source":
+            state = comm.control.bcast(
+                {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+                if comm.rank == source
+                else None,
+                root=source,
+            )
+            if comm.rank != source:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+        if total is not None and batch is not None:
+            self.plan(total, batch)
+        self.steps = step
+
     def close(self) -> None:
         """Release threads and communicators the algorithm holds (collective)."""
         self._step_hook.remove()
         if self.straggler_sync is not None:
             self.straggler_sync.close()
             self.straggler_sync = None
+        if self._owned_comm is not None:
+            self._owned_comm.close()
+            self._owned_comm = None
 
     def __enter__(self) -> "Self":
         return self

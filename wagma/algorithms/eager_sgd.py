@@ -142,6 +142,14 @@ class EagerSGD(Algorithm):
         self.stale_steps += not fresh
         self._optimizer_step()
 
+    def abandon(self) -> None:
+        """Stop the progress threads without communicating (a dead rank);
+        the gradients no version took are dropped with the step."""
+        for collective in (self._collectives or {}).values():
+            collective.abandon()
+        self._collectives = None
+        super().abandon()
+
     def close(self) -> None:
         """Close the collectives (collective); :attr:`unapplied` then holds,
         per dtype, this rank's gradient that no version took (under

@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 from collectives.comm import Communicator
+from collectives.failures import track
 from collectives.member_allreduce import member_allreduce
 
 from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision, fault_events
@@ -93,8 +94,8 @@ class EnsembleSync(Algorithm):
         super().__init__(model, optimizer, comm, **options)
         c = self.config
         self.period, self.timeout_s, self.reallocate = c.period, float(c.timeout_s), c.reallocate
-        self._reports, self._decisions = comm.control.Dup(), comm.control.Dup()
-        self._averages = comm.data.Dup()
+        self._reports, self._decisions = track(comm.control.Dup()), track(comm.control.Dup())
+        self._averages = track(comm.data.Dup())
         # Until plan() gives the batch, a step counts as one sample (equal
         # rounds weigh the same) and the run has no known last round.
         self.samples_per_step = 1
@@ -137,7 +138,10 @@ class EnsembleSync(Algorithm):
             self.ensemble = (decision.end_step, [p.detach().clone() for p in self.model.parameters()])
 
     def _average(self, decision):
-        weight = decision.weights[self.comm.rank] / decision.weights[decision.weights >= 0].sum()
+        members = decision.weights[decision.weights >= 0]
+        # Every member's samples are 0 only in a round that began at a
+        # membership change (no step of it was timed): equal weights.
+        weight = decision.weights[self.comm.rank] / members.sum() if members.sum() > 0 else 1.0 / len(members)
         tag = _TAG_AVERAGE + decision.round % _TAG_ROUNDS
         for tensor in self.flat.params.values():
             host = tensor.detach().cpu().numpy()  # a view on the CPU, a staging copy from a GPU
@@ -154,8 +158,11 @@ class EnsembleSync(Algorithm):
 
     @property
     def dead_ranks(self) -> set[int]:
-        """On rank 0, the ranks the coordinator found dead (ULFM); empty elsewhere."""
-        return set(self.coordinator.dead) if self.coordinator is not None else set()
+        """The ranks that left the job (:attr:`membership`) and, on rank 0,
+        those its coordinator found dead (ULFM) without a shrink; as ranks
+        of the first communicator."""
+        found = self.coordinator.dead if self.coordinator is not None else set()
+        return super().dead_ranks | {self.membership.original_ranks[r] for r in found}
 
     def run_attributes(self) -> dict[str, Any]:
         """On rank 0: ``fault_events``, the outages the whole round log shows
@@ -163,6 +170,15 @@ class EnsembleSync(Algorithm):
         if self.coordinator is None:
             return {}
         return {"fault_events": json.dumps(fault_events(self.coordinator.rows(), self.coordinator.ranks))}
+
+    def abandon(self) -> None:
+        """After a failure: the coordinator's thread ends on its revoked
+        channel; the channels are let go.  The survivors' rank 0 runs the
+        coordinator of the rebuilt algorithm, from the round of the step
+        they go on from."""
+        if self.coordinator is not None:
+            self.coordinator.abandon()
+        super().abandon()
 
     def close(self) -> None:
         """Stop the coordinator (rank 0) and free the channels; local, so

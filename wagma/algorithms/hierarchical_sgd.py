@@ -86,6 +86,11 @@ class HierarchicalSGD(Algorithm):
             for tensor in self.flat.params.values():
                 allreduce(tensor, comm=group, op="avg")
 
+    def abandon(self) -> None:
+        """Let go of the level communicators (revoked after a failure)."""
+        self.levels = []
+        super().abandon()
+
     def close(self) -> None:
         for _, group in self.levels:
             if group is not self.comm:

@@ -158,6 +158,13 @@ class WagmaSGD(Algorithm):
         if sync is not None:
             sync.end()
 
+    def abandon(self) -> None:
+        """Stop the progress threads without communicating (a dead rank)."""
+        for wa in (self._collectives or {}).values():
+            wa.abandon()
+        self._collectives = None
+        super().abandon()
+
     def close(self) -> None:
         for wa in (self._collectives or {}).values():
             wa.close()

@@ -1,0 +1,222 @@
+"""What the survivors of a dead rank do: revoke, shrink, agree on a step and a model, rebuild the algorithm.
+
+Under MPI fault tolerance (Open MPI's ULFM, :func:`collectives.failures.fault_tolerant`)
+a rank that dies does not end the job: the operations that need it fail
+with ``MPI_ERR_PROC_FAILED`` on the ranks that wait for it.  A rank that
+sees such an error, anywhere (a collective of the step, a progress or
+communication thread, an evaluation between steps), calls :func:`survive`,
+which
+
+1. revokes every communicator this process's collectives made
+   (:func:`collectives.failures.revoke_tracked`), so that every other rank's
+   pending or next operation fails too (``MPI_ERR_REVOKED``) and it joins
+   the recovery instead of waiting for a peer that will never answer;
+2. stops the algorithm's threads and drops its communicators, locally
+   (:meth:`~wagma.algorithms.base.Algorithm.abandon`), and puts back the
+   model this rank had before the step that failed where that step had
+   begun to change it;
+3. shrinks the algorithm's communicator to the survivors
+   (``MPI_Comm_shrink``, fault tolerant) and learns who left;
+4. agrees, in one allgather over the survivors, on the step to go on from
+   (the furthest any survivor completed: a survivor behind it skips to it,
+   as ensemble_sync's late ranks do) and on the options for the smaller
+   rank count (:func:`wagma.options.fit_options`, which adjusts by a stated
+   rule an option that no longer fits, e.g. a group size above the
+   survivors);
+5. rebuilds the algorithm on the survivors (groups, rings, neighbours,
+   buckets, partial collectives, progress threads, StragglAR plans:
+   everything that depends on P is built anew, as at construction), and
+6. makes the survivors' models what the algorithm says they continue from
+   (:attr:`~wagma.algorithms.base.Algorithm.survivors_continue_from`):
+
+   * ``"source"`` (Allreduce-SGD, eager-SGD: gradient averaging keeps the
+     replicas equal): every survivor takes the model, buffers and optimizer
+     state of the survivor that completed the most steps (the lowest rank
+     among them).  Replicas were equal after the last completed step, so
+     this is the last completed average, and the survivors stay bitwise
+     equal.
+   * ``"own"`` (every model-averaging algorithm): each survivor keeps its
+     own replica as of its last completed step.  Their replicas differ by
+     design (only their average is the model), the next average merges
+     them, and no survivor's progress since the last average is thrown
+     away; what is lost is the dead rank's replica.
+
+A failure during the recovery itself (another rank dies) starts it again
+on the communicator it reached.  A new failure counts as a new membership
+change.
+
+Where there is no fault tolerance the launcher ends the job when a rank
+dies; nothing here runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from mpi4py import MPI
+
+from collectives.comm import Communicator
+from collectives.failures import FAILURE_CLASSES, fault_tolerant, mpi_failure, revoke_tracked, track
+
+if TYPE_CHECKING:
+    from .algorithms.base import Algorithm
+
+__all__ = ["Membership", "MembershipChange", "Noticed", "Where", "survive"]
+
+logger = logging.getLogger(__name__)
+
+#: How a rank learned of the failure: an operation that needed the dead rank
+#: failed (``proc_failed``), a multiple completion (``MPI_Waitall``) one of
+#: whose transfers failed (``request_failed``), or a survivor revoked a
+#: communicator it was using (``revoked``).
+Noticed = Literal["proc_failed", "request_failed", "revoked"]
+#: Where the first survivor to notice was: inside the training step (its
+#: collectives, or the backward hooks' communication), inside a progress or
+#: communication thread (handed to the main thread at its next wait), or
+#: between steps (evaluation, the stop vote, a checkpoint).
+Where = Literal["step", "thread", "between steps"]
+
+
+@dataclass
+class MembershipChange:
+    """One shrink of the job to its survivors, the same on every survivor.
+
+    Attributes:
+        step: the step the survivors go on from (the furthest any of them
+            completed).
+        left: the ranks that left, as ranks of the job's first communicator
+            (the run file's row numbers).
+        noticed: how the first survivor to notice learned of it.
+        where: where that survivor was.
+        noticed_at: that survivor's wall-clock time of noticing (``time.time()``).
+        recovery_s: seconds from that moment to the moment the last survivor
+            was ready to go on.
+        ranks_after: the survivors.
+        adjustments: options changed for the smaller rank count, in words.
+    """
+
+    step: int
+    left: list[int]
+    noticed: Noticed
+    where: Where
+    noticed_at: float
+    recovery_s: float
+    ranks_after: int
+    adjustments: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Membership:
+    """Who an algorithm runs on now, and how that came to be.
+
+    Attributes:
+        comm: the communicator a recovery shrinks, over the current members
+            (the algorithm's control channel at first, then the survivors'
+            communicator of the last change); every member shrinks the same
+            one.
+        original_ranks: each current member's rank in the communicator the
+            algorithm was first built on, by current rank.
+        changes: every change so far, in order.
+    """
+
+    comm: MPI.Intracomm
+    original_ranks: list[int]
+    changes: list[MembershipChange] = field(default_factory=list)
+
+    @property
+    def original_rank(self) -> int:
+        """This rank's rank in the communicator the algorithm was first built on."""
+        return self.original_ranks[self.comm.Get_rank()]
+
+    @property
+    def left(self) -> list[int]:
+        """Every rank that has left, as a rank of the first communicator."""
+        return sorted(r for change in self.changes for r in change.left)
+
+
+def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipChange:
+    """Carry ``algo`` over to the survivors of the failure behind ``error``
+    (see the module docstring); collective over the survivors, every one of
+    which must call it (each does once an operation of its fails).
+
+    Returns:
+        The change, the same on every survivor; ``algo`` is then rebuilt on
+        them (:attr:`~wagma.algorithms.base.Algorithm.membership` holds the
+        survivors' communicator, and the ranks they had at the start).
+
+    Raises:
+        ``error`` itself when it is not a rank's failure, or when the job has
+        no fault tolerance (nothing can be recovered).
+    """
+    failure = mpi_failure(error)
+    if failure is None or not fault_tolerant():
+        raise error
+    noticed_at = time.time()
+    kind = failure.Get_error_class()
+    noticed: Noticed = (
+        "proc_failed" if kind in FAILURE_CLASSES else "revoked" if kind == MPI.ERR_REVOKED else "request_failed"
+    )
+    if where == "step" and failure is not error:
+        where = "thread"
+    revoke_tracked()
+    algo.abandon()
+    comm = algo.membership.comm
+    while True:
+        # mpi4py's stub types Shrink as returning a Comm; an Intracomm's gives an Intracomm.
+        survivors: MPI.Intracomm = track(comm.Shrink())  # type: ignore[assignment]
+        try:
+            return _rebuild(algo, survivors, noticed, where, noticed_at)
+        except BaseException as again:
+            if mpi_failure(again) is None:
+                raise
+            logger.warning("another rank failed while the survivors recovered: %s", again)
+            revoke_tracked()
+            algo.abandon()
+            comm = survivors
+
+
+def _rebuild(algo, survivors, noticed, where, noticed_at):
+    """Steps 4 to 6 of the module docstring on the shrunk ``survivors``."""
+    from .options.fit import fit_options
+
+    membership = algo.membership
+    mine = (membership.original_rank, algo.steps, noticed_at, noticed, where)
+    table = survivors.allgather(mine)
+    originals = [row[0] for row in table]
+    left = sorted(set(membership.original_ranks) - set(originals))
+    resume = max(row[1] for row in table)
+    source = next(r for r, row in enumerate(table) if row[1] == resume)
+    first = min(range(len(table)), key=lambda r: table[r][2])
+    options, adjustments = fit_options(algo.name, dict(algo.options), survivors.Get_size())
+    membership.comm, membership.original_ranks = survivors, originals
+    algo.rebuild(Communicator(survivors), options, resume, source)
+    ready = survivors.allreduce(time.time(), op=MPI.MAX)
+    change = MembershipChange(
+        step=resume,
+        left=left,
+        noticed=table[first][3],
+        where=table[first][4],
+        noticed_at=table[first][2],
+        recovery_s=ready - table[first][2],
+        ranks_after=survivors.Get_size(),
+        adjustments=adjustments,
+    )
+    algo.membership.changes.append(change)
+    logger.warning(
+        "ranks %s left at step %d (%s, %s); %d survivors go on from step %d after %.2f s%s",
+        left,
+        resume,
+        change.noticed,
+        change.where,
+        change.ranks_after,
+        resume,
+        change.recovery_s,
+        f" ({'; '.join(adjustments)})" if adjustments else "",
+    )
+    return change
