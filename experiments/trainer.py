@@ -22,6 +22,7 @@ from wagma.clock import TrainingClock
 from wagma.datasets import Dataset, load_dataset
 from wagma.faults import FaultInjector, parse_faults
 from wagma.imbalance import parse_imbalance
+from wagma.membership import survive
 from wagma.models import build_model
 from wagma.options import resolved_options
 from wagma.options.cli import options_from_args
@@ -261,30 +262,53 @@ def train(args, world, comm):
     return status
 
 
-def _loop(run, start, clock_offset):
-    """The training steps ``start .. run.total - 1``; returns the run's status and its training clock then."""
-    args, comm, algo, recorder, total = run.args, run.comm, run.algo, run.recorder, run.total
-    steps_per_epoch, optimizer = run.steps_per_epoch, run.optimizer
-    rank, ranks = comm.rank, comm.size
-    lr = LearningRate(
-        args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start, args.decay_epochs, args.decay_factor
-    )
-    compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), rank)
-    evaluate = args.compute == "real"
-    # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
-    eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
-    progress = StepProgress(total, start, enabled=rank == 0 and not args.no_progress)
-    with Communicator(run.world) as eval_comm, progress.redirect():
-        evaluator = (
-            Evaluator(run.model, eval_comm, run.dataset, max(args.batch_size, 256), lock=algo.lock)
+class _Channels:
+    """The loop's own communication beside the algorithm's, on ``run.world``:
+    the evaluator's communicator and the stop vote (with ``--checkpoint-dir``).
+    Built anew on the survivors after a membership change."""
+
+    def __init__(self, run, evaluate, stop):
+        args = run.args
+        self.eval_comm = Communicator(run.world)
+        self.evaluator = (
+            Evaluator(run.model, self.eval_comm, run.dataset, max(args.batch_size, 256), lock=run.algo.lock)
             if evaluate
             else None
         )
-        # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
-        stop = _StopRequest() if args.checkpoint_dir else None
-        vote = LaggedVote(run.world, args.stop_check_every) if stop else None
+        self.vote = LaggedVote(run.world, args.stop_check_every) if stop else None
+
+    def close(self):
+        """Collective: completes the last vote and frees the communicators."""
+        if self.vote is not None:
+            self.vote.close()
+        self.eval_comm.close()
+
+
+def _loop(run, start, clock_offset):
+    """The training steps ``start .. run.total - 1``; returns the run's status and its training clock then.
+
+    Under MPI fault tolerance a rank's failure, noticed anywhere in a step
+    or between steps, is survived (:func:`wagma.membership.survive`): the
+    algorithm is rebuilt on the survivors, the loop's own channels and the
+    run file follow, the survivors take over the dead ranks' data
+    (:meth:`_TrainingData.take_over`), and the loop goes on from the step
+    the survivors agreed on."""
+    args, algo, recorder, total = run.args, run.algo, run.recorder, run.total
+    steps_per_epoch, optimizer = run.steps_per_epoch, run.optimizer
+    lr = LearningRate(
+        args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start, args.decay_epochs, args.decay_factor
+    )
+    compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), run.comm.rank)
+    evaluate = args.compute == "real"
+    # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
+    eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
+    progress = StepProgress(total, start, enabled=run.comm.rank == 0 and not args.no_progress)
+    # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
+    stop = _StopRequest() if args.checkpoint_dir else None
+    channels = _Channels(run, evaluate, stop is not None)
+    with progress.redirect():
         update = _UpdateTimer(optimizer)
-        comm.control.Barrier()
+        run.comm.control.Barrier()
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
         data = _TrainingData(
@@ -299,71 +323,108 @@ def _loop(run, start, clock_offset):
         clocks, evaluated = {}, set()
         try:
             while step < total:
-                algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
-                samples = algo.samples_per_step
-                batch = data.take(step, samples)
-                lr.apply(optimizer, step)
-                c0 = time.perf_counter()
-                slowed = run.faults.before_step(step)  # a stop returns when continued; a kill never
-                loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
-                c1 = time.perf_counter()
-                stale_before, update.seconds = algo.stale_steps, 0.0
-                algo.step()
-                c2 = time.perf_counter()
-                now = clock()
-                # Allreduce-SGD waits for its buckets at the end of backward: communication, not compute.
-                in_backward = algo.comm_in_backward_s
-                comm_time = c2 - c1 + in_backward
-                recorder.record(
-                    step,
-                    step_time=now - last,
-                    compute_time=c1 - c0 - in_backward,
-                    delay=injected + slowed,
-                    comm_time=comm_time,
-                    wait_time=max(0.0, comm_time - update.seconds),
-                    loss=loss,
-                    stale=float(algo.stale_steps > stale_before),
-                    clock=now,
-                    samples=samples,
-                    skipped=0.0,
-                    contribution=algo.contribution,
-                )
-                last = now
-                clocks[step] = now
-                step += 1
-                if algo.skipped:  # ensemble_sync's fast-forward of a late rank
-                    _record_skipped(recorder, range(*algo.skipped), now, clocks)
-                    data.skip(algo.skipped[1] - step, samples)
-                    step = algo.skipped[1]
-                progress.update(step, loss, ranks * args.batch_size * (step - start) / max(now - clock_offset, 1e-9))
-                if evaluate and (step == total or (eval_interval and step % eval_interval == 0)):
-                    clock.pause()
-                    if algo.evaluates_ensemble:
-                        _evaluate_ensemble(algo, evaluator, recorder, steps_per_epoch, clocks, evaluated)
-                    else:
-                        _evaluate(args, evaluator, recorder, step, step / steps_per_epoch, now, comm)
-                    clock.resume()
-                stopping = vote is not None and vote.vote(step, stop.requested)
-                # The final checkpoint comes after close(), which can still change the model.
-                if (
-                    args.checkpoint_dir
-                    and step < total
-                    and (stopping or (args.checkpoint_every and step % args.checkpoint_every == 0))
-                ):
-                    clock.pause()
-                    run.checkpoint(step, clock())
-                    clock.resume()
-                if rank == 0:
-                    recorder.record_tables(algo.sync_tables())
-                if stopping and step < total:
-                    status = "stopped"
-                    break
+                phase = "step"
+                try:
+                    algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
+                    samples = algo.samples_per_step
+                    batch = data.take(step, samples)
+                    lr.apply(optimizer, step)
+                    c0 = time.perf_counter()
+                    slowed = run.faults.before_step(step)  # a stop returns when continued; a kill never
+                    loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
+                    c1 = time.perf_counter()
+                    stale_before, update.seconds = algo.stale_steps, 0.0
+                    algo.step()
+                    c2 = time.perf_counter()
+                    phase = "between steps"
+                    now = clock()
+                    # Allreduce-SGD waits for its buckets at the end of backward: communication, not compute.
+                    in_backward = algo.comm_in_backward_s
+                    comm_time = c2 - c1 + in_backward
+                    recorder.record(
+                        step,
+                        step_time=now - last,
+                        compute_time=c1 - c0 - in_backward,
+                        delay=injected + slowed,
+                        comm_time=comm_time,
+                        wait_time=max(0.0, comm_time - update.seconds),
+                        loss=loss,
+                        stale=float(algo.stale_steps > stale_before),
+                        clock=now,
+                        samples=samples,
+                        skipped=0.0,
+                        contribution=algo.contribution,
+                    )
+                    last = now
+                    clocks[step] = now
+                    step += 1
+                    if algo.skipped:  # ensemble_sync's fast-forward of a late rank
+                        _record_skipped(recorder, range(*algo.skipped), now, clocks)
+                        data.skip(algo.skipped[1] - step, samples)
+                        step = algo.skipped[1]
+                    progress.update(
+                        step, loss, run.comm.size * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
+                    )
+                    if evaluate and (step == total or (eval_interval and step % eval_interval == 0)):
+                        clock.pause()
+                        if algo.evaluates_ensemble:
+                            _evaluate_ensemble(algo, channels.evaluator, recorder, steps_per_epoch, clocks, evaluated)
+                        else:
+                            _evaluate(args, channels.evaluator, recorder, step, step / steps_per_epoch, now, run.comm)
+                        clock.resume()
+                    stopping = channels.vote is not None and channels.vote.vote(step, stop.requested)
+                    # The final checkpoint comes after close(), which can still change the model.
+                    if (
+                        args.checkpoint_dir
+                        and step < total
+                        and (stopping or (args.checkpoint_every and step % args.checkpoint_every == 0))
+                    ):
+                        clock.pause()
+                        run.checkpoint(step, clock())
+                        clock.resume()
+                    if run.comm.rank == 0:
+                        recorder.record_tables(algo.sync_tables())
+                    if stopping and step < total:
+                        status = "stopped"
+                        break
+                except BaseException as error:
+                    clock.resume()  # a failure during an evaluation or a checkpoint
+                    change = survive(algo, error, phase)  # re-raised where it is not a rank's failure
+                    channels = _go_on_without(run, change, channels, data, evaluate, stop is not None, clock())
+                    now = clock()
+                    if change.step > step:  # steps this rank did not complete, taken by another survivor
+                        _record_skipped(recorder, range(step, change.step), now, clocks)
+                        data.skip(change.step - step, samples)
+                    step, last = change.step, now
         finally:
             progress.close()
             update.remove()
-            if vote is not None:
-                vote.close()
+    channels.close()
     return status, clock()
+
+
+def _go_on_without(run, change, channels, data, evaluate, stop, now):
+    """After :func:`~wagma.membership.survive`: the loop's side of a
+    membership change.  The run follows the algorithm onto the survivors'
+    communicator, the loop's channels are built there (the old ones are
+    revoked, let go without communicating), the run file gets its new writer
+    and the change, and the survivors take over the dead ranks' data."""
+    algo = run.algo
+    run.world, run.comm = algo.membership.comm, algo.comm
+    channels = _Channels(run, evaluate, stop)
+    run.recorder.rebuild(run.world)
+    run.recorder.record_membership(clock=now, **change.as_dict())
+    original = algo.membership.original_ranks
+    data.take_over(
+        [r for r in range(run.recorder.ranks) if r not in original],
+        original.index(algo.membership.original_rank),
+        len(original),
+    )
+    if data.streaming:  # the reallocation keeps the global batch: the budget of the ranks at the start
+        algo.plan(run.total, max(1, round(run.args.batch_size * run.recorder.ranks / len(original))))
+    else:
+        algo.samples_per_step = data.samples_per_step
+    return channels
 
 
 def _record_skipped(recorder, steps, now, clocks):
@@ -405,6 +466,12 @@ class _TrainingData:
     it has taken or skipped (a resumed run starts the stream at the step's
     place as if every step had had ``--batch-size`` samples).  Emulated
     compute (``needed`` False) reads no data.
+
+    After ranks die (:meth:`take_over`), each survivor also reads a slice of
+    every dead rank's batch at each step, so the global batch stays the
+    same and no sample is read twice in an epoch; with reallocation the
+    shares already keep the global batch, and each survivor reads further
+    into its own stream (the dead ranks' shards are then not read).
     """
 
     def __init__(self, dataset, batch_size, steps_per_epoch, start, streaming, needed):
@@ -412,6 +479,24 @@ class _TrainingData:
         self.streaming, self.needed = streaming, needed
         self.position = start * batch_size
         self._batches, self._next = None, None
+        #: ``(shard, lo, hi)``: this rank's batch, then its slices of the dead ranks'.
+        self.parts = [(dataset.rank, 0, batch_size)]
+
+    @property
+    def samples_per_step(self):
+        """The samples of one step without reallocation: this rank's batch and its slices."""
+        return sum(hi - lo for _, lo, hi in self.parts)
+
+    def take_over(self, dead, member, members):
+        """Read, at every step from now on, slice ``member`` of ``members``
+        of each of the ``dead`` shards' batches (ranks of the job's start):
+        slice j of a batch of b samples is ``[j b // m, (j + 1) b // m)``, so
+        the m survivors' slices cut it into disjoint parts that cover it."""
+        b = self.batch_size
+        self.parts = [(self.dataset.rank, 0, b)] + [
+            (shard, member * b // members, (member + 1) * b // members) for shard in dead
+        ]
+        self._next = None
 
     def take(self, step, count):
         if not self.needed:
@@ -420,6 +505,9 @@ class _TrainingData:
             batch = self.dataset.stream_batch(self.position, count)
             self.position += count
             return batch
+        if len(self.parts) > 1:
+            epoch, index = divmod(step, self.steps_per_epoch)
+            return self.dataset.batch_of_shards(self.parts, epoch, index, self.batch_size)
         if self._next != step:
             epoch, index = divmod(step, self.steps_per_epoch)
             self._batches = self.dataset.train_batches(epoch, self.batch_size, start=index)
