@@ -15,7 +15,6 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.agreement import agree
 from collectives.collect import LaggedVote
-from collectives.failures import fault_tolerant
 from collectives.provenance import run_attributes
 from wagma.algorithms import Algorithm, create
 from wagma.clock import TrainingClock
@@ -90,18 +89,11 @@ def _setup(args, comm):
             problem = str(exc)
     if problem is None and args.algo == "ensemble_sync":
         for spec, fault in zip(args.fault or (), faults):
-            if fault.rank == 0 and fault.kind != "slow":
+            if fault.rank == 0 and fault.kind == "stop":
                 problem = (
-                    f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator (the paper's parameter "
-                    f"server, which it does not make fault tolerant either); stop or kill another rank"
+                    f"--fault {spec!r}: rank 0 runs ensemble_sync's coordinator, and the others wait for "
+                    f"its decisions while it is stopped; stop another rank"
                 )
-            elif fault.kind == "kill" and not fault_tolerant():
-                problem = (
-                    f"--fault {spec!r}: ensemble_sync's survivors need MPI fault tolerance, and this job "
-                    f"has none: start it with experiments.mpirun --fault-tolerant (Open MPI's ULFM, "
-                    f".venv-openmpi); without it the launcher ends the job when the rank dies"
-                )
-            if problem:
                 break
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
         problem = "--device cuda: torch sees no CUDA device"
@@ -219,6 +211,7 @@ def train(args, world, comm):
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
     algo.plan(total, args.batch_size)
+    faults.arm(optimizer, lambda: algo.steps)
     start, clock_offset = 0, 0.0
     if args.resume:
         found = latest_step(comm, args.checkpoint_dir)

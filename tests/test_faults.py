@@ -16,6 +16,8 @@ from wagma.faults import Fault, FaultInjector, _continue_after_stop, parse_fault
         ("slow:rank=0,steps=7,ms=20", Fault("slow", 0, 7, 7, 0.02)),
         ("stop:rank=3,step=40,seconds=6", Fault("stop", 3, 40, 40, 6.0)),
         ("kill:rank=2,step=99", Fault("kill", 2, 99, 99, 0.0)),
+        ("kill:rank=0,step=3,how=sigsegv", Fault("kill", 0, 3, 3, 0.0, "sigsegv")),
+        ("kill:rank=1,step=3,how=exit", Fault("kill", 1, 3, 3, 0.0, "exit")),
     ],
 )
 def test_accepted_specs(spec, fault):
@@ -36,6 +38,8 @@ def test_accepted_specs(spec, fault):
         ("stop:rank=0,step=1,seconds=soon", "the duration must be a number"),
         ("kill:rank=0,step=1,seconds=2", "kill takes exactly the fields rank, step"),
         ("slow:rank=0,ms=5", "slow takes exactly the fields rank, steps, ms"),
+        ("kill:rank=0,step=1,how=sigterm", "how must be one of sigkill, sigsegv, exit, got 'sigterm'"),
+        ("stop:rank=0,step=1,seconds=1,how=exit", "stop takes exactly the fields rank, step, seconds"),
     ],
 )
 def test_refused_specs_name_the_option_the_problem_and_the_forms(spec, why):

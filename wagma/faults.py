@@ -12,9 +12,14 @@ the same plan on every rank (``experiments.train --fault SPEC``, repeatable):
     a helper process that sends it ``SIGCONT`` after SEC seconds and sends
     itself ``SIGSTOP`` (the paper's unresponsive worker; its MPI progress
     stops with it).
-``kill:rank=R,step=S``
-    at the start of step S rank R sends itself ``SIGKILL`` and never
-    returns (the paper's dead worker).
+``kill:rank=R,step=S[,how=sigkill|sigsegv|exit]``
+    rank R dies at step S (the paper's dead worker): ``sigkill`` (the
+    default) and ``sigsegv`` send itself the signal at the start of the
+    step; ``exit`` leaves with ``os._exit`` from inside the step's
+    communication (the optimizer's post-step hook: the model-averaging
+    algorithms' collectives follow at once, and the peers are inside
+    them).  ``exit`` uses status 0: under ``--with-ft ulfm`` Open MPI's
+    launcher (PRRTE 3) hangs on a rank that exits with another status.
 
 What the other ranks do about it is the algorithm's and the MPI library's
 business: a synchronous algorithm waits out a stop and, without fault
@@ -28,13 +33,22 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
-__all__ = ["FAULT_FORMS", "Fault", "FaultInjector", "parse_fault", "parse_faults"]
+if TYPE_CHECKING:
+    import torch
 
-FAULT_FORMS = ("slow:rank=R,steps=A-B,ms=MS", "stop:rank=R,step=S,seconds=SEC", "kill:rank=R,step=S")
+__all__ = ["DEATHS", "FAULT_FORMS", "Fault", "FaultInjector", "parse_fault", "parse_faults"]
+
+FAULT_FORMS = (
+    "slow:rank=R,steps=A-B,ms=MS",
+    "stop:rank=R,step=S,seconds=SEC",
+    "kill:rank=R,step=S[,how=sigkill|sigsegv|exit]",
+)
 _FIELDS = {"slow": ("rank", "steps", "ms"), "stop": ("rank", "step", "seconds"), "kill": ("rank", "step")}
+#: How a killed rank dies (``kill``'s optional field ``how``).
+DEATHS = ("sigkill", "sigsegv", "exit")
 
 
 class Fault(NamedTuple):
@@ -47,6 +61,7 @@ class Fault(NamedTuple):
     first: int
     last: int
     seconds: float
+    how: str = "sigkill"
 
 
 def _bad(spec, why):
@@ -67,8 +82,13 @@ def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
     if kind not in _FIELDS:
         raise _bad(spec, f"unknown kind {kind!r}")
     fields = dict(item.partition("=")[::2] for item in body.split(",") if item)
+    how = fields.pop("how", "sigkill") if kind == "kill" else "sigkill"
     if sorted(fields) != sorted(_FIELDS[kind]):
-        raise _bad(spec, f"{kind} takes exactly the fields {', '.join(_FIELDS[kind])}")
+        raise _bad(
+            spec, f"{kind} takes exactly the fields {', '.join(_FIELDS[kind])}{' (and how)' if kind == 'kill' else ''}"
+        )
+    if how not in DEATHS:
+        raise _bad(spec, f"how must be one of {', '.join(DEATHS)}, got {how!r}")
     if not re.fullmatch(r"\d+", fields["rank"]) or int(fields["rank"]) >= ranks:
         raise _bad(spec, f"rank must be an integer in [0, {ranks - 1}] (the ranks of this run), got {fields['rank']!r}")
     span = fields.get("steps") or fields["step"]
@@ -87,7 +107,7 @@ def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
             raise _bad(spec, "the duration must be a number") from None
         if not seconds > 0:
             raise _bad(spec, "the duration must be above zero")
-    return Fault(kind, int(fields["rank"]), first, last, seconds)
+    return Fault(kind, int(fields["rank"]), first, last, seconds, how)
 
 
 def parse_faults(specs: Iterable[str] | None, ranks: int, steps: int) -> list[Fault]:
@@ -101,6 +121,16 @@ class FaultInjector:
     def __init__(self, faults: Iterable[Fault], rank: int) -> None:
         self.faults = list(faults)
         self._mine = [f for f in self.faults if f.rank == rank]
+        self._exit_at: int | None = None
+
+    def arm(self, optimizer: "torch.optim.Optimizer", steps: "Callable[[], int]") -> None:
+        """Hook this rank's ``exit`` deaths into ``optimizer``'s post-step
+        hook, which fires inside the algorithm's step; ``steps()`` says the
+        step in progress."""
+        for fault in self._mine:
+            if fault.kind == "kill" and fault.how == "exit":
+                at = fault.first
+                optimizer.register_step_post_hook(lambda *_: os._exit(0) if steps() == at else None)
 
     def before_step(self, step: int) -> float:
         """Inject this rank's faults for ``step``; returns the seconds a slow
@@ -115,8 +145,8 @@ class FaultInjector:
                 slept += fault.seconds
             elif fault.kind == "stop":
                 _stop_for(fault.seconds)
-            else:
-                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.how != "exit":  # an exit comes from inside the step (arm)
+                os.kill(os.getpid(), signal.SIGKILL if fault.how == "sigkill" else signal.SIGSEGV)
         return slept
 
     def record(self) -> str:
