@@ -45,6 +45,13 @@
     fraction.  The default variants are eager-SGD's readings beside
     Allreduce-SGD (:data:`experiments.seeds.EAGER_READINGS`).
 
+``.venv-openmpi/bin/python -m experiments.campaign survival``
+    Every algorithm on 8 ranks with one rank killed at 40 % of the run, a
+    non-zero rank and, separately, rank 0, under Open MPI's ULFM:
+    ``table.md`` gives the time from the death to the survivors' next
+    completed step and the final accuracy beside the failure-free run's
+    (:mod:`experiments.survival`).
+
 Each writes its run files, ``table.md`` (the ``wagma.analysis`` table) and
 the figures (``wagma.analysis --plot``) into ``--out-dir`` and prints the
 table.  ``--out-dir`` defaults to a fresh ``runs/CAMPAIGN-YYYYmmdd-HHMMSS``
@@ -75,6 +82,7 @@ from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
 from .seeds import EAGER_READINGS, run_seeds
+from .survival import run_survival
 
 __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
@@ -321,6 +329,29 @@ def _parser():
         help="run files and table.md [a fresh runs/stragglersync-YYYYmmdd-HHMMSS]; "
         "results/stragglersync refreshes the committed reference results",
     )
+    v = sub.add_parser(
+        "survival",
+        help="every algorithm with a rank killed mid-run (a non-zero rank, and rank 0) under ULFM",
+        formatter_class=HelpFormatter,
+    )
+    v.add_argument("--ranks", type=int, default=8, help="ranks of every run")
+    v.add_argument("--epochs", type=int, default=10, help="epochs of every run")
+    v.add_argument("--compute-ms", type=float, default=20.0, help="each step's compute, padded to this")
+    v.add_argument("--kill-at", type=float, default=0.4, help="when the victim dies, a fraction of the run")
+    v.add_argument("--how", default="sigkill", help="how it dies: sigkill, sigsegv or exit")
+    v.add_argument("--repeats", type=int, default=3, help="killed runs per algorithm and victim")
+    v.add_argument("--seed", type=int, default=36, help="draws the non-zero victims")
+    v.add_argument(
+        "--algos",
+        default="allreduce_sgd,local_sgd,wagma,eager_sgd,hierarchical_sgd,dpsgd,adpsgd,sgp,ensemble_sync",
+        help="comma-separated algorithms",
+    )
+    v.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files and table.md [a fresh runs/survival-YYYYmmdd-HHMMSS]; "
+        "results/survival refreshes the committed reference results",
+    )
     return parser
 
 
@@ -408,8 +439,15 @@ def main(argv=None):
     from wagma.algorithms import ALGORITHMS  # after parsing: --help needs no torch
 
     algos = [a for a in args.algos.split(",") if a]
-    if args.campaign == "seeds" and args.repeats < 1:
+    if args.campaign in ("seeds", "survival") and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.campaign == "survival":
+        from wagma.faults import DEATHS
+
+        if args.how not in DEATHS:
+            parser.error(f"--how: accepted {', '.join(DEATHS)}; got {args.how!r}")
+        if not 0 < args.kill_at < 1:
+            parser.error(f"--kill-at must be a fraction of the run in (0, 1), got {args.kill_at}")
     if args.campaign in ("main", "sweep", "seeds"):
         try:
             variants = parse_variants(
@@ -427,6 +465,8 @@ def main(argv=None):
     mpiexec = find_mpiexec()
     if not mpiexec:
         parser.error("no mpiexec found next to this Python or on PATH; set MPIEXEC")
+    if args.campaign == "survival" and kill_runs_refused(mpiexec):
+        parser.error(f"the survival campaign's kill runs: {kill_runs_refused(mpiexec)}")
     out_dir = args.out_dir or default_out_dir(args.campaign)
     os.makedirs(out_dir, exist_ok=True)
     if args.campaign == "main":
@@ -437,9 +477,11 @@ def main(argv=None):
         _stragglersync(args, mpiexec, out_dir)
     elif args.campaign == "seeds":
         run_seeds(args, mpiexec, out_dir, variants)
+    elif args.campaign == "survival":
+        run_survival(args, mpiexec, out_dir, algos)
     else:
         _sweep(args, mpiexec, out_dir, variants)
-    figures = "" if args.campaign in ("stragglersync", "seeds") else " and the figures"
+    figures = "" if args.campaign in ("stragglersync", "seeds", "survival") else " and the figures"
     print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
 

@@ -381,7 +381,8 @@ def _loop(run, start, clock_offset):
                         status = "stopped"
                         break
                 except BaseException as error:
-                    clock.resume()  # a failure during an evaluation or a checkpoint
+                    if clock.paused:  # a failure during an evaluation or a checkpoint
+                        clock.resume()
                     change = survive(algo, error, phase)  # re-raised where it is not a rank's failure
                     channels = _go_on_without(run, change, channels, data, evaluate, stop is not None, clock())
                     now = clock()

@@ -1,16 +1,21 @@
-"""A training loop of one's own whose rank dies mid-run; the survivors go on (ULFM, wagma.membership.survive).
+"""Training loops of one's own whose ranks die mid-run; the survivors go on (ULFM, wagma.membership.survive).
 
 Run by tests/test_survival.py as
-``mpiexec --with-ft ulfm -n P python survivors.py OUT_DIR ALGO VICTIM KILL_AT STEPS HOW [OPTIONS_JSON]``.
-Every rank trains a small MLP on its own random batches with algorithm
-ALGO.  At step KILL_AT rank VICTIM dies (HOW: ``sigkill``, ``sigsegv``, or
-``exit``, an ``os._exit`` from inside the step's communication: the
+``mpiexec --with-ft ulfm -n P python survivors.py OUT_DIR PHASES_JSON``.
+PHASES_JSON is a list of phases ``{"algorithm", "options", "victim",
+"kill_at", "steps", "how"}`` run one after the other, each on the survivors
+of the one before: every rank trains a small MLP on its own random batches
+with the phase's algorithm, and at step ``kill_at`` the rank ``victim`` (a
+rank of the phase's communicator) dies, ``how``: ``sigkill``, ``sigsegv``,
+or ``exit``, an ``os._exit`` from inside the step's communication (the
 optimizer's post-step hook, where the model-averaging algorithms'
 collectives follow at once and the other ranks are already inside them).
 A survivor that sees the failure calls ``survive`` and goes on from the
-step it returns.  Each survivor writes OUT_DIR/rank-R.json: the membership
-changes, its final step, the digest of its final parameters, the sizes of
-the communicators, and its parameters' sum.
+step it returns; ``close()`` is survived the same way.  Each survivor of a
+phase writes OUT_DIR/phase-K-rank-R.json (R: its rank in COMM_WORLD): the
+membership changes, its final step, the digest of its final parameters, the
+sizes of its communicators, the dead ranks (as ranks of the phase's first
+communicator, and of COMM_WORLD).
 """
 
 import json
@@ -26,19 +31,14 @@ from collectives import Communicator
 from wagma.algorithms import create
 from wagma.membership import survive
 
-out_dir, algo_name, victim, kill_at, steps, how = sys.argv[1:7]
-victim, kill_at, steps = int(victim), int(kill_at), int(steps)
-options = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
+out_dir, phases = sys.argv[1], json.loads(sys.argv[2])
 world = MPI.COMM_WORLD
-rank = world.Get_rank()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-algo = create(algo_name, model, optimizer, Communicator(world), **options)
-algo.plan(steps, 8)
+world_rank = world.Get_rank()
+comm = world
+world_ranks = list(range(world.Get_size()))  # of each rank of comm
 
 
-def die(*_):
+def die(how):
     if how == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "sigsegv":
@@ -46,40 +46,47 @@ def die(*_):
     os._exit(0)  # a non-zero status hangs prterun under --with-ft ulfm (PRRTE 3); 0 is a death all the same
 
 
-if rank == victim and how == "exit":
-    armed = {"step": kill_at}
-    optimizer.register_step_post_hook(lambda *_: die() if algo.steps == armed["step"] else None)
-data = torch.Generator().manual_seed(100 + rank)
-sizes, step = [], 0
-while step < steps:
-    if rank == victim and step == kill_at and how != "exit":
-        die()
-    try:
-        x = torch.randn(8, 16, generator=data)
-        y = torch.randint(0, 4, (8,), generator=data)
-        algo.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        algo.step()
-        step = algo.steps
-    except Exception as error:
-        change = survive(algo, error, "step")
-        step = change.step
-    sizes.append(algo.comm.size)
-while True:  # close() is collective too: a death it notices is survived, and the rebuilt algorithm closes
-    try:
-        algo.close()
-        break
-    except Exception as error:
-        survive(algo, error, "between steps")
-digest = zlib.crc32(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
-report = {
-    "rank": rank,
-    "steps": algo.steps,
-    "changes": [c.as_dict() for c in algo.membership.changes],
-    "digest": digest,
-    "sizes": sizes,
-    "sum": float(sum(p.detach().double().sum() for p in model.parameters())),
-    "dead": sorted(algo.dead_ranks),
-}
-with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
-    json.dump(report, f)
+for index, phase in enumerate(phases):
+    rank, steps, kill_at, how = comm.Get_rank(), phase["steps"], phase["kill_at"], phase["how"]
+    victim = rank == phase["victim"]
+    torch.manual_seed(index)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    algo = create(phase["algorithm"], model, optimizer, Communicator(comm), **phase["options"])
+    algo.plan(steps, 8)
+    if victim and how == "exit":
+        optimizer.register_step_post_hook(lambda *_: die(how) if algo.steps == kill_at else None)
+    data = torch.Generator().manual_seed(100 * index + world_rank)
+    sizes, step = [], 0
+    while step < steps:
+        if victim and step == kill_at and how != "exit":
+            die(how)
+        try:
+            x = torch.randn(8, 16, generator=data)
+            y = torch.randint(0, 4, (8,), generator=data)
+            algo.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            algo.step()
+            step = algo.steps
+        except Exception as error:
+            step = survive(algo, error, "step").step
+        sizes.append(algo.comm.size)
+    while True:  # close() is collective too: a death it notices is survived, and the rebuilt algorithm closes
+        try:
+            algo.close()
+            break
+        except Exception as error:
+            survive(algo, error, "between steps")
+    report = {
+        "rank": world_rank,
+        "steps": algo.steps,
+        "changes": [c.as_dict() for c in algo.membership.changes],
+        "digest": zlib.crc32(b"".join(p.detach().numpy().tobytes() for p in model.parameters())),
+        "sizes": sizes,
+        "dead": sorted(algo.dead_ranks),
+        "dead_in_world": sorted(world_ranks[r] for r in algo.dead_ranks),
+    }
+    with open(os.path.join(out_dir, f"phase-{index}-rank-{world_rank}.json"), "w") as f:
+        json.dump(report, f)
+    world_ranks = [world_ranks[r] for r in algo.membership.original_ranks]
+    comm = algo.membership.comm
