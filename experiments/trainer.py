@@ -236,13 +236,11 @@ def train(args, world, comm):
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
-    # With faults planned every row leaves at once: a rank that is killed loses no step it finished.
     recorder = RunRecorder(
         world,
         out,
         {**_attributes(args, comm, options, model, dataset, total, steps_per_epoch), "faults": faults.record()},
         resume_step=start if args.resume else None,
-        post_every=1 if faults.faults else 8,
     )
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     try:
