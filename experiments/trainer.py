@@ -230,13 +230,11 @@ def train(args, world, comm):
         algo.close()
         return "nothing to do"
     out = args.out or default_out(args, comm.size)
-    # With faults planned every row leaves at once: a rank that is killed loses no step it finished.
     recorder = RunRecorder(
         world,
         out,
         {**_attributes(args, comm, options, model, dataset, total, steps_per_epoch), "faults": faults.record()},
         resume_step=start if args.resume else None,
-        post_every=1 if faults.faults else 8,
     )
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     try:
@@ -407,7 +405,13 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
     run.world, run.comm = algo.membership.comm, algo.comm
     channels = _Channels(run, evaluate, stop)
     run.recorder.rebuild(run.world)
-    run.recorder.record_membership(clock=now, **change.as_dict())
+    run.recorder.record_membership(
+        step=change.step,
+        clock=now,
+        left=change.left,
+        noticed="progress_thread" if change.where == "thread" else change.noticed,
+        recovery_s=change.recovery_s,
+    )
     original = algo.membership.original_ranks
     data.take_over(
         [r for r in range(run.recorder.ranks) if r not in original],

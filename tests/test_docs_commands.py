@@ -108,6 +108,7 @@ EXPENSIVE = {
     r"-m wagma\.analysis .*--plot\b": "draws every figure, 5-15 s (tests/test_analysis.py covers the plots)",
     r"-m wagma\.analysis runs/": "reads run files of your own runs, which a fresh clone does not have",
     r"-m wagma\.analysis results/slurm\b": "reads the run files of Slurm jobs, which a fresh clone does not have",
+    r"-m wagma\.results complete runs/": "closes the run file of a job that died, which a fresh clone does not have",
     r"-m wagma\.sim --algo all --ranks 16,64,256,1024\b": (
         "the paper's setting, 32 simulations up to 1024 ranks: ~20 s on a loaded machine"
     ),

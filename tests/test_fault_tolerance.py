@@ -7,6 +7,7 @@ tolerance (it aborts in MPI_Init with MPIR_CVAR_ENABLE_FT=1), where
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from launcher import mpiexec, mpiexec_command
 
 from experiments.mpirun import launcher_library
 from wagma.ensemble_coordinator import ROUND_FIELDS, STATUS
-from wagma.results import load_run
+from wagma.results import NOTICED, load_run
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "killed_rank.py"
 RANKS, VICTIM, KILL_AT, STEPS = 4, 2, 5, 20
@@ -138,3 +139,54 @@ def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_fil
             "others_waited_s": pytest.approx(rounds[missed, fields["waited"]]),
         }
     ]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+WRITER = ROOT / "tests" / "programs" / "killed_writer.py"
+WRITER_KILL_AT, WRITER_STEPS = 5, 20
+
+
+@pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
+def test_the_rows_of_a_killed_writer_survive_it_and_a_survivor_writes_the_file(tmp_path):
+    """Rank 0, the run file's writer, is killed at step WRITER_KILL_AT
+    before it ever wrote a row into the file: its rows (and everyone's)
+    are only in the logs, which the new rank 0 writes afresh after rebuild()."""
+    out = tmp_path / "writer.h5"
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS, fault_tolerant=True),
+            sys.executable,
+            str(WRITER),
+            str(out),
+            str(WRITER_KILL_AT),
+            str(WRITER_STEPS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # the program imports this checkout's wagma
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["writer.h5"]  # no partial file, no logs left
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [0]
+    clock = run.steps["clock"]
+    steps = np.arange(WRITER_STEPS)
+    # Row values are 1000 * rank + step: every row where it was recorded, the killed rank's up to its death.
+    np.testing.assert_array_equal(clock[0, :WRITER_KILL_AT], steps[:WRITER_KILL_AT])
+    assert np.isnan(clock[0, WRITER_KILL_AT:]).all()
+    np.testing.assert_array_equal(clock[1:], 1000.0 * np.arange(1, RANKS)[:, None] + steps)
+    membership = run.membership
+    assert len(membership["step"]) == 1  # one row: one rank left
+    assert (membership["step"][0], membership["left"][0], membership["ranks_after"][0]) == (
+        WRITER_KILL_AT,
+        0,
+        RANKS - 1,
+    )
+    assert membership["noticed"][0] in (NOTICED["proc_failed"], NOTICED["revoked"])
+    assert 0 <= membership["clock"][0] and 0 <= membership["recovery_s"][0] < 30
+    assert run.summary["membership_changes"] == 1 and run.summary["ranks_left"] == 1
+    # The evaluation every rank recorded before the death, and table t: the
+    # dead writer's row, then the new writer's rebuilt table's.
+    np.testing.assert_array_equal(run.eval["accuracy"], [0.25])
+    np.testing.assert_array_equal(run.tables["t"], [[0.0, 1.0], [9.0, 9.0]])

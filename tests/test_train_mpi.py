@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from experiments.train import main
 from wagma.imbalance import parse_imbalance
-from wagma.results import STEP_FIELDS, load_run, partial_path
+from wagma.results import STEP_FIELDS, load_run, partial_path, rows_path
 
 pytestmark = pytest.mark.mpi
 
@@ -99,7 +99,7 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
     WORLD.Barrier()
     if WORLD.rank:
         return
-    assert not os.path.exists(partial_path(out))
+    assert not os.path.exists(partial_path(out)) and not os.path.exists(rows_path(out))  # nor the logs
     run = load_run(out)
     a = run.attrs
     assert (a["status"], a["algorithm"], a["ranks"], a["compute"], a["imbalance"]) == (

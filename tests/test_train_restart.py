@@ -19,7 +19,8 @@ import pytest
 import torch
 from launcher import mpiexec, mpiexec_command, steps_written
 
-from wagma.results import load_run, partial_path
+from wagma.results import STEP_FIELDS, load_run, partial_path, rows_path
+from wagma.results.journal import read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 2
@@ -229,20 +230,79 @@ def test_an_error_on_one_rank_reaches_the_user_with_its_rank_and_ends_the_job(tm
     assert run.attrs["status"] in ("running", "failed")
 
 
-def test_a_rank_killed_by_its_fault_ends_the_job_and_the_file_keeps_the_steps_before_it(tmp_path):
-    # Without fault tolerance the launcher ends the job when a rank dies (the
-    # training algorithms have no survivors' path yet); what rank 0 had
-    # written before stays readable, marked with the fault that ended it.
+KILLED_RANKS, VICTIM, KILL_STEP, PERIOD = 4, 2, 60, 4
+
+
+def _file_rows(path, rank):
+    """Rank ``rank``'s steps in the run file at ``path``: where its clock is set."""
+    return np.flatnonzero(np.isfinite(load_run(path, logs=False).steps["clock"][rank]))
+
+
+def test_a_rank_killed_by_its_fault_ends_the_job_and_complete_writes_every_row_the_ranks_logged(tmp_path):
+    # Without fault tolerance the launcher ends the job when a rank dies, so
+    # no rank closes the run file; every rank's rows are in its log beside
+    # it, which the reader merges and `python -m wagma.results complete`
+    # writes into the file, marked.
     out = tmp_path / "dies.h5"
-    job = _start([*COMMAND, "--out", str(out), "--fault", "kill:rank=1,step=60"])
-    output = job.communicate(timeout=DEADLINE)[0]
-    assert job.returncode != 0, output
-    run = load_run(partial_path(str(out)))
+    partial = partial_path(str(out))
+    job = subprocess.run(
+        [
+            *mpiexec_command(KILLED_RANKS),
+            sys.executable,
+            "-m",
+            "experiments.train",
+            *COMMAND,
+            "--out",
+            str(out),
+            "--fault",
+            f"kill:rank={VICTIM},step={KILL_STEP}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert job.returncode != 0, job.stdout + job.stderr
+    assert not out.exists()
+    logged = {rank: read_rows(os.path.join(rows_path(partial), f"rank-{rank:05d}.f64"), 12)[0] for rank in range(4)}
+    # The victim logged its steps before KILL_STEP; the others at least those (they passed the
+    # average at the end of step KILL_STEP - 1 with it) and none past the next average, which needed it.
+    assert logged[VICTIM][:, 0].tolist() == list(range(KILL_STEP))
+    for rank, rows in logged.items():
+        assert rows[:, 0].tolist() == list(range(len(rows))), rank
+        assert KILL_STEP <= len(rows) < KILL_STEP + PERIOD or rank == VICTIM, rank
+    # Nobody closed the file; the reader takes the rows since its last flush from the logs.
+    run = load_run(partial)
     assert run.attrs["status"] == "running"
-    assert json.loads(run.attrs["faults"]) == [{"kind": "kill", "rank": 1, "first": 60, "last": 60, "seconds": 0.0}]
-    # Rank 1 died at the start of step 60. Rank 0 writes every 2 s
-    # (RunRecorder's flush_seconds), so the file holds the steps up to its last
-    # write before the launcher ended it: not yet every step.
-    written = run.steps["clock"].shape[1]
-    assert written <= 60
+    assert json.loads(run.attrs["faults"]) == [
+        {"kind": "kill", "rank": VICTIM, "first": KILL_STEP, "last": KILL_STEP, "seconds": 0.0}
+    ]
+    assert run.steps["clock"].shape == (KILLED_RANKS, KILL_STEP)  # the steps every rank reached
     assert np.all(np.isfinite(run.steps["step_time"]))
+    np.testing.assert_array_equal(run.steps["delay"][1], LATE_S)
+
+    def complete():
+        return subprocess.run(
+            [sys.executable, "-m", "wagma.results", "complete", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
+
+    done = complete()
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = load_run(partial, logs=False)
+    assert run.attrs["status"] == "failed: a rank died"
+    furthest = max(len(rows) for rows in logged.values())
+    assert run.steps["clock"].shape == (KILLED_RANKS, furthest) and run.summary["steps"] == furthest
+    for rank, rows in logged.items():  # each rank's rows as far as it got, the victim's to its kill
+        np.testing.assert_array_equal(_file_rows(partial, rank), rows[:, 0])
+        np.testing.assert_array_equal(run.steps["clock"][rank, : len(rows)], rows[:, 1 + STEP_FIELDS.index("clock")])
+    # Once more: nothing changes.
+    again = complete()
+    assert again.returncode == 0, again.stdout + again.stderr
+    rerun = load_run(partial, logs=False)
+    np.testing.assert_equal(rerun.attrs, run.attrs)
+    np.testing.assert_equal(rerun.summary, run.summary)
+    np.testing.assert_equal(rerun.steps, run.steps)

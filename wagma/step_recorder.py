@@ -30,8 +30,9 @@ class StepRecorder:
     ``[rank, step]`` step, compute, communication and wait times, loss,
     stale flag, the training clock, samples; evaluations; the algorithm
     and its options as attributes), so ``python -m wagma.analysis`` and
-    :func:`~wagma.results.reader.load_run` read it beside the CLI's runs.  Rank 0
-    writes; the others send their rows without waiting for it.  A run that
+    :func:`~wagma.results.reader.load_run` read it beside the CLI's runs.  Every
+    rank logs each row at once and rank 0 writes them into the file, no
+    rank waiting for another (:class:`~wagma.results.recorder.RunRecorder`).  A run that
     raises keeps what it measured: :meth:`abandon` (or leaving the
     ``with`` block by an exception) marks the partial file ``failed``.
 
@@ -58,8 +59,6 @@ class StepRecorder:
         model, dataset, imbalance: names for the table's columns.
         resume_step: a resumed loop's first step: the partial file of the
             interrupted run goes on from there (:class:`~wagma.results.recorder.RunRecorder`).
-        post_every: steps a rank buffers before sending (1: a rank that
-            dies loses no step it finished).
 
     Example::
 
@@ -87,7 +86,6 @@ class StepRecorder:
         dataset: str = "custom",
         imbalance: str = "none",
         resume_step: int | None = None,
-        post_every: int = 8,
     ) -> None:
         self.algo = algo
         world = algo.comm.control
@@ -112,7 +110,7 @@ class StepRecorder:
             "torch_version": torch.__version__,
         }
         self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
-        self._recorder = RunRecorder(world, path, attrs, resume_step=resume_step, post_every=post_every)
+        self._recorder = RunRecorder(world, path, attrs, resume_step=resume_step)
         self._update_s, self._entered = 0.0, 0.0
         self._hooks = [
             algo.optimizer.register_step_pre_hook(self._optimizer_entered),
@@ -178,7 +176,7 @@ class StepRecorder:
         self._recorder.flush()
 
     def close(self, status: str = "complete") -> str | None:
-        """Collective: gather every rank's rows, write the algorithm's tables
+        """Collective: write every rank's remaining rows, the algorithm's tables
         (:meth:`~wagma.algorithms.base.Algorithm.sync_tables`) and the summary;
         returns the path on rank 0.  Close the algorithm first where its
         tables are complete only then (AD-PSGD's exchanges)."""
@@ -188,7 +186,7 @@ class StepRecorder:
         return self._recorder.close(status)
 
     def abandon(self) -> None:
-        """After an error, without communicating: rank 0 keeps what arrived, marked ``failed``."""
+        """After an error, without communicating: rank 0 writes what the ranks logged, marked ``failed``."""
         for hook in self._hooks:
             hook.remove()
         self._recorder.abandon("failed")

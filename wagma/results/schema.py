@@ -47,9 +47,16 @@ Root attributes
     ================  ============================================================
 
     (files written before ``samples``, ``skipped`` and ``contribution``
-    existed read as ``batch_size``, 0 and NaN.)  A rank that died has NaN from its death on.
-    attribute ``steps.attrs["written"]``: every rank's rows are present for
-    steps ``0 .. written - 1``.
+    existed read as ``batch_size``, 0 and NaN.)  Row ``r`` is the rank ``r``
+    of the communicator the run began on, whatever membership changes
+    followed.  A rank that died has NaN from its death on.
+    attribute ``steps.attrs["written"]``: while the run writes, every member
+    rank's rows are present for steps ``0 .. written - 1`` (the ranks that
+    left, ``membership/left``, do not hold it back); once the run is
+    closed, the steps of the members that finished; in a file that
+    ``python -m wagma.results complete`` closed after its job died (every
+    rank gone), the furthest step any rank reached, the others' rows NaN
+    past their last step.
 
 ``eval/<field>``: one row per evaluation of the averaged model
     ``step``, ``epoch``, ``clock`` (the latest rank's training clock at the end
@@ -77,6 +84,17 @@ Root attributes
     copied_after and applied_after (the rank's updates done when it copied
     its model and when it added its half difference); what
     :func:`wagma.emulate.schedule.logged_schedule` replays.
+``membership/<field>`` (runs whose ranks changed): one row per rank that
+    left, per membership change, as
+    :meth:`~wagma.results.recorder.RunRecorder.record_membership` recorded
+    it: ``step`` (the first step the survivors ran after the change),
+    ``clock`` (the training clock when it was noticed), ``left`` (the rank
+    that left, numbered as its row of ``steps/``), ``noticed`` (how it was
+    noticed: a code of :data:`NOTICED`, whose names
+    ``membership.attrs["noticed"]`` holds as JSON), ``recovery_s`` (seconds
+    from noticing it to going on) and ``ranks_after`` (the ranks the run
+    had after it).  A change that loses two ranks is two rows with the
+    same step and clock.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
@@ -86,20 +104,34 @@ Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ranks), ``steps_per_second``, ``train_time``, ``steps``, ``samples``,
     ``final_accuracy``, ``best_accuracy``, ``last_epoch_accuracy`` (the
     mean of the last epoch's evaluations), ``mean_wait_time``,
-    ``stale_fraction`` (and the straggler predictor's two, above);
+    ``stale_fraction`` (and the straggler predictor's two, above; with
+    membership changes ``membership_changes``, ``ranks_left`` and
+    ``recovery_s``, summed over the changes);
     :func:`~wagma.results.summary.summarize` recomputes them from the datasets
     for any file, a partial one included.
 
-While the run lasts the file is ``NAME.partial.h5`` (:func:`partial_path`);
-at the end it is renamed to ``NAME.h5`` in one ``os.replace``
-(:mod:`wagma.results.recorder`).
+While the run lasts the file is ``NAME.partial.h5`` (:func:`partial_path`)
+and every rank appends its rows to its own log in ``NAME.partial.rows/``
+(:func:`rows_path`, :mod:`wagma.results.journal`), from which the file is
+brought up to date; at the end it is renamed to ``NAME.h5`` in one
+``os.replace`` and the logs are removed (:mod:`wagma.results.recorder`).
 """
 
 import os
 
 import numpy as np
 
-__all__ = ["EVAL_FIELDS", "LATER_STEP_FIELDS", "SCHEMA", "STEP_FIELDS", "is_partial", "partial_path"]
+__all__ = [
+    "EVAL_FIELDS",
+    "LATER_STEP_FIELDS",
+    "MEMBERSHIP_FIELDS",
+    "NOTICED",
+    "SCHEMA",
+    "STEP_FIELDS",
+    "is_partial",
+    "partial_path",
+    "rows_path",
+]
 
 #: The value of the root attribute ``schema``.
 SCHEMA = "wagma-run/1"
@@ -126,7 +158,19 @@ LATER_STEP_FIELDS = {
 #: The fields of ``eval/`` (``replica_accuracy`` aside).
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")
 
+#: The fields of ``membership/``, one row per rank that left.
+MEMBERSHIP_FIELDS = ("step", "clock", "left", "noticed", "recovery_s", "ranks_after")
+#: How a membership change was noticed (``membership/noticed``): ``proc_failed``,
+#: an MPI call returned ``MPI_ERR_PROC_FAILED`` (ULFM); ``revoked``, a peer
+#: revoked the communicator (``MPI_ERR_REVOKED``); ``progress_thread``, an
+#: algorithm's progress thread met the failure and told the training loop;
+#: ``timeout``, a peer did not answer within the algorithm's deadline;
+#: ``request_failed``, a multiple completion (``MPI_Waitall``) one of whose
+#: transfers failed (``MPI_ERR_IN_STATUS``).
+NOTICED = {"proc_failed": 0, "revoked": 1, "progress_thread": 2, "timeout": 3, "request_failed": 4}
+
 _PARTIAL = ".partial.h5"
+_ROWS = ".partial.rows"
 
 
 def partial_path(path: str) -> str:
@@ -138,3 +182,10 @@ def partial_path(path: str) -> str:
 def is_partial(path: str) -> bool:
     """True for the name a run has while it is not finished (:func:`partial_path`)."""
     return os.path.basename(path).endswith(_PARTIAL)
+
+
+def rows_path(path: str) -> str:
+    """The folder of the row logs beside the run file ``path`` (final or partial name):
+    ``NAME.partial.rows``."""
+    stem = path[: -len(_PARTIAL)] if path.endswith(_PARTIAL) else path[:-3] if path.endswith(".h5") else path
+    return stem + _ROWS

@@ -1,8 +1,9 @@
-"""A run's figures from its datasets: throughput, accuracy, stale fraction, the straggler predictor's record."""
+"""A run's figures from its datasets: throughput, accuracy, stale fraction, stragglers, membership changes."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from .schema import LATER_STEP_FIELDS
 if TYPE_CHECKING:
     from .reader import Run
 
-__all__ = ["last_epoch_accuracy", "straggler_summary", "summarize"]
+__all__ = ["last_epoch_accuracy", "membership_summary", "straggler_summary", "summarize"]
 
 
 def straggler_summary(rows: ArrayLike) -> dict[str, float | int]:
@@ -31,6 +32,19 @@ def straggler_summary(rows: ArrayLike) -> dict[str, float | int]:
         "straggler_syncs": int(rows.shape[0]),
         "straggler_predictions": int(predicted.sum()),
         "straggler_hits": int(hits.sum()),
+    }
+
+
+def membership_summary(membership: Mapping[str, ArrayLike]) -> dict[str, float | int]:
+    """The membership changes of ``membership/`` (one row per rank that
+    left; a change is the rows of one step and clock): ``membership_changes``,
+    ``ranks_left`` and ``recovery_s``, the seconds from noticing a change to
+    going on, summed over the changes."""
+    events = np.unique(np.column_stack([membership["step"], membership["clock"], membership["recovery_s"]]), axis=0)
+    return {
+        "membership_changes": int(len(events)),
+        "ranks_left": int(len(np.unique(membership["left"]))),
+        "recovery_s": float(events[:, 2].sum()),
     }
 
 
@@ -61,6 +75,8 @@ def summarize(run: Run, skip: int = 0) -> dict[str, Any]:
     stragglers = run.tables.get("stragglers")
     if stragglers is not None and len(stragglers):
         out.update(straggler_summary(stragglers))
+    if len(run.membership.get("left", ())):
+        out.update(membership_summary(run.membership))
     accuracy = run.eval.get("accuracy", np.zeros(0))
     if accuracy.size and np.any(np.isfinite(accuracy)):
         out["final_accuracy"] = float(accuracy[-1])

@@ -2,12 +2,15 @@
 
 :class:`FileWriter` appends rank rows, evaluations and ``sync/`` tables to
 the partial file, opening and closing it at every flush so that the file is
-readable whenever the run dies; :func:`write_run` writes a whole run at once
-(the simulator's results, test fixtures).
+readable whenever the run dies between flushes (one cut short in a flush is
+written afresh from the logs beside it, :mod:`wagma.results.rewrite`), or
+writes a new copy of it; :func:`write_run` writes a whole run at once (the
+simulator's results, test fixtures).
 """
 
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,11 +18,11 @@ import h5py
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .reader import load_run
-from .schema import EVAL_FIELDS, LATER_STEP_FIELDS, SCHEMA, STEP_FIELDS, partial_path
+from .reader import load_run, steps_reached
+from .schema import EVAL_FIELDS, LATER_STEP_FIELDS, MEMBERSHIP_FIELDS, NOTICED, SCHEMA, STEP_FIELDS, partial_path
 from .summary import summarize
 
-__all__ = ["FileWriter", "write_run"]
+__all__ = ["FileWriter", "create_file", "write_run"]
 
 #: Rows per HDF5 chunk of the growing datasets.
 _CHUNK = 256
@@ -38,49 +41,81 @@ def _attr(value):
 
 
 class FileWriter:
-    """The root's side: appends rows and evaluations to the partial file."""
+    """The root's side: appends rows, evaluations and tables to the partial file.
 
-    def __init__(self, path: str, attrs: Mapping[str, Any], ranks: int, resume_step: int | None) -> None:
+    :meth:`create` makes (or reopens, to resume) the partial file of
+    ``path``; :meth:`from_head` begins a new copy of it from a run file
+    without rows (:func:`~wagma.results.journal.head_path`) under a
+    temporary name, which :meth:`commit` puts in its place in one
+    ``os.replace``.  Rows, evaluations and tables reach the file at
+    :meth:`flush`.
+
+    Args:
+        path: the run's final file name (``.h5``).
+        ranks: P, the rows of ``steps/``.
+        file: the file that :meth:`flush` writes (default: the partial file).
+    """
+
+    def __init__(self, path: str, ranks: int, file: str | None = None) -> None:
         self.path, self.partial, self.ranks = path, partial_path(path), ranks
+        self.file = file or self.partial
+        #: Per rank, the step after its last row written.
         self.next_step = np.zeros(ranks, dtype=np.int64)
+        #: The ranks whose rows ``steps.attrs["written"]`` waits for (all
+        #: but those that left; none: it is the furthest step of any).
+        self.members = list(range(ranks))
         self._rows: list[tuple[int, np.ndarray]] = []
         self._evals: list[tuple[list[float], ArrayLike | None]] = []
         self._tables: dict[str, tuple[np.ndarray, Sequence[str]]] = {}
-        os.makedirs(os.path.dirname(os.path.abspath(self.partial)), exist_ok=True)
-        if resume_step is not None and os.path.exists(self.partial):
-            self._reopen(resume_step)
-        else:
-            self._create(attrs, resume_step or 0)
+        self._membership: np.ndarray | None = None
+        self._clear_evals = False
 
-    def _create(self, attrs, first_step):
-        with h5py.File(self.partial, "w") as f:
-            f.attrs.update({k: _attr(v) for k, v in attrs.items()})
-            f.attrs.update(
-                schema=SCHEMA, status="running", resumed_at=np.array([first_step] if first_step else [], dtype=np.int64)
-            )
-            steps = f.create_group("steps")
-            for name in STEP_FIELDS:
-                steps.create_dataset(
-                    name,
-                    shape=(self.ranks, first_step),
-                    maxshape=(self.ranks, None),
-                    dtype="f8",
-                    chunks=(self.ranks, _CHUNK),
-                    fillvalue=np.nan,
-                )
-            steps.attrs["written"] = first_step
-            ev = f.create_group("eval")
-            for name in EVAL_FIELDS:
-                ev.create_dataset(name, shape=(0,), maxshape=(None,), dtype="f8", chunks=(_CHUNK,))
-            ev.create_dataset(
-                "replica_accuracy",
-                shape=(0, self.ranks),
-                maxshape=(None, self.ranks),
-                dtype="f8",
-                chunks=(_CHUNK, self.ranks),
-                fillvalue=np.nan,
-            )
-        self.next_step[:] = first_step
+    @classmethod
+    def create(cls, path: str, attrs: Mapping[str, Any], ranks: int, resume_step: int | None) -> "FileWriter":
+        """Create the partial file with root attributes ``attrs``, or, with
+        ``resume_step`` and a partial file there, reopen it to continue from
+        that step (rows at and after it, and evaluations after it, dropped);
+        a new file resumed at ``resume_step`` has that many empty steps."""
+        writer = cls(path, ranks)
+        os.makedirs(os.path.dirname(os.path.abspath(writer.partial)), exist_ok=True)
+        if resume_step is not None and os.path.exists(writer.partial):
+            writer._reopen(resume_step)
+        else:
+            first_step = resume_step or 0
+            stamp = {"resumed_at": np.array([first_step] if first_step else [], dtype=np.int64)}
+            create_file(writer.partial, {**attrs, **stamp}, ranks, first_step)
+            writer.next_step[:] = first_step
+        return writer
+
+    @classmethod
+    def from_head(cls, path: str, head: str) -> "FileWriter":
+        """A writer of a new copy of ``path``'s partial file, begun from
+        ``head`` (a run file without rows) as ``NAME.partial.rewrite``."""
+        file = partial_path(path)[: -len(".h5")] + ".rewrite"
+        shutil.copyfile(head, file)
+        with h5py.File(file, "r") as f:
+            ranks = f["steps"][STEP_FIELDS[0]].shape[0]
+        return cls(path, ranks, file)
+
+    @classmethod
+    def from_copy(cls, path: str) -> "FileWriter":
+        """A writer of a new copy of ``path``'s partial file, begun as a copy
+        of it; each rank's next step is the one after its last row there
+        (at least ``written``)."""
+        writer = cls.from_head(path, partial_path(path))
+        with h5py.File(writer.file, "r") as f:
+            writer.next_step[:] = np.maximum(steps_reached(f["steps"]["clock"][:]), int(f["steps"].attrs["written"]))
+        return writer
+
+    def clear_evals(self) -> None:
+        """Drop the file's evaluations at the next flush, before the ones added since."""
+        self._clear_evals = True
+
+    def commit(self) -> None:
+        """Put the copy begun by :meth:`from_head` in the partial file's place (``os.replace``)."""
+        if self.file != self.partial:
+            os.replace(self.file, self.partial)
+            self.file = self.partial
 
     def _reopen(self, step):
         """Continue an interrupted run's file from its checkpoint at ``step``."""
@@ -92,11 +127,16 @@ class FileWriter:
             keep = int(np.sum(f["eval"]["step"][:] <= step))
             for name in (*EVAL_FIELDS, "replica_accuracy"):
                 f["eval"][name].resize(keep, axis=0)
+            if "membership" in f:
+                keep = int(np.sum(f["membership"]["step"][:] <= step))
+                for name in MEMBERSHIP_FIELDS:
+                    f["membership"][name].resize(keep, axis=0)
             f.attrs["resumed_at"] = np.append(f.attrs["resumed_at"], step).astype(np.int64)
             f.attrs["status"] = "running"
         self.next_step[:] = step
 
     def add_rows(self, rank: int, rows: np.ndarray) -> None:
+        """Rank ``rank``'s rows ``[step, *STEP_FIELDS]``, steps ascending, for the next flush."""
         if len(rows):
             self._rows.append((rank, rows))
 
@@ -107,15 +147,27 @@ class FileWriter:
         """Table ``sync/<name>`` as it is now (its earlier rows unchanged), for the next flush."""
         self._tables[name] = (np.asarray(rows, dtype=np.float64), columns)
 
+    def set_membership(self, rows: ArrayLike) -> None:
+        """Group ``membership/`` as it is now: every change's rows (``MEMBERSHIP_FIELDS``), for the next flush."""
+        self._membership = np.asarray(rows, dtype=np.float64).reshape(-1, len(MEMBERSHIP_FIELDS))
+
+    @property
+    def written(self) -> int:
+        """``steps.attrs["written"]``: the steps every member has rows for (with no members, any)."""
+        if not self.members:
+            return int(self.next_step.max())
+        return int(self.next_step[self.members].min())
+
     def flush(
         self,
         status: str | None = None,
         summary: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Any] | None = None,
     ) -> None:
-        if not (self._rows or self._evals or self._tables or status or summary or attrs):
+        pending = self._rows or self._evals or self._tables or self._membership is not None or self._clear_evals
+        if not (pending or status or summary or attrs):
             return
-        with h5py.File(self.partial, "a") as f:
+        with h5py.File(self.file, "a") as f:
             for name, (rows, columns) in self._tables.items():
                 # Tables only grow: the new rows are appended to a chunked
                 # dataset (rewriting it at every flush would leave the old
@@ -129,7 +181,7 @@ class FileWriter:
                         dtype="f8",
                         chunks=(_CHUNK, rows.shape[1]),
                     )
-                    group[name].attrs["columns"] = json.dumps(columns)
+                    group[name].attrs["columns"] = json.dumps(list(columns))
                 table, old = group[name], group[name].shape[0]
                 table.resize(rows.shape[0], axis=0)
                 table[old:] = rows[old:]
@@ -137,21 +189,12 @@ class FileWriter:
                 f.attrs.update({k: _attr(v) for k, v in attrs.items()})
             steps = f["steps"]
             if self._rows:
-                end = max(int(rows[:, 0].max()) + 1 for _, rows in self._rows)
-                if end > steps[STEP_FIELDS[0]].shape[1]:
-                    for name in STEP_FIELDS:
-                        steps[name].resize(end, axis=1)
-                by_rank: dict[int, list[np.ndarray]] = {}
-                for rank, rows in self._rows:
-                    by_rank.setdefault(rank, []).append(rows)
-                for rank, blocks in by_rank.items():
-                    # One rank's rows arrive in order and consecutively: one slab per rank and field.
-                    rows = np.concatenate(blocks)
-                    lo, hi = int(rows[0, 0]), int(rows[-1, 0]) + 1
-                    for i, name in enumerate(STEP_FIELDS, start=1):
-                        steps[name][rank, lo:hi] = rows[:, i]
-                    self.next_step[rank] = max(self.next_step[rank], hi)
-            steps.attrs["written"] = int(self.next_step.min())
+                self._write_rows(steps)
+            steps.attrs["written"] = self.written
+            if self._clear_evals:
+                for name in (*EVAL_FIELDS, "replica_accuracy"):
+                    f["eval"][name].resize(0, axis=0)
+                self._clear_evals = False
             if self._evals:
                 ev, n = f["eval"], f["eval"]["step"].shape[0]
                 for name in (*EVAL_FIELDS, "replica_accuracy"):
@@ -161,11 +204,73 @@ class FileWriter:
                         ev[name][n + i] = value
                     if replicas is not None:
                         ev["replica_accuracy"][n + i] = replicas
+            if self._membership is not None:
+                _write_membership(f, self._membership)
             if summary:
                 f.require_group("summary").attrs.update({k: _attr(v) for k, v in summary.items()})
             if status:
                 f.attrs["status"] = status
-        self._rows, self._evals, self._tables = [], [], {}
+        self._rows, self._evals, self._tables, self._membership = [], [], {}, None
+
+    def _write_rows(self, steps):
+        end = max(int(rows[-1, 0]) + 1 for _, rows in self._rows)
+        if end > steps[STEP_FIELDS[0]].shape[1]:
+            for name in STEP_FIELDS:
+                steps[name].resize(end, axis=1)
+        by_rank: dict[int, list[np.ndarray]] = {}
+        for rank, rows in self._rows:
+            by_rank.setdefault(rank, []).append(rows)
+        for rank, blocks in by_rank.items():
+            rows = np.concatenate(blocks)
+            # One slab per rank, field and run of consecutive steps (one run
+            # but where a resumed segment began after the rank's last row).
+            breaks = np.flatnonzero(np.diff(rows[:, 0]) != 1) + 1
+            for run in np.split(rows, breaks):
+                lo, hi = int(run[0, 0]), int(run[-1, 0]) + 1
+                for i, name in enumerate(STEP_FIELDS, start=1):
+                    steps[name][rank, lo:hi] = run[:, i]
+            self.next_step[rank] = max(self.next_step[rank], int(rows[-1, 0]) + 1)
+
+
+def create_file(file: str, attrs: Mapping[str, Any], ranks: int, first_step: int = 0) -> None:
+    """A run file without rows at ``file``: root attributes ``attrs`` (with
+    ``schema`` and status ``running``), ``steps/`` of ``ranks`` rows and
+    ``first_step`` empty steps, empty ``eval/``."""
+    with h5py.File(file, "w") as f:
+        f.attrs.update({k: _attr(v) for k, v in attrs.items()})
+        f.attrs.update(schema=SCHEMA, status="running")
+        steps = f.create_group("steps")
+        for name in STEP_FIELDS:
+            steps.create_dataset(
+                name,
+                shape=(ranks, first_step),
+                maxshape=(ranks, None),
+                dtype="f8",
+                chunks=(ranks, _CHUNK),
+                fillvalue=np.nan,
+            )
+        steps.attrs["written"] = first_step
+        ev = f.create_group("eval")
+        for name in EVAL_FIELDS:
+            ev.create_dataset(name, shape=(0,), maxshape=(None,), dtype="f8", chunks=(_CHUNK,))
+        ev.create_dataset(
+            "replica_accuracy",
+            shape=(0, ranks),
+            maxshape=(None, ranks),
+            dtype="f8",
+            chunks=(_CHUNK, ranks),
+            fillvalue=np.nan,
+        )
+
+
+def _write_membership(f: h5py.File, rows: np.ndarray) -> None:
+    """Group ``membership/`` holding ``rows``, one dataset per field (rewritten whole: a few rows)."""
+    group = f.require_group("membership")
+    for i, name in enumerate(MEMBERSHIP_FIELDS):
+        if name in group:
+            del group[name]
+        group.create_dataset(name, data=rows[:, i], maxshape=(None,), chunks=(_CHUNK,))
+    group.attrs["noticed"] = json.dumps(NOTICED)
 
 
 def write_run(
@@ -190,7 +295,7 @@ def write_run(
     if missing:
         raise ValueError(f"steps is missing {', '.join(missing)}")
     ranks, count = np.shape(steps["clock"])
-    writer = FileWriter(path, attrs, ranks, None)
+    writer = FileWriter.create(path, attrs, ranks, None)
     with h5py.File(writer.partial, "a") as f:  # whole arrays at once, not rank by rank
         for name in STEP_FIELDS:
             f["steps"][name].resize(count, axis=1)
