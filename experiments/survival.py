@@ -50,7 +50,7 @@ def recovery_seconds(run, victim: int) -> float:
 
 
 def _final_accuracy(run) -> float:
-    return float(run.evals["accuracy"][-1]) if len(run.evals.get("accuracy", ())) else float("nan")
+    return float(run.eval["accuracy"][-1]) if len(run.eval.get("accuracy", ())) else float("nan")
 
 
 def survival_table(rows) -> str:

@@ -407,7 +407,7 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
     run.recorder.rebuild(run.world)
     run.recorder.record_membership(
         step=change.step,
-        clock=now,
+        clock=run.comm.control.allreduce(now, op=MPI.MAX),  # one value on every member: one row
         left=change.left,
         noticed="progress_thread" if change.where == "thread" else change.noticed,
         recovery_s=change.recovery_s,
