@@ -275,7 +275,7 @@ def test_a_rank_killed_by_its_fault_ends_the_job_and_complete_writes_every_row_t
     run = load_run(partial)
     assert run.attrs["status"] == "running"
     assert json.loads(run.attrs["faults"]) == [
-        {"kind": "kill", "rank": VICTIM, "first": KILL_STEP, "last": KILL_STEP, "seconds": 0.0}
+        {"kind": "kill", "rank": VICTIM, "first": KILL_STEP, "last": KILL_STEP, "seconds": 0.0, "how": "sigkill"}
     ]
     assert run.steps["clock"].shape == (KILLED_RANKS, KILL_STEP)  # the steps every rank reached
     assert np.all(np.isfinite(run.steps["step_time"]))

@@ -150,8 +150,11 @@ class FaultInjector:
         return slept
 
     def record(self) -> str:
-        """The plan as JSON, for the run file's ``faults`` attribute."""
-        return json.dumps([f._asdict() for f in self.faults])
+        """The plan as JSON, for the run file's ``faults`` attribute (``how``
+        for kills only)."""
+        return json.dumps(
+            [{k: v for k, v in f._asdict().items() if k != "how" or f.kind == "kill"} for f in self.faults]
+        )
 
 
 def _stop_for(seconds: float):
