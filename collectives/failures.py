@@ -38,9 +38,9 @@ FAILURE_CLASSES: frozenset[int] = frozenset(
     getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING") if hasattr(MPI, name)
 )
 
-#: The error classes that end an operation because of a failure: a dead
+#: The error classes that end an operation because of a failure, a dead
 #: rank's (:data:`FAILURE_CLASSES`) or a revoked communicator's
-#: (``MPI_ERR_REVOKED``: a survivor that noticed a failure revoked it, so
+#: (``MPI_ERR_REVOKED``, which a survivor that noticed a failure sent so
 #: that no rank stays blocked on a peer that went on to recover).
 INTERRUPTION_CLASSES: frozenset[int] = FAILURE_CLASSES | (
     frozenset([MPI.ERR_REVOKED]) if hasattr(MPI, "ERR_REVOKED") and FAILURE_CLASSES else frozenset()

@@ -20,9 +20,10 @@ which
 4. agrees, in one allgather over the survivors, on the step to go on from
    (the furthest any survivor completed: a survivor behind it skips to it,
    as ensemble_sync's late ranks do) and on the options for the smaller
-   rank count (:func:`wagma.options.fit_options`, which adjusts by a stated
-   rule an option that no longer fits, e.g. a group size above the
-   survivors);
+   rank count (:func:`wagma.options.fit.fit_options`: the options as they
+   are where they fit; one that no longer does, a group size above the
+   survivors or a rank count the groups cannot take, is refused on every
+   survivor with a message that names it);
 5. rebuilds the algorithm on the survivors (groups, rings, neighbours,
    buckets, partial collectives, progress threads, StragglAR plans:
    everything that depends on P is built anew, as at construction), and
@@ -68,43 +69,38 @@ __all__ = ["Membership", "MembershipChange", "Noticed", "Where", "survive"]
 
 logger = logging.getLogger(__name__)
 
-#: How a rank learned of the failure: an operation that needed the dead rank
-#: failed (``proc_failed``), a multiple completion (``MPI_Waitall``) one of
-#: whose transfers failed (``request_failed``), or a survivor revoked a
-#: communicator it was using (``revoked``).
+#: How a rank learned of the failure, ``proc_failed`` (an operation that
+#: needed the dead rank failed), ``request_failed`` (a multiple completion,
+#: ``MPI_Waitall``, one of whose transfers failed) or ``revoked`` (a
+#: survivor revoked a communicator it was using).
 Noticed = Literal["proc_failed", "request_failed", "revoked"]
-#: Where the first survivor to notice was: inside the training step (its
-#: collectives, or the backward hooks' communication), inside a progress or
-#: communication thread (handed to the main thread at its next wait), or
-#: between steps (evaluation, the stop vote, a checkpoint).
+#: Where the first survivor to notice was, ``step`` (the training step's
+#: collectives, or the backward hooks' communication), ``thread`` (a
+#: progress or communication thread, which hands it to the main thread at
+#: its next wait) or ``between steps`` (evaluation, the stop vote, a
+#: checkpoint, ``close()``).
 Where = Literal["step", "thread", "between steps"]
 
 
 @dataclass
 class MembershipChange:
-    """One shrink of the job to its survivors, the same on every survivor.
+    """One shrink of the job to its survivors, the same on every survivor."""
 
-    Attributes:
-        step: the step the survivors go on from (the furthest any of them
-            completed).
-        left: the ranks that left, as ranks of the job's first communicator
-            (the run file's row numbers).
-        noticed: how the first survivor to notice learned of it.
-        where: where that survivor was.
-        noticed_at: that survivor's wall-clock time of noticing (``time.time()``).
-        recovery_s: seconds from that moment to the moment the last survivor
-            was ready to go on.
-        ranks_after: the survivors.
-        adjustments: options changed for the smaller rank count, in words.
-    """
-
+    #: The step the survivors go on from (the furthest any of them completed).
     step: int
+    #: The ranks that left, as ranks of the job's first communicator (the run file's row numbers).
     left: list[int]
+    #: How the first survivor to notice learned of it.
     noticed: Noticed
+    #: Where that survivor was.
     where: Where
+    #: That survivor's wall-clock time of noticing (``time.time()``).
     noticed_at: float
+    #: Seconds from that moment to the moment the last survivor was ready to go on.
     recovery_s: float
+    #: The survivors.
     ranks_after: int
+    #: Options changed for the smaller rank count, in words.
     adjustments: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,20 +109,15 @@ class MembershipChange:
 
 @dataclass
 class Membership:
-    """Who an algorithm runs on now, and how that came to be.
+    """Who an algorithm runs on now, and how that came to be."""
 
-    Attributes:
-        comm: the communicator a recovery shrinks, over the current members
-            (the algorithm's control channel at first, then the survivors'
-            communicator of the last change); every member shrinks the same
-            one.
-        original_ranks: each current member's rank in the communicator the
-            algorithm was first built on, by current rank.
-        changes: every change so far, in order.
-    """
-
+    #: The communicator a recovery shrinks, over the current members (the
+    #: algorithm's control channel at first, then the survivors'
+    #: communicator of the last change); every member shrinks the same one.
     comm: MPI.Intracomm
+    #: Each current member's rank in the communicator the algorithm was first built on, by current rank.
     original_ranks: list[int]
+    #: Every change so far, in order.
     changes: list[MembershipChange] = field(default_factory=list)
 
     @property
@@ -145,14 +136,13 @@ def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipCh
     (see the module docstring); collective over the survivors, every one of
     which must call it (each does once an operation of its fails).
 
+    ``error`` itself is raised again when it is not a rank's failure, or
+    when the job has no fault tolerance (nothing can be recovered).
+
     Returns:
         The change, the same on every survivor; ``algo`` is then rebuilt on
         them (:attr:`~wagma.algorithms.base.Algorithm.membership` holds the
         survivors' communicator, and the ranks they had at the start).
-
-    Raises:
-        ``error`` itself when it is not a rank's failure, or when the job has
-        no fault tolerance (nothing can be recovered).
     """
     failure = mpi_failure(error)
     if failure is None or not fault_tolerant():

@@ -158,7 +158,7 @@ class EnsembleSync(Algorithm):
 
     @property
     def dead_ranks(self) -> set[int]:
-        """The ranks that left the job (:attr:`membership`) and, on rank 0,
+        """The ranks that left the job (:attr:`~wagma.algorithms.base.Algorithm.membership`) and, on rank 0,
         those its coordinator found dead (ULFM) without a shrink; as ranks
         of the first communicator."""
         found = self.coordinator.dead if self.coordinator is not None else set()
