@@ -20,6 +20,28 @@ def test_paper_figure_1():
     assert p0.receive(0, 0) == [(2, 0, 1)]
 
 
+@pytest.mark.parametrize("world_size", [3, 5, 6, 7, 12, 24])
+def test_any_world_one_activator_is_a_binomial_tree_over_relative_ranks(world_size):
+    """P not a power of two: dimension j links p to (p + 2**j) mod P; from
+    root r, relative rank q = (p - r) mod P is first reached from q less its
+    highest bit, after popcount(q) hops; wrapped messages reach no one new."""
+    states = [ActivationState(r, world_size) for r in range(world_size)]
+    assert states[0].dims == (world_size - 1).bit_length()
+    for root in (0, world_size - 1, world_size // 2):
+        for s in states:
+            s.target, s.low = -1, s.dims
+        hops, level = {root: 0}, [(root, send) for send in states[root].activate(7)]
+        depth = 1
+        while level:  # delivered level by level: hops counts the fewest
+            following = []
+            for sender, (peer, version, dim) in level:
+                assert version == 7 and peer == (sender + (1 << dim)) % world_size
+                hops.setdefault(peer, depth)
+                following += [(peer, send) for send in states[peer].receive(version, dim)]
+            level, depth = following, depth + 1
+        assert hops == {p: bin((p - root) % world_size).count("1") for p in range(world_size)}
+
+
 def test_old_versions_are_dropped_and_skipped_dimensions_resent():
     state = ActivationState(0, 8)
     assert state.receive(4, 2) == []  # through the top dimension: a leaf
@@ -47,7 +69,7 @@ def _flood(world_size, seed):
     return [s.target for s in states], lowest
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 4, 8, 16, 64])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 64])
 def test_every_rank_is_reached_whatever_the_order(world_size):
     for seed in range(300):
         targets, lowest = _flood(world_size, seed)

@@ -4,10 +4,12 @@ import itertools
 import math
 
 import networkx as nx
+import numpy as np
 import pytest
 
 from collectives.wait_avoiding.groups import (
     ButterflyGrouping,
+    GroupPlan,
     butterfly_groups,
     butterfly_masks,
     butterfly_partners,
@@ -15,6 +17,7 @@ from collectives.wait_avoiding.groups import (
     group_of,
     is_power_of_two,
 )
+from wagma.options import auto_group_size
 
 SIZES = [(P, S) for P in (2**n for n in range(11)) for S in (2**k for k in range(P.bit_length()))]
 TS = list(range(21)) + [10**9 + 7]
@@ -219,12 +222,11 @@ def test_is_power_of_two(n, expected):
 @pytest.mark.parametrize(
     "P,S,match",
     [
-        (16, 5, r"group_size must be a power of two <= world size 16, got 5"),
-        (8, 16, r"group_size .* got 16"),
+        (16, 17, r"group_size must be an int from 1 to the world size 16, got 17"),
+        (6, 7, r"group_size .* world size 6, got 7"),
         (8, 0, r"group_size .* got 0"),
         (8, -4, r"group_size .* got -4"),
-        (6, 2, r"world_size must be a power of two .* got 6"),
-        (0, 1, r"world_size .* got 0"),
+        (0, 1, r"world_size must be an int >= 1, got 0"),
         (-8, 1, r"world_size .* got -8"),
     ],
 )
@@ -273,3 +275,156 @@ def test_integer_like_sizes_are_normalised():
     g = ButterflyGrouping(np.int64(8), np.int32(4))
     assert type(g.world_size) is int and type(g.group_size) is int
     assert g.groups(np.int64(1)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+# --- any P and S (the fold of the ranks above the hypercube core) ----------------------
+
+ANY_P = range(2, 65)
+ANY_S = (2, 3, 4, 8, "auto")
+
+
+def _any_sizes():
+    """(P, S) for every P in 2..64 and S in ANY_S that fits (S <= P)."""
+    for P in ANY_P:
+        for S in ANY_S:
+            S = auto_group_size(P) if S == "auto" else S
+            if S <= P:
+                yield P, S
+
+
+def _same_group(grouping, t):
+    """``[P, P]`` bool: whether two ranks share a group at iteration ``t``."""
+    label = np.empty(grouping.world_size, dtype=np.int64)
+    for i, g in enumerate(grouping.groups(t)):
+        label[g] = i
+    return label[:, None] == label[None, :]
+
+
+def _spread(grouping, start, limit):
+    """Iterations until an update made by each rank at iteration ``start``
+    has reached every rank (simulated through the groups of consecutive
+    iterations, all ranks at once); None beyond ``limit``."""
+    P = grouping.world_size
+    holds = np.eye(P, dtype=bool)  # holds[r, q]: rank q has r's update
+    for k in range(1, limit + 1):
+        holds = (holds.astype(np.int64) @ _same_group(grouping, start + k - 1).astype(np.int64)) > 0
+        if holds.all():
+            return k
+    return None
+
+
+def test_paper_groups_are_kept_and_a_fold_example():
+    """Powers of two are the paper's groups (above); P = 6, S = 3 folds ranks 4
+    and 5 into the two groups of two core ranks, which change with t."""
+    g = ButterflyGrouping(6, 3)
+    assert (g.core_size, g.num_groups, g.num_phases) == (4, 2, 1)
+    assert g.groups(0) == [[0, 1, 4], [2, 3, 5]]
+    assert g.groups(1) == [[0, 2, 4], [1, 3, 5]]
+    assert g.plan(1, 4) == GroupPlan((), 3, folded_into=0)
+    assert g.plan(1, 0) == GroupPlan((2,), 3, folded_from=4)
+    assert g.plan(1, 2) == GroupPlan((2,), 3)
+    assert g.partners(1, 5) == ()
+    assert ButterflyGrouping(7, 2).groups(0) == [[0, 1, 4, 6], [2, 3, 5]]  # 2S = 4 at most
+
+
+ANY_SIZES = list(_any_sizes())
+
+
+def test_any_world_groups_partition_with_sizes_between_S_and_2S():
+    for P, S in ANY_SIZES:
+        _check_partition(P, S)
+
+
+def _check_partition(P, S):
+    grouping = ButterflyGrouping(P, S)
+    n, (low, high) = grouping.num_groups, grouping.size_range
+    assert n & (n - 1) == 0 and n * S <= P < 2 * n * S  # the most groups of S or more
+    assert S <= low <= high <= 2 * S and (low, high) == (P // n, -(-P // n))
+    assert low >= 2  # never a rank alone
+    for t in range(grouping.period + 1):
+        groups = grouping.groups(t)
+        assert len(groups) == n
+        assert sorted(itertools.chain.from_iterable(groups)) == list(range(P))  # disjoint cover
+        assert all(g == sorted(g) and low <= len(g) <= high for g in groups)
+        assert [g[0] for g in groups] == sorted(g[0] for g in groups)
+        if n > 1:
+            assert groups != grouping.groups(t + 1)  # membership changes every iteration
+        for rank in range(P):
+            assert rank in grouping.group_of(t, rank) in groups
+
+
+def test_any_world_plans_run_the_group():
+    """Every rank's plan: a folded rank's host is a core rank of its group
+    hosting it alone; a core rank's phases pair it with core ranks of its
+    group (an involution), and the phases connect the group's core."""
+    for P, S in ANY_SIZES:
+        _check_plans(P, S)
+
+
+def _check_plans(P, S):
+    grouping = ButterflyGrouping(P, S)
+    core = grouping.core_size
+    for t in range(grouping.period):
+        for group in grouping.groups(t):
+            plans = {r: grouping.plan(t, r) for r in group}
+            assert all(p.size == len(group) for p in plans.values())
+            members = [r for r in group if r < core]
+            assert len(members) == 1 << grouping.num_phases
+            for r in group:
+                p = plans[r]
+                if r >= core:
+                    assert p.masks == () and p.folded_from is None and p.folded_into in members
+                    assert plans[p.folded_into].folded_from == r
+                    continue
+                assert p.folded_into is None and p.masks == grouping.masks(t)
+                assert (p.folded_from is None) or plans[p.folded_from].folded_into == r
+                for phase, mask in enumerate(p.masks):
+                    assert r ^ mask in members and plans[r ^ mask].masks[phase] == mask
+            reached = {members[0]}
+            for mask in grouping.masks(t):
+                reached |= {r ^ mask for r in reached}
+            assert reached == set(members)
+
+
+def test_any_world_updates_reach_every_rank_within_the_bound():
+    """From every rank and every starting iteration of a period, an update
+    reaches every rank within ``iterations_to_connect`` = ceil(d / k)
+    iterations (the docstring's proof), which is at most ceil(log_S P)
+    for S a power of two and ceil(log_S' P), S' = 2**floor(log2 S), else."""
+    for P, S in ANY_SIZES:
+        _check_reach(P, S)
+
+
+def _check_reach(P, S):
+    grouping = ButterflyGrouping(P, S)
+    T = grouping.iterations_to_connect
+    d, k = P.bit_length() - 1, grouping.num_phases
+    assert T == (1 if grouping.num_groups == 1 else math.ceil(d / k))
+    rounded = 1 << (S.bit_length() - 1)
+    assert T <= math.ceil(math.log(P) / math.log(rounded) - 1e-9)
+    for start in range(grouping.period):
+        assert _spread(grouping, start, T) is not None, (start, T)
+
+
+@pytest.mark.parametrize("P", [3, 5, 6, 7, 12, 24])
+def test_any_world_fixed_groups_are_iteration_0s(P):
+    for S in (2, 3):
+        fixed, dynamic = ButterflyGrouping(P, S, dynamic=False), ButterflyGrouping(P, S)
+        for t in (0, 1, 2, 7):
+            assert fixed.groups(t) == dynamic.groups(0)
+            assert fixed.plan(t, P - 1) == dynamic.plan(0, P - 1)
+        if fixed.num_groups > 1:
+            assert fixed.iterations_to_connect is None
+            assert _spread(fixed, 0, P) is None
+
+
+def test_group_size_one_and_the_whole_world():
+    """S = 1: the paper's singletons on 2**d ranks, pairs where ranks are
+    folded, never mixing; S > P / 2: one group of every rank."""
+    g = ButterflyGrouping(6, 1)
+    assert g.groups(3) == [[0, 4], [1, 5], [2], [3]] == g.groups(0)
+    assert g.iterations_to_connect is None and g.size_range == (1, 2)
+    for P in (3, 5, 6, 7):
+        for S in range(P // 2 + 1, P + 1):
+            whole = ButterflyGrouping(P, S)
+            assert whole.groups(5) == [list(range(P))] and whole.iterations_to_connect == 1

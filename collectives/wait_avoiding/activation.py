@@ -16,8 +16,10 @@ def version_tag(version: int, tag_space: int) -> int:
     2**29 with MPICH).  The wrap-around is harmless because every rank's
     versions stay within far less than ``tag_space / 2`` of every other
     rank's: a rank cannot finish version v before its group partners have
-    executed it, and groups connect all ranks within ceil(log2 P / log2 S)
-    versions.  :func:`version_from_tag` undoes it.
+    executed it, and groups connect all ranks within
+    :attr:`~collectives.wait_avoiding.groups.ButterflyGrouping.iterations_to_connect`
+    versions (ceil(log2 P / log2 S) for powers of two).
+    :func:`version_from_tag` undoes it.
     """
     return version % tag_space
 
@@ -33,9 +35,19 @@ def version_from_tag(tag: int, reference: int, tag_space: int) -> int:
 class ActivationState:
     """What one rank has activated and forwarded (WAGMA section 3.1.1).
 
-    Ranks form a hypercube of d = log2 P dimensions.  The activator of a
+    Ranks are linked along d dimensions: for P a power of two the hypercube
+    (d = log2 P, rank p's neighbour along dimension j is ``p ^ 2**j``, the
+    paper's Figure 1), for any other P the ring's powers of two (d =
+    ceil(log2 P), the neighbour is ``(p + 2**j) mod P``).  The activator of a
     version sends it along every dimension (the root of its binomial tree); a
     rank reached through dimension i forwards along the dimensions above i.
+    From a root r this is a binomial tree: over the relative ranks ``p ^ r``,
+    or ``(p - r) mod P``, q is reached from q minus its highest bit, through
+    that bit's dimension, so every rank once.  For P not a power of two a
+    rank forwards along every dimension above i, also where ``q + 2**j``
+    passes P and wraps onto a rank the tree reaches otherwise: the rule
+    then depends on the dimension alone, not on the root, which the
+    argument below needs.
     A version carries "activate every version up to this one".
 
     Several activators: a rank that already has a version >= v does not send v
@@ -53,8 +65,9 @@ class ActivationState:
     """
 
     def __init__(self, rank: int, world_size: int, target: int = -1) -> None:
-        self.rank = rank
-        self.dims = world_size.bit_length() - 1
+        self.rank, self.world_size = rank, world_size
+        self.hypercube = world_size & (world_size - 1) == 0
+        self.dims = (world_size - 1).bit_length()  # log2 P for a power of two, else ceil(log2 P)
         self.target = target  # highest version activated on this rank
         self.low = self.dims  # ``target`` was sent on every dimension > low
 
@@ -76,8 +89,14 @@ class ActivationState:
             return sends
         return []
 
+    def neighbour(self, dim: int) -> int:
+        """The rank this one sends to along dimension ``dim``."""
+        if self.hypercube:
+            return self.rank ^ (1 << dim)
+        return (self.rank + (1 << dim)) % self.world_size
+
     def _along(self, first: int, stop: int) -> list[tuple[int, int, int]]:
-        return [(self.rank ^ (1 << j), self.target, j) for j in range(first, stop)]
+        return [(self.neighbour(j), self.target, j) for j in range(first, stop)]
 
     def __repr__(self) -> str:
         return f"ActivationState(rank={self.rank}, target={self.target}, low={self.low})"

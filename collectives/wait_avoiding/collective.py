@@ -17,7 +17,7 @@ from ..comm import Communicator, node_oversubscribed
 from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
-from .groups import ButterflyGrouping
+from .groups import ButterflyGrouping, GroupPlan
 from .progress import ProgressEngine
 
 if TYPE_CHECKING:
@@ -97,6 +97,11 @@ class GroupResult(Generic[LikeT]):
     #: under a ``late`` reading, the newest iteration it gave, and -1
     #: for zeros: nothing left to give).
     contribution_iteration: int
+    #: The ranks of this rank's group of version t, whose contributions
+    #: ``value`` sums (the divisor of ``op="avg"``): S for powers of two,
+    #: between S and 2S otherwise
+    #: (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`).
+    group_size: int
 
 
 class WaitAvoidingGroupAllreduce(Generic[LikeT]):
@@ -106,16 +111,17 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
     Algorithm 2).  Iteration t is a *group version* unless
     ``(t + 1) mod tau == 0``, which makes it a *sync step*.  Every rank
     executes every group version exactly once and in order, in the butterfly
-    group of iteration t (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`; of
+    group of iteration t (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`,
+    for any P: S ranks for powers of two, between S and 2S otherwise; of
     iteration 0 at every t with ``dynamic_groups=False``), either *actively*
     (its main thread reached t first: it publishes its iteration-t
     contribution and activates t along its binomial tree) or
     *passively* (an activation for t, or a later version, arrived first: its
     progress thread executes t with the contribution it last published, even
     while its main thread still computes an older iteration).  The main
-    thread at t gets the group sum (or mean) and whether its own contribution
-    was fresh (WAGMA: W_{t+1} = sum / S) or stale (W_{t+1} = (sum + W'_t) /
-    (S + 1)).
+    thread at t gets the group sum (or mean), the group's size S_t, and
+    whether its own contribution was fresh (WAGMA: W_{t+1} = sum / S_t) or
+    stale (W_{t+1} = (sum + W'_t) / (S_t + 1)).
     Sync steps are blocking allreduces over all P ranks on a communicator of
     their own, so they cannot match group messages still in flight.
 
@@ -164,15 +170,16 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
     reached yet (a rank lagging k versions holds k; ``tau`` bounds k).
 
     Args:
-        comm: the MPI communicator (P ranks, a power of two); MPI must provide
+        comm: the MPI communicator (any number of ranks P); MPI must provide
             ``MPI_THREAD_MULTIPLE``.
         like: the initial contribution (the initial model W_0, published as
             iteration -1) and the template of every buffer: a contiguous numpy
             array or torch tensor, the same size and dtype on every rank.
-        group_size: S, a power of two <= P.
+        group_size: S, an int with 1 <= S <= P (the groups' least size).
         tau: the period of sync steps (>= 1), or None for none.
         op: ``"sum"`` (the group sum) or ``"avg"`` (the group mean, scaled
-            inside the schedule where it costs 1/S of a pass).
+            inside the schedule where it costs 1/S of a pass; divided by
+            the size of the group, :attr:`GroupResult.group_size`).
         activation: one of :data:`ACTIVATIONS`.
         activator_seed: with ``activation="random"``, the seed of the
             activator sequence, an int >= 0 (the same on every rank).
@@ -193,7 +200,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             left at the end.
         dynamic_groups: Algorithm 1's groups, which change with the version
             (default); False: every version averages in iteration 0's groups
-            (the same log2 S hypercube dimensions; activations still travel
+            (the same hypercube dimensions; activations still travel
             over all P ranks).  That is WAGMA's ablation 2 (section 5.2,
             experiment 2: "the groups are fixed"; ResNet-50's top-1
             accuracy "drops to 72.2%"): with 1 < S < P an update leaves its
@@ -209,8 +216,9 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
                 if wa.is_group_version(t):
                     r = wa.allreduce(model, t)     # model is lent from here on
                     if not r.fresh:                # Algorithm 2, line 13
-                        r.value *= 4 / 5
-                        r.value += model / 5
+                        s = r.group_size           # S, or S to 2S off powers of two
+                        r.value *= s / (s + 1)
+                        r.value += model / (s + 1)
                     model = r.value                # W_{t+1}
                 else:
                     wa.sync_allreduce(model, t, op="avg")
@@ -294,6 +302,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         """Whether iteration t is a group version (else a sync step)."""
         return self.tau is None or (t + 1) % self.tau != 0
 
+    def _plan(self, t: int) -> GroupPlan:
+        """This rank's part in version t's group allreduce (the groups repeat
+        every :attr:`~collectives.wait_avoiding.groups.ButterflyGrouping.period`
+        iterations: computed once per iteration of a period)."""
+        return self._plans[t % len(self._plans)]
+
     # -- lifecycle ------------------------------------------------------------
 
     def open(self) -> "Self":
@@ -335,15 +349,17 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             algorithm = choose_group_allreduce(self._like.nbytes)
         self.waits_used = resolve_waits(self.waits, self._main.data)
         self._t = self.first_iteration
+        rank = self._main.rank
+        self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
             self._engine = ProgressEngine(
                 self._progress,
                 self._like,
-                masks=self.grouping.masks,
+                plan=self._plan,
                 schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
                 is_group_version=self.is_group_version,
-                scale=1.0 / self.group_size if self.op == "avg" else None,
+                average=self.op == "avg",
                 activation=self.activation,
                 activator=self._activators,
                 history=self._history,
@@ -454,7 +470,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         assert self._engine is not None  # open, and with group versions (tau != 1)
         value, contribution_iteration = self._engine.arrive(buf, t)
         self._t = t + 1
-        return GroupResult(value, t, contribution_iteration == t, contribution_iteration)
+        return GroupResult(value, t, contribution_iteration == t, contribution_iteration, self._plan(t).size)
 
     def sync_allreduce(self, buf: LikeT, t: int, op: Op = "sum") -> LikeT:
         """The blocking allreduce of a sync step over all P ranks, in place.

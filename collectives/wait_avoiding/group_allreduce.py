@@ -1,14 +1,21 @@
-"""Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1)."""
+"""Group allreduce over the butterfly groups of WAGMA-SGD (Algorithm 1).
+
+Every message of one group allreduce carries one tag (:data:`TAG_GROUP`, or
+the version's in the wait-avoiding collective), the fold's included: two
+ranks that exchange twice (a phase of halving and one of doubling, a host
+and its folded rank before and after the phases) post in the same order on
+both sides, and MPI's non-overtaking rule matches them in that order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from ..agreement import check_arguments
 from ..buffers import BufferT, FlatBuffer, describe
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
-from .groups import ButterflyGrouping
+from .groups import ButterflyGrouping, GroupPlan
 
 if TYPE_CHECKING:
     from ..comm import Communicator
@@ -33,35 +40,81 @@ GroupAllreduceSchedule = Literal["recursive_doubling", "halving_doubling"]
 GroupAllreduceAlgorithm = Literal[GroupAllreduceSchedule, "auto"]
 
 
+def _fold_in(
+    buf: FlatBuffer, comm: Communicator, plan: GroupPlan, tag: int, src: FlatBuffer | None
+) -> FlatBuffer | None:
+    """Before the phases: ``src`` where it still holds this rank's input to
+    them, None where ``buf`` holds it.
+
+    A host first receives its folded rank's whole buffer and adds its own
+    input to it (out of place: received straight into ``buf``, ``src``
+    added there).  Any other rank's input is ``src`` where given (not in
+    ``buf`` yet), else ``buf``.
+    """
+    if plan.folded_from is None:
+        return src
+    if src is not None:
+        comm.recv(buf.msg(0, buf.numel), plan.folded_from, tag)
+        buf.add_(0, buf.numel, src)
+    else:
+        scratch = buf.scratch(buf.numel)
+        comm.recv(scratch.msg(0, buf.numel), plan.folded_from, tag)
+        buf.add_(0, buf.numel, scratch)
+    return None
+
+
+def _folded(buf: FlatBuffer, comm: Communicator, plan: GroupPlan, tag: int, src: FlatBuffer | None) -> bool:
+    """A folded rank's whole part: send its contribution to its host, receive
+    the group's result.  Whether this rank is folded (and so done)."""
+    if plan.folded_into is None:
+        return False
+    comm.send((buf if src is None else src).msg(0, buf.numel), plan.folded_into, tag)
+    comm.recv(buf.msg(0, buf.numel), plan.folded_into, tag)
+    return True
+
+
+def _fold_out(buf: FlatBuffer, comm: Communicator, plan: GroupPlan, tag: int) -> None:
+    """A host sends the group's result to its folded rank."""
+    if plan.folded_from is not None:
+        comm.send(buf.msg(0, buf.numel), plan.folded_from, tag)
+
+
 def butterfly_recursive_doubling(
     buf: FlatBuffer,
     comm: Communicator,
-    masks: Sequence[int],
+    plan: GroupPlan,
     scale: float | None = None,
     tag: int = TAG_GROUP,
     src: FlatBuffer | None = None,
 ) -> None:
-    """Sum over the group spanned by ``masks`` into ``buf``, whole buffer per phase.
+    """Sum over this rank's group of ``plan`` into ``buf``, whole buffer per phase.
 
     One phase per mask (WAGMA Algorithm 1): exchange the whole buffer with
     ``rank ^ mask`` and add.  log2 S messages of the full size: the schedule
     for small buffers.  Partners compute a + b and b + a, bitwise equal.
+    Where P is not a power of two a folded rank first sends its buffer to
+    its host, which adds it to its own before the phases and sends it the
+    result after them (two more messages of the full size on the host).
     The inputs are ``src`` when given (only read), else ``buf`` itself (in
     place).  Out of place, the first phase sends ``src``, receives the
     partner's buffer straight into ``buf`` and adds ``src`` to it: the
     memory traffic of the in-place phase (which receives into scratch), so
     out of place costs nothing extra.
     """
-    if not masks:
-        if src is not None:
-            buf.copy_(src)
+    if _folded(buf, comm, plan, tag, src):
+        return
+    pending = _fold_in(buf, comm, plan, tag, src)
+    if not plan.masks:
+        if pending is not None:
+            buf.copy_(pending)
     else:
         scratch = None
-        for phase, mask in enumerate(masks):
+        for mask in plan.masks:
             peer = comm.rank ^ mask
-            if phase == 0 and src is not None:
-                comm.exchange(src.msg(0, buf.numel), peer, buf.msg(0, buf.numel), peer, tag)
-                buf.add_(0, buf.numel, src)
+            if pending is not None:
+                comm.exchange(pending.msg(0, buf.numel), peer, buf.msg(0, buf.numel), peer, tag)
+                buf.add_(0, buf.numel, pending)
+                pending = None
                 continue
             if scratch is None:
                 scratch = buf.scratch(buf.numel)
@@ -69,42 +122,49 @@ def butterfly_recursive_doubling(
             buf.add_(0, buf.numel, scratch)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
+    _fold_out(buf, comm, plan, tag)
 
 
 def butterfly_halving_doubling(
     buf: FlatBuffer,
     comm: Communicator,
-    masks: Sequence[int],
+    plan: GroupPlan,
     scale: float | None = None,
     tag: int = TAG_GROUP,
     src: FlatBuffer | None = None,
 ) -> None:
-    """Sum over the group spanned by ``masks`` into ``buf``, halving then doubling.
+    """Sum over this rank's group of ``plan`` into ``buf``, halving then doubling.
 
     The group's phases in order halve the buffer (a rank keeps the half on
     its side of the phase's mask and adds its partner's copy of it), leaving
     1/S of the buffer reduced over the group on each member; the phases in
     reverse order double it back.  2 log2 S messages, 2 (S - 1)/S of the
     buffer sent: the schedule for large buffers.  Each element is reduced on
-    one rank and copied, so group members agree bitwise.  ``src`` as for
-    :func:`butterfly_recursive_doubling`: the first phase receives the
-    partner's copy of the kept half straight into ``buf`` and adds ``src``'s
-    to it; every element of ``buf`` is written by a reduction or a receive.
+    one rank and copied, so group members agree bitwise.  A folded rank
+    (P not a power of two) and its host exchange whole buffers before and
+    after, as in :func:`butterfly_recursive_doubling`.  ``src`` as there:
+    the first phase receives the partner's copy of the kept half straight
+    into ``buf`` and adds ``src``'s to it; every element of ``buf`` is
+    written by a reduction or a receive.
     """
-    if not masks:
-        butterfly_recursive_doubling(buf, comm, masks, scale, tag, src)
+    if _folded(buf, comm, plan, tag, src):
         return
+    if not plan.masks:
+        butterfly_recursive_doubling(buf, comm, plan, scale, tag, src)
+        return
+    pending = _fold_in(buf, comm, plan, tag, src)
     rank = comm.rank
     lo, hi = 0, buf.numel
     windows = []
     scratch = None
-    for phase, mask in enumerate(masks):
+    for mask in plan.masks:
         windows.append((lo, hi))
         mid = lo + (hi - lo) // 2
         (slo, shi), (lo, hi) = ((lo, mid), (mid, hi)) if rank & mask else ((mid, hi), (lo, mid))
-        if phase == 0 and src is not None:
-            comm.exchange(src.msg(slo, shi), rank ^ mask, buf.msg(lo, hi), rank ^ mask, tag)
-            buf.add_(lo, hi, src, at=lo)
+        if pending is not None:
+            comm.exchange(pending.msg(slo, shi), rank ^ mask, buf.msg(lo, hi), rank ^ mask, tag)
+            buf.add_(lo, hi, pending, at=lo)
+            pending = None
             continue
         if scratch is None:
             scratch = buf.scratch(hi - lo)
@@ -112,11 +172,12 @@ def butterfly_halving_doubling(
         buf.add_(lo, hi, scratch)
     if scale is not None:
         buf.scale_(lo, hi, scale)
-    for mask, (wlo, whi) in zip(reversed(masks), reversed(windows)):
+    for mask, (wlo, whi) in zip(reversed(plan.masks), reversed(windows)):
         # The partner holds the other half of the window split in this phase.
         olo, ohi = (wlo, lo) if lo > wlo else (hi, whi)
         comm.exchange(buf.msg(lo, hi), rank ^ mask, buf.msg(olo, ohi), rank ^ mask, tag)
         lo, hi = wlo, whi
+    _fold_out(buf, comm, plan, tag)
 
 
 #: The group allreduce schedules, by the name ``group_allreduce(algorithm=...)`` takes.
@@ -145,27 +206,28 @@ def group_allreduce(
 ) -> BufferT:
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
-    The ``comm.size`` = P ranks form P / S groups of ``group_size`` = S ranks
-    (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`, WAGMA Algorithm 1, which
-    changes the groups with ``t``; with ``dynamic_groups=False`` iteration
-    0's groups at every ``t``).  On return every member of a group holds
-    the sum (or mean, ``op="avg"``) of the group's inputs, bitwise equal
-    within the group.  This is the blocking group allreduce; all ranks call it
-    with the same ``t``.
+    The ``comm.size`` = P ranks form groups of ``group_size`` = S ranks (P / S
+    groups of S for powers of two; for any P and S between S and 2S ranks
+    each, :class:`~collectives.wait_avoiding.groups.ButterflyGrouping`, WAGMA
+    Algorithm 1, which changes the groups with ``t``; with
+    ``dynamic_groups=False`` iteration 0's groups at every ``t``).  On
+    return every member of a group holds the sum (or mean, ``op="avg"``) of
+    the group's inputs, bitwise equal within the group.  This is the
+    blocking group allreduce; all ranks call it with the same ``t``.
 
     Args:
         data: contiguous numpy array or torch tensor, as for
             :func:`~collectives.schedules.blocking.allreduce`.
-        comm: a :class:`~collectives.comm.Communicator` whose size is a
-            power of two.
-        group_size: S, a power of two <= P.
+        comm: a :class:`~collectives.comm.Communicator` (any size P >= 1).
+        group_size: S, an int with 1 <= S <= P.
         t: the iteration (>= 0) whose grouping is used.
-        op: ``"sum"`` or ``"avg"`` (divides by S).
+        op: ``"sum"`` or ``"avg"`` (divides by the size of the group, S
+            for powers of two).
         algorithm: ``"recursive_doubling"``, ``"halving_doubling"`` or
             ``"auto"`` (recursive doubling below
             :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`).
         dynamic_groups: Algorithm 1's groups of iteration ``t`` (default);
-            False: the groups of iteration 0 whatever ``t`` (the same log2 S
+            False: the groups of iteration 0 whatever ``t`` (the same
             hypercube dimensions at every iteration: WAGMA's ablation 2,
             section 5.2, "the groups are fixed").
         check: agree on the arguments across ranks first.
@@ -178,10 +240,9 @@ def group_allreduce(
     try:
         if not isinstance(dynamic_groups, bool):
             raise TypeError(f"dynamic_groups must be True or False, got {dynamic_groups!r}")
-        masks = ButterflyGrouping(comm.size, group_size, dynamic_groups).masks(t)
+        plan = ButterflyGrouping(comm.size, group_size, dynamic_groups).plan(t, comm.rank)
     except (TypeError, ValueError) as exc:
         problem, error = problem or str(exc), error if problem else type(exc)
-        masks = ()
     if algorithm == "auto" and not problem:
         algorithm = choose_group_allreduce(data.nbytes)
     problem = problem or reduction_problem(info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
@@ -202,5 +263,5 @@ def group_allreduce(
     assert algorithm != "auto"  # chosen above unless a problem, which check_arguments raised
     schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     with comm.open_buffer(data) as buf:
-        schedule(buf, comm, masks, 1.0 / group_size if op == "avg" else None)
+        schedule(buf, comm, plan, 1.0 / plan.size if op == "avg" else None)
     return data

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import SupportsIndex
 
 __all__ = [
     "ButterflyGrouping",
+    "GroupPlan",
     "butterfly_groups",
     "butterfly_masks",
     "butterfly_partners",
@@ -34,6 +35,8 @@ def is_power_of_two(n: object) -> bool:
 
 def _as_int(name: str, value: object) -> int:
     """``value`` as a plain ``int``; ``TypeError`` naming ``name`` if it is not an integer."""
+    if type(value) is int:  # the common case, without the protocol check's cost
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool {value!r}")
     try:
@@ -45,9 +48,8 @@ def _as_int(name: str, value: object) -> int:
 
 
 def check_group_size(world_size: int, group_size: int) -> None:
-    """Check that ``world_size`` and ``group_size`` admit butterfly groups.
-
-    Both must be powers of two and ``1 <= group_size <= world_size``.
+    """Check that ``world_size`` and ``group_size`` admit butterfly groups:
+    ``world_size >= 1`` and ``1 <= group_size <= world_size``, any integers.
 
     Raises:
         TypeError: either argument is not an integer (``bool`` is not accepted).
@@ -56,27 +58,76 @@ def check_group_size(world_size: int, group_size: int) -> None:
     """
     world_size = _as_int("world_size", world_size)
     group_size = _as_int("group_size", group_size)
-    if not is_power_of_two(world_size):
-        raise ValueError(f"world_size must be a power of two (butterfly groups need a hypercube), got {world_size}")
-    if not is_power_of_two(group_size) or group_size > world_size:
-        raise ValueError(f"group_size must be a power of two <= world size {world_size}, got {group_size}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size}")
+    if not 1 <= group_size <= world_size:
+        raise ValueError(f"group_size must be an int from 1 to the world size {world_size}, got {group_size}")
 
 
 def _log2(n: int) -> int:
     return n.bit_length() - 1
 
 
+def _extract(x: int, mask: int) -> int:
+    """The bits of ``x`` under ``mask``, packed into the low bits (in order)."""
+    out, bit = 0, 1
+    while mask:
+        low = mask & -mask
+        if x & low:
+            out |= bit
+        bit <<= 1
+        mask ^= low
+    return out
+
+
+def _deposit(x: int, mask: int) -> int:
+    """The low bits of ``x`` spread, in order, onto the set bits of ``mask``
+    (the inverse of :func:`_extract`)."""
+    out = 0
+    while mask:
+        low = mask & -mask
+        if x & 1:
+            out |= low
+        x >>= 1
+        mask ^= low
+    return out
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One rank's part in the group allreduce of one iteration (what the
+    schedules of :mod:`~collectives.wait_avoiding.group_allreduce` run).
+
+    A rank of the hypercube core runs one butterfly phase per mask,
+    exchanging with ``rank ^ mask``; if it hosts a folded rank
+    (``folded_from``) it first adds that rank's contribution to its own and
+    finally sends it the group's result.  A folded rank (``folded_into``:
+    P is not a power of two and this rank lies above the core) runs no
+    phase: it sends its contribution to its host and receives the result.
+    """
+
+    #: The xor mask of each butterfly phase, in order (empty for a folded rank).
+    masks: tuple[int, ...]
+    #: How many ranks this rank's group holds (the divisor of ``op="avg"``).
+    size: int
+    #: The host this rank is folded into, or None.
+    folded_into: int | None = None
+    #: The folded rank this rank hosts, or None.
+    folded_from: int | None = None
+
+
 @dataclass(frozen=True)
 class ButterflyGrouping:
-    """Dynamic butterfly grouping of WAGMA-SGD (Li et al., IEEE TPDS 2021, Algorithm 1).
+    """Dynamic butterfly grouping of WAGMA-SGD (Li et al., IEEE TPDS 2021, Algorithm 1),
+    for any world size P and group size S.
 
-    At iteration ``t`` the ``world_size`` = P ranks split into P / S disjoint groups of
-    ``group_size`` = S ranks that average together. The groups are built by log2 S
-    butterfly phases: ``shift = (t * log2 S) mod log2 P``; each phase pairs rank ``p``
-    with ``p ^ (1 << shift)`` and then sets ``shift = (shift + 1) mod log2 P``. The
-    groups are the connected components of these pairings, i.e. the ranks reachable
-    from a rank by xor with any subset of the phase masks. The group allreduce runs
-    the same phases as a butterfly (recursive doubling).
+    **P and S powers of two** (the paper's case).  At iteration ``t`` the P ranks
+    split into P / S disjoint groups of S ranks.  The groups are built by log2 S
+    butterfly phases: ``shift = (t * log2 S) mod log2 P``; each phase pairs rank
+    ``p`` with ``p ^ (1 << shift)`` and then sets ``shift = (shift + 1) mod log2 P``.
+    The groups are the connected components of these pairings, i.e. the ranks
+    reachable from a rank by xor with any subset of the phase masks.  The group
+    allreduce runs the same phases as a butterfly (recursive doubling).
 
     Reading of the paper: Algorithm 1 writes ``mask <<= shift`` (shifting the running
     mask). Read literally this gives wrong groups (P = 8, S = 4, t = 1 would give masks
@@ -84,20 +135,57 @@ class ButterflyGrouping:
     needs ``mask = 1 << shift`` in each phase: P = 8, S = 4 gives {0,1,2,3},{4,5,6,7}
     at t = 0 and {0,1,4,5},{2,3,6,7} at t = 1.
 
-    Successive iterations use consecutive hypercube dimensions (cyclically), so the
-    groups change every iteration when 1 < S < P; S = 1 and S = P give the same groups
-    at every iteration. Construction only validates; it runs no collective.
+    **Any P and S** (the generalization; the case above is its special case and
+    keeps exactly the paper's groups).  Let d = floor(log2 P), the *core* be the
+    ranks below 2**d, and the ``extras`` the P - 2**d ranks above it (the fold of
+    recursive halving-doubling).  The number of groups is n = the largest power of
+    two with n * S <= P, and each group holds 2**k core ranks, k = d - log2 n (the
+    :attr:`num_phases`).  The core ranks form the groups of the power-of-two case
+    with 2**d ranks and groups of 2**k (the masks above, with log2 P = d and
+    log2 S = k); then extra rank 2**d + j joins core group ``j mod n`` (groups
+    numbered by their lowest rank), folded into that group's core member number
+    ``j // n`` (members in increasing order), which adds its contribution before the
+    butterfly and sends it the result after.  So:
 
-    With ``dynamic=False`` every iteration uses iteration 0's groups (the same log2 S
-    dimensions, masks 1, 2, ..., S / 2: blocks of S consecutive ranks). That is the
-    paper's ablation 2 (section 5.2, experiment 2: "group model averaging without
-    using the dynamic grouping strategy (i.e., the groups are fixed)"; ResNet-50's
-    top-1 accuracy "drops to 72.2%"): for 1 < S < P an update never leaves its group
-    between the global averages.
+    - *Sizes.* Each group has floor(P / n) or ceil(P / n) ranks (the extras are
+      dealt round-robin), and since n <= P / S < 2n, every group of every
+      iteration has between S and 2S ranks (2S only when P > n (2S - 1), e.g.
+      P = 7, S = 2: groups of 3 and 4).  A group never has one rank unless S = 1
+      (then P = 2**d gives the paper's singletons and the extras make pairs).
+    - *Change.* The core groups move to the next k hypercube dimensions
+      (cyclically) every iteration, so the groups change at every iteration
+      whenever 0 < k < d, i.e. S > 1 and n > 1; with n = 1 (S > P / 2) the
+      one group is every rank.
+    - *Reach.* An update made on any rank at any iteration t0 has reached every
+      rank after T = ceil(d / k) iterations (t0, ..., t0 + T - 1),
+      :attr:`iterations_to_connect`.  Proof: after iteration t0 every member of
+      the rank's group holds it, among them a core rank c.  A core rank holding it
+      before iteration t passes it to its whole group at t, whose core part is the
+      coset of c under the span of t's k masks; so after iterations t0..t0+m-1 it
+      holds on the coset of c under the span of their masks, which are k
+      cyclically consecutive dimensions per iteration.  T - 1 iterations span a
+      subspace V and iteration t0 + T - 1 a subspace W with V + W every dimension
+      (T k >= d), so every coset of W (every group's core part at t0 + T - 1)
+      meets c + V: every group of that iteration, extras included, holds it
+      after it.  For S a power of two, k >= log2 S and T <= ceil(log_S P) (the
+      paper's bound); otherwise k >= floor(log2 S) and T <= ceil(log_S' P) with
+      S' = 2**floor(log2 S) (the extras also carry updates between cosets, which
+      the bound leaves out: it can only be reached sooner).
+
+    S = 1 and S = P give the same groups at every iteration.  Construction only
+    validates; it runs no collective.
+
+    With ``dynamic=False`` every iteration uses iteration 0's groups (the same k
+    dimensions, masks 1, 2, ..., 2**(k-1): for powers of two blocks of S
+    consecutive ranks).  That is the paper's ablation 2 (section 5.2, experiment
+    2: "group model averaging without using the dynamic grouping strategy (i.e.,
+    the groups are fixed)"; ResNet-50's top-1 accuracy "drops to 72.2%"): for
+    n > 1 an update never leaves its group between the global averages.
 
     Args:
-        world_size: number of ranks P, a power of two (1 is allowed: one group, no phases).
-        group_size: ranks per group S, a power of two with 1 <= S <= P.
+        world_size: number of ranks P >= 1 (1: one group, no phases).
+        group_size: the least number of ranks per group S, 1 <= S <= P (exactly
+            S when P and S are powers of two).
         dynamic: Algorithm 1's groups, which change with t (default); False: iteration
             0's groups at every iteration.
 
@@ -105,57 +193,92 @@ class ButterflyGrouping:
 
         >>> ButterflyGrouping(8, 4).groups(1)
         [[0, 1, 4, 5], [2, 3, 6, 7]]
+        >>> ButterflyGrouping(6, 3).groups(1)
+        [[0, 2, 4], [1, 3, 5]]
     """
 
     world_size: int
     group_size: int
     dynamic: bool = True
+    _dims: int = field(init=False, repr=False, compare=False)
+    _groups: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_group_size(self.world_size, self.group_size)
         if not isinstance(self.dynamic, bool):
             raise TypeError(f"dynamic must be True or False, got {self.dynamic!r}")
         # Normalise integer-like values (e.g. numpy integers) to plain ints.
-        object.__setattr__(self, "world_size", operator.index(self.world_size))
-        object.__setattr__(self, "group_size", operator.index(self.group_size))
+        world_size, group_size = operator.index(self.world_size), operator.index(self.group_size)
+        object.__setattr__(self, "world_size", world_size)
+        object.__setattr__(self, "group_size", group_size)
+        object.__setattr__(self, "_dims", _log2(world_size))
+        object.__setattr__(self, "_groups", 1 << _log2(world_size // group_size))
+
+    @property
+    def core_size(self) -> int:
+        """Ranks in the hypercube core, 2**floor(log2 P); the ranks above it are folded."""
+        return 1 << self._dims
+
+    @property
+    def num_groups(self) -> int:
+        """The number n of groups per iteration, the largest power of two with n * S <= P."""
+        return self._groups
 
     @property
     def num_phases(self) -> int:
-        """Butterfly phases per iteration (log2 S), the exchanges inside a group allreduce."""
-        return _log2(self.group_size)
+        """Butterfly phases per iteration (log2 S for powers of two), the
+        exchanges inside a group allreduce between its core ranks."""
+        return self._dims - _log2(self._groups)
+
+    @property
+    def size_range(self) -> tuple[int, int]:
+        """The sizes of the smallest and the largest group, floor(P / n) and
+        ceil(P / n), between S and 2S (both S for powers of two)."""
+        return self.world_size // self._groups, -(-self.world_size // self._groups)
+
+    @property
+    def period(self) -> int:
+        """After how many iterations the groups repeat, d / gcd(d, k) for
+        dynamic groups (the masks' start moves by k of d dimensions per
+        iteration), else 1."""
+        if not self.dynamic or self.num_phases == 0:
+            return 1
+        return self._dims // math.gcd(self._dims, self.num_phases)
 
     @property
     def iterations_to_connect(self) -> int | None:
-        """Fewest consecutive iterations whose groups together connect all ranks.
+        """The iterations after which an update made at any iteration has reached every rank.
 
-        Each iteration covers log2 S consecutive hypercube dimensions (cyclically), so
-        any ``ceil(log2 P / log2 S)`` consecutive iterations cover all log2 P of them and
-        an update reaches every rank; fewer never do. Degenerate cases: 0 for P = 1
-        (one rank is already connected), 1 for S = P, and ``None`` for S = 1 < P
-        (singleton groups never mix; only the periodic global allreduce connects ranks)
-        and for fixed groups (``dynamic=False``) with S < P.
+        ``ceil(d / k)`` (d = floor(log2 P), k = :attr:`num_phases`; the class
+        docstring proves it): ``ceil(log2 P / log2 S)`` for powers of two, where
+        fewer never do.  Degenerate cases: 0 for P = 1 (one rank is already
+        connected), 1 for a single group (S > P / 2), and ``None`` for S = 1 < P
+        (groups never mix; only the periodic global allreduce connects ranks)
+        and for fixed groups (``dynamic=False``) with more than one group.
         """
-        global_phases = _log2(self.world_size)
-        if global_phases == 0:
+        if self.world_size == 1:
             return 0
-        if self.num_phases == 0 or (not self.dynamic and self.num_phases < global_phases):
+        if self._groups == 1:
+            return 1
+        if self.num_phases == 0 or not self.dynamic:
             return None
-        return math.ceil(global_phases / self.num_phases)
+        return math.ceil(self._dims / self.num_phases)
 
     def masks(self, t: int) -> tuple[int, ...]:
-        """The xor mask of each butterfly phase of iteration ``t`` (``num_phases`` of them;
-        iteration 0's at every ``t`` when not :attr:`dynamic`)."""
+        """The xor mask of each butterfly phase of iteration ``t`` among the core
+        ranks (``num_phases`` of them; iteration 0's at every ``t`` when not
+        :attr:`dynamic`)."""
         t = _as_int("t", t)
         if t < 0:
             raise ValueError(f"t must be a non-negative iteration number, got {t}")
-        global_phases = _log2(self.world_size)
-        if global_phases == 0:
+        dims = self._dims
+        if dims == 0:
             return ()
-        shift = (t * self.num_phases) % global_phases if self.dynamic else 0
+        shift = (t * self.num_phases) % dims if self.dynamic else 0
         masks = []
         for _ in range(self.num_phases):
             masks.append(1 << shift)
-            shift = (shift + 1) % global_phases
+            shift = (shift + 1) % dims
         return tuple(masks)
 
     def _check_rank(self, rank: int) -> int:
@@ -164,21 +287,52 @@ class ButterflyGrouping:
             raise ValueError(f"rank must be in range(world_size) = range({self.world_size}), got {rank}")
         return rank
 
-    def partners(self, t: int, rank: int) -> tuple[int, ...]:
-        """The partner of ``rank`` in each butterfly phase of iteration ``t`` (``rank ^ mask``)."""
+    def _members(self, span: int, index: int) -> list[int]:
+        """Group number ``index`` of the iteration whose masks sum to ``span``, sorted."""
+        core = self.core_size
+        base = _deposit(index, (core - 1) & ~span)
+        members = _span_members(base, span)
+        members += [core + j for j in range(index, self.world_size - core, self._groups)]
+        return members
+
+    def plan(self, t: int, rank: int) -> GroupPlan:
+        """What ``rank`` does in the group allreduce of iteration ``t``."""
         rank = self._check_rank(rank)
-        return tuple(rank ^ mask for mask in self.masks(t))
+        masks = self.masks(t)
+        span, core = sum(masks), self.core_size
+        free = (core - 1) & ~span
+        if rank >= core:  # folded into member j // n of core group j mod n
+            index, position = divmod(rank - core, self._groups)[::-1]
+            host = _deposit(index, free) | _deposit(position, span)
+            return GroupPlan((), self._size_of(index), folded_into=host)
+        index = _extract(rank, free)
+        guest = index + _extract(rank, span) * self._groups
+        folded_from = core + guest if guest < self.world_size - core else None
+        return GroupPlan(masks, self._size_of(index), folded_from=folded_from)
+
+    def _size_of(self, index: int) -> int:
+        extras = self.world_size - self.core_size
+        return (1 << self.num_phases) + extras // self._groups + (index < extras % self._groups)
+
+    def partners(self, t: int, rank: int) -> tuple[int, ...]:
+        """The partner of ``rank`` in each butterfly phase of iteration ``t``
+        (``rank ^ mask``); none for a folded rank, which runs no phase."""
+        plan = self.plan(t, rank)
+        return () if plan.folded_into is not None else tuple(rank ^ mask for mask in plan.masks)
 
     def group_of(self, t: int, rank: int) -> list[int]:
-        """The sorted group of S ranks that ``rank`` averages with at iteration ``t``."""
+        """The sorted group that ``rank`` averages with at iteration ``t``."""
         rank = self._check_rank(rank)
-        span = sum(self.masks(t))  # distinct single-bit masks: their sum is their union
-        return _span_members(rank & ~span, span)
+        span, core = sum(self.masks(t)), self.core_size  # distinct single-bit masks: their sum is their union
+        free = (core - 1) & ~span
+        index = (rank - core) % self._groups if rank >= core else _extract(rank, free)
+        return self._members(span, index)
 
     def groups(self, t: int) -> list[list[int]]:
-        """All P / S groups of iteration ``t``: sorted lists of ranks, sorted by first rank."""
+        """All :attr:`num_groups` groups of iteration ``t``: sorted lists of ranks,
+        sorted by first rank."""
         span = sum(self.masks(t))
-        return [_span_members(base, span) for base in range(self.world_size) if base & span == 0]
+        return [self._members(span, index) for index in range(self._groups)]
 
 
 def _span_members(base: int, span: int) -> list[int]:
@@ -195,7 +349,8 @@ def _span_members(base: int, span: int) -> list[int]:
 
 
 def butterfly_groups(P: int, S: int, t: int) -> list[list[int]]:
-    """Groups of S ranks (out of P) that average together at iteration ``t``.
+    """Groups of at least S ranks (out of P; exactly S for powers of two) that
+    average together at iteration ``t``.
 
     See :class:`ButterflyGrouping` (WAGMA-SGD, Li et al., IEEE TPDS 2021, Algorithm 1).
     """
@@ -203,7 +358,7 @@ def butterfly_groups(P: int, S: int, t: int) -> list[list[int]]:
 
 
 def butterfly_masks(P: int, S: int, t: int) -> tuple[int, ...]:
-    """The xor mask of each of the log2 S butterfly phases of iteration ``t``."""
+    """The xor mask of each butterfly phase of iteration ``t`` (log2 S of them for powers of two)."""
     return ButterflyGrouping(P, S).masks(t)
 
 
@@ -213,5 +368,5 @@ def butterfly_partners(P: int, S: int, t: int, rank: int) -> tuple[int, ...]:
 
 
 def group_of(P: int, S: int, t: int, rank: int) -> list[int]:
-    """The group of S ranks containing ``rank`` at iteration ``t``."""
+    """The group containing ``rank`` at iteration ``t``."""
     return ButterflyGrouping(P, S).group_of(t, rank)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic
 
 import numpy as np
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..comm import Communicator
     from . import collective
     from .collective import Activation
+    from .groups import GroupPlan
 
 __all__ = ["ProgressEngine"]
 
@@ -88,10 +89,12 @@ class ProgressEngine(Generic[LikeT]):
             activations).
         like: the initial contribution (a copy is published as iteration
             ``first_iteration - 1``) and the template for every buffer.
-        masks: ``masks(v)``, the butterfly masks of iteration v.
+        plan: ``plan(v)``, this rank's
+            :class:`~collectives.wait_avoiding.groups.GroupPlan` of iteration v.
         schedule: a butterfly schedule,
-            ``schedule(buf, comm, masks, scale, tag, src)``.
-        scale: None for the group sum, or the factor of the mean (1 / S).
+            ``schedule(buf, comm, plan, scale, tag, src)``.
+        average: the group's mean (the sum times 1 / the plan's group size)
+            instead of its sum.
         is_group_version: whether iteration v is a group version (not a sync step).
         activation: ``"first"``, ``"random"`` or ``"half"`` (above).
         activator: with ``"random"``, ``activator(v)``, the rank that
@@ -111,10 +114,10 @@ class ProgressEngine(Generic[LikeT]):
         comm: Communicator,
         like: LikeT,
         *,
-        masks: Callable[[int], Sequence[int]],
+        plan: Callable[[int], GroupPlan],
         schedule: Callable[..., None],
         is_group_version: Callable[[int], bool],
-        scale: float | None = None,
+        average: bool = False,
         activation: Activation = "first",
         activator: Callable[[int], int] | None = None,
         history: int = 0,
@@ -125,7 +128,7 @@ class ProgressEngine(Generic[LikeT]):
         self._comm = comm
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
-        self._masks, self._schedule, self._scale = masks, schedule, scale
+        self._plan, self._schedule, self._average = plan, schedule, average
         self._is_group_version = is_group_version
         self._quorum = -(-self._size // 2) if activation == "half" else None
         self._activator = activator if activation == "random" else None
@@ -427,8 +430,10 @@ class ProgressEngine(Generic[LikeT]):
     def _execute(self, work, comm):
         """Run ``work`` from :meth:`_begin`; ``(result, contribution_iteration)``."""
         version, source, contribution_iteration, result = work
+        plan = self._plan(version)
+        scale = 1.0 / plan.size if self._average else None
         with comm.open_buffer(result) as out, comm.open_buffer(source, writeback=False) as inp:
-            self._schedule(out, comm, self._masks(version), self._scale, version_tag(version, self._tag_space), inp)
+            self._schedule(out, comm, plan, scale, version_tag(version, self._tag_space), inp)
         with self._lock:
             self._executing, self._reading = False, None
             if source is not self._published and source is not self._zeros:

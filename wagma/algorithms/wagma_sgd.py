@@ -21,9 +21,9 @@ def averages_globally(t: int, tau: int) -> bool:
 
 def stale_average(mean: torch.Tensor, own: torch.Tensor, group_size: int) -> torch.Tensor:
     """A stale rank's W_{t+1} (Algorithm 2, line 13), in place of ``mean``:
-    ``(S * mean + W'_t) / (S + 1)``, where ``mean`` is the group's average
-    of version t (made with this rank's older contribution) and ``own`` its
-    W'_t.  Returns ``mean``."""
+    ``(S * mean + W'_t) / (S + 1)``, where ``mean`` is the average of the
+    ``group_size`` = S members of its group of version t (made with this
+    rank's older contribution) and ``own`` its W'_t.  Returns ``mean``."""
     s = group_size
     return mean.mul_(s / (s + 1)).add_(own, alpha=1.0 / (s + 1))
 
@@ -35,9 +35,12 @@ class WagmaSGD(Algorithm):
     ``(t + 1) % tau == 0`` all P ranks average (W_{t+1} = sum / P, a blocking
     allreduce).  Otherwise, with ``wait_avoiding`` (the paper's alpha), the
     wait-avoiding group allreduce of version t: a fresh contribution gives
-    W_{t+1} = sum / S, a stale one (version t began before this rank got
-    there) W_{t+1} = (sum + W'_t) / (S + 1); with ``group_averaging`` (beta)
-    the same groups average with a blocking group allreduce (W_{t+1} = sum / S,
+    W_{t+1} = sum / S_t, a stale one (version t began before this rank got
+    there) W_{t+1} = (sum + W'_t) / (S_t + 1), S_t the size of the rank's
+    group at step t (S for P and S powers of two; on any other P between S
+    and 2S, :class:`~collectives.wait_avoiding.groups.ButterflyGrouping`);
+    with ``group_averaging`` (beta)
+    the same groups average with a blocking group allreduce (W_{t+1} = sum / S_t,
     D-PSGD/SGP-like); with neither, nothing happens between sync steps and the
     algorithm is local SGD with period tau (tested equal to ``local_sgd``).
     With ``fixed_groups`` the groups of either switch are iteration 0's at
@@ -56,13 +59,14 @@ class WagmaSGD(Algorithm):
     Its options object is :class:`~wagma.options.algorithms.WagmaOptions`.
 
     Options:
-        group_size: S, a power of two <= P, or ``"auto"`` (about sqrt(P),
-            as the paper).
+        group_size: S, an int with 1 <= S <= P (the groups' least size),
+            or ``"auto"`` (about sqrt(P), as the paper;
+            :func:`~wagma.options.algorithms.auto_group_size`).
         tau: the global synchronisation period, >= 1 (the paper: 10).
         wait_avoiding: alpha, use the wait-avoiding group allreduce.
         group_averaging: beta, use the blocking group allreduce.
         fixed_groups: average in the same groups at every step, iteration
-            0's (blocks of S consecutive ranks), not Algorithm 1's dynamic
+            0's (for powers of two blocks of S consecutive ranks), not Algorithm 1's dynamic
             butterfly groups: section 5.2, experiment 2 ("group model
             averaging without using the dynamic grouping strategy (i.e., the
             groups are fixed)", top-1 accuracy "drops to 72.2%").  Needs
@@ -125,7 +129,7 @@ class WagmaSGD(Algorithm):
                 if dtype == first:
                     self.contribution = result.contribution_iteration
                 if not result.fresh:
-                    stale_average(result.value, tensor, self.group_size)
+                    stale_average(result.value, tensor, result.group_size)
                     self.stale_steps += 1
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
