@@ -16,20 +16,49 @@ from .comm import Communicator
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
 
-__all__ = ["PairwiseGossip", "apply_half_difference", "fold_pending"]
+__all__ = ["PairwiseGossip", "active_ranks", "apply_half_difference", "fold_pending", "is_active"]
 
 _REQUEST, _REPLY, _DONE = 51, 52, 53
+
+
+def is_active(rank: int, size: int) -> bool:
+    """Whether ``rank`` starts AD-PSGD's exchanges on a ring of ``size`` ranks.
+
+    The even ranks, except rank P - 1 where P is odd (odd P > 1): the ring's
+    two even ranks P - 1 and 0 are neighbours there, and with P - 1 passive
+    no two active ranks are neighbours on any P.  So every neighbour of an
+    active rank is passive, and every exchange pairs an active and a passive
+    rank (:class:`PairwiseGossip` says why no cycle of waits can then form).
+    """
+    return rank % 2 == 0 and (rank != size - 1 or size == 1)
+
+
+def active_ranks(size: int) -> range:
+    """The ranks :func:`is_active` names on a ring of ``size`` ranks, in order."""
+    return range(0, size - size % 2 if size > 1 else 1, 2)
+
+
+def _neighbours(rank: int, size: int) -> list[int]:
+    """``rank``'s ring neighbours, in the order an active rank asks them."""
+    return sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
 
 
 class PairwiseGossip(Generic[LikeT]):
     """Pairwise model averaging with ring neighbours, on a communication thread.
 
-    Even ranks are *active*: each :meth:`step_done` makes their thread average
-    once with a ring neighbour (right, left, right, ... in turn).  Odd ranks
-    are *passive*: their thread serves the requests of both neighbours, one
-    at a time.  Every exchange pairs an active and a passive rank, so no cycle
-    of waits can form (AD-PSGD, Lian et al., ICML 2018, section 4); P must be
-    even (or 1, where nothing is exchanged).
+    Even ranks are *active* (:func:`is_active`; on an odd ring all but rank
+    P - 1): each :meth:`step_done` makes their thread average once with a
+    ring neighbour (its two in turn, the lower rank first).  The other ranks
+    are *passive*: their thread serves the requests of their active
+    neighbours, one at a time, and never asks.  Every exchange pairs an
+    active and a passive rank, so no cycle of waits can form (AD-PSGD, Lian
+    et al., ICML 2018, section 4): an active thread waits only for the
+    passive partner it asked (its reply), a passive thread for nobody (the
+    request it serves was sent whole before it began), so every wait goes
+    from an active rank to a passive one and none leaves a passive rank,
+    which a cycle would need.  On an odd ring no two active ranks are
+    neighbours, and the one edge between passive ranks (P - 2 and P - 1)
+    carries no exchange.  Any P (1: nothing is exchanged).
 
     One exchange of ranks i (active) and j (passive), over every buffer:
     i, under ``lock``, copies its model ``x_i`` (the buffers plus the
@@ -53,17 +82,20 @@ class PairwiseGossip(Generic[LikeT]):
     Lifecycle: :meth:`open` (collective), :meth:`step_done` after every local
     step, :meth:`close` (collective: active
     threads finish every requested exchange and tell their neighbours they
-    are done; passive threads serve until both neighbours are done).
+    are done; passive threads serve until their active neighbours are done).
 
     Staleness is bounded on both sides: after its k-th local step
     (:meth:`step_done`) a rank waits until it has taken part in at least
     k - ``max_pending`` exchanges, an active rank counting those it asked for,
     a passive rank those it served.  So a compute loop faster than the network
     cannot run ahead of the averaging without limit (with 1, the exchange
-    requested after step t overlaps step t + 1).  Each passive rank has two
-    active neighbours that each alternate between their two passive
-    neighbours, so it is served once per step on average; ranks must run the
-    same number of steps.
+    requested after step t overlaps step t + 1).  A passive rank with two
+    active neighbours, which each alternate between their two passive
+    neighbours, is served once per step on average; one with a single active
+    neighbour (ranks P - 2 and P - 1 of an odd ring) is asked in every other
+    step of it, and waits instead for those requests, the ones that
+    neighbour makes to it in its first k steps, less ``max_pending``.  Ranks
+    must run the same number of steps.
 
     Args:
         comm: the MPI communicator (``MPI_THREAD_MULTIPLE`` needed).
@@ -96,12 +128,11 @@ class PairwiseGossip(Generic[LikeT]):
         self.buffers: list[LikeT] = list(buffers)
         self.max_pending = max_pending
         size, rank = comm.Get_size(), comm.Get_rank()
-        if size > 1 and size % 2:
-            raise ValueError(
-                f"pairwise gossip needs an even number of ranks (active even, passive odd ranks on a ring), got {size}"
-            )
-        self.active = rank % 2 == 0
-        self.neighbours = sorted({(rank - 1) % size, (rank + 1) % size} - {rank})
+        self.active = is_active(rank, size)
+        self.neighbours = _neighbours(rank, size)
+        #: The neighbours that ask this rank for exchanges (none for an active rank).
+        self.askers = [] if self.active else [n for n in self.neighbours if is_active(n, size)]
+        self._size, self._rank = size, rank
         self.exchanges = 0
         self.log: list[tuple[int, int, int, int]] = []
         self._folds = 0
@@ -159,9 +190,21 @@ class PairwiseGossip(Generic[LikeT]):
             if self.active:
                 self._requested += 1
                 self._cond.notify_all()
-            while self.exchanges < self._steps - self.max_pending and self._error is None:
+            while self.exchanges < self._owed(self._steps) - self.max_pending and self._error is None:
                 self._cond.wait()
         self._raise_if_failed()
+
+    def _owed(self, steps: int) -> int:
+        """The exchanges this rank takes part in once every rank has made
+        ``steps`` steps: its own requests (active), ``steps`` for a passive
+        rank with two active neighbours (together they ask ``steps`` or
+        ``steps + 1`` times), else the requests of its one active neighbour,
+        which asks its neighbours in turn."""
+        if self.active or len(self.askers) == 2:
+            return steps
+        (asker,) = self.askers
+        turn = _neighbours(asker, self._size)
+        return len(range(turn.index(self._rank), steps, len(turn)))
 
     def close(self) -> None:
         """Finish all requested exchanges everywhere, join, then fold the
@@ -239,9 +282,9 @@ class PairwiseGossip(Generic[LikeT]):
             self.log.append((peer, 1, copied_after, self._folds))
 
     def _serve(self):
-        """Passive side: serve requests until every neighbour is done."""
+        """Passive side: serve requests until every active neighbour is done."""
         done, status, backoff = set(), MPI.Status(), Backoff()
-        while len(done) < len(self.neighbours):
+        while len(done) < len(self.askers):
             message = self._comm.data.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if message is None:
                 backoff.sleep()

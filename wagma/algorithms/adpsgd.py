@@ -22,8 +22,10 @@ class ADPSGD(Algorithm):
     The compute thread steps the local optimizer; a communication thread per
     rank averages the model with one ring neighbour at a time
     (:class:`~collectives.gossip.PairwiseGossip`): even ranks start an
-    exchange after each of their steps, odd ranks serve their neighbours'
-    requests.  An exchange replaces both models x_i, x_j by their average,
+    exchange after each of their steps, the other ranks serve their
+    neighbours' requests (on an odd ring rank P - 1 serves too, so that no
+    two ranks that start exchanges are neighbours: no cycle of waits,
+    :func:`~collectives.gossip.is_active`).  An exchange replaces both models x_i, x_j by their average,
     as a difference that each side adds to its model right after its next
     ``optimizer.step()`` (one lock around the step, the addition and the
     exchange's copies), so the sum of the models over ranks is unchanged by
@@ -34,8 +36,8 @@ class ADPSGD(Algorithm):
     part in k - 1 exchanges (actives ask for one per step, passives are
     served one per step on average), so the exchange of step t overlaps step
     t + 1, and a compute loop faster than the network cannot leave the
-    averaging arbitrarily far behind.  Needs an even number of ranks, all
-    running the same number of steps.  :meth:`close` finishes every requested
+    averaging arbitrarily far behind.  Any number of ranks, all running the
+    same number of steps.  :meth:`close` finishes every requested
     exchange on every rank.  Buffers (BatchNorm statistics) stay local.
     Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
