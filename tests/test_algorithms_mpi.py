@@ -2,6 +2,9 @@
 
 ``torch.distributed`` (gloo, on the loopback interface, its port chosen by
 rank 0 and shared over MPI) runs the references in the same processes.
+Every algorithm runs on any number of ranks; the tests marked ``ON_ODD``
+also run, at the stages of 4 and 8 ranks, on blocks of 3 and of 5 and 3
+ranks side by side (:data:`subcomms.ODD_BLOCKS`).
 """
 
 import copy
@@ -13,14 +16,16 @@ import pytest
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from subcomms import ODD_BLOCKS, block_of
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
     HierarchicalModelAverager,
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from collectives import Communicator
+from collectives import ButterflyGrouping, Communicator
 from wagma.algorithms import ALGORITHMS, create
+from wagma.emulate.emulator import _butterfly_mean, _folds
 from wagma.torch_distributed import init_gloo
 
 pytestmark = pytest.mark.mpi
@@ -36,9 +41,27 @@ def torch_distributed():
 
 
 @pytest.fixture
-def comm():
-    with Communicator(WORLD) as comm:
-        yield comm
+def comm(request):
+    """A Communicator over COMM_WORLD, or with ``"odd"`` over this rank's
+    block of :data:`subcomms.ODD_BLOCKS` (a rank in a block of one skips)."""
+    if getattr(request, "param", "world") == "world":
+        with Communicator(WORLD) as comm:
+            yield comm
+        return
+    if WORLD.size not in ODD_BLOCKS:
+        pytest.skip(f"odd blocks are cut from 4 or 8 ranks; {WORLD.size} ranks run as the world")
+    raw = block_of(ODD_BLOCKS[WORLD.size])
+    try:
+        if raw.Get_size() == 1:
+            pytest.skip("this rank is a block of one")
+        with Communicator(raw) as comm:
+            yield comm
+    finally:
+        raw.Free()
+
+
+#: Run a test on COMM_WORLD and on the odd blocks.
+ON_ODD = pytest.mark.parametrize("comm", ["world", "odd"], indirect=True)
 
 
 def _mlp(seed=0):
@@ -188,7 +211,6 @@ def test_bad_arguments_raise_on_every_rank(comm):
 
 
 POW2 = WORLD.size & (WORLD.size - 1) == 0
-needs_pow2 = pytest.mark.skipif(not POW2, reason="butterfly groups need a power-of-two world")
 
 
 def _flat_params(model):
@@ -220,7 +242,6 @@ def test_allreduce_sgd_and_local_sgd_with_period_1_agree_within_rounding(comm):
     assert (a - b).abs().max() <= steps * 4e-7 * a.abs().max()
 
 
-@needs_pow2
 def test_wagma_with_both_switches_off_equals_local_sgd(comm):
     ours, reference = _mlp(), _mlp()
     opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
@@ -235,15 +256,15 @@ def test_wagma_with_both_switches_off_equals_local_sgd(comm):
     assert torch.equal(_flat_params(ours), _flat_params(reference))
 
 
-@needs_pow2
+@ON_ODD
 @pytest.mark.parametrize("switch", ["group_averaging", pytest.param("wait_avoiding", marks=pytest.mark.timing)])
 def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_measurement):
-    model = _mlp(seed=WORLD.rank)  # a different initial model on every rank
-    initial = WORLD.allgather(_flat_params(model))
+    model = _mlp(seed=comm.rank)  # a different initial model on every rank
+    initial = comm.data.allgather(_flat_params(model))
     average = torch.stack(initial).mean(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     options = dict(
-        group_size=max(1, WORLD.size // 2),
+        group_size=max(1, comm.size // 2),
         tau=5,
         wait_avoiding=switch == "wait_avoiding",
         group_averaging=switch == "group_averaging",
@@ -253,7 +274,7 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_me
             algo.zero_grad()
             _train_step(model, x, y)
             algo.step()
-    final = WORLD.allgather(_flat_params(model))
+    final = comm.data.allgather(_flat_params(model))
     assert all(torch.equal(f, final[0]) for f in final)  # consensus
     if switch == "group_averaging":  # mass-conserving: exactly the average
         torch.testing.assert_close(final[0], average, rtol=1e-6, atol=1e-6)
@@ -267,28 +288,34 @@ def test_wagma_reaches_consensus_with_zero_learning_rate(comm, switch, record_me
         # distance measured, a margin for a tail sampled 80 times.
         low, high = torch.stack(initial).min(0).values, torch.stack(initial).max(0).values
         assert bool(((final[0] >= low - 1e-6) & (final[0] <= high + 1e-6)).all())
-        if WORLD.size > 1:
+        if comm.size > 1:
             distance = float((final[0] - average).abs().mean() / (high - low).mean())
             record_measurement("distance to the initial average / spread", distance, 0.25)
             assert distance < 0.25
 
 
-@needs_pow2
 @pytest.mark.parametrize("switch", ["group_averaging", pytest.param("wait_avoiding", marks=pytest.mark.timing)])
 def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
     """``fixed_groups`` (ablation 2) on both paths: with lr = 0 and no global
     average in 6 steps, a rank's model only mixes with iteration 0's group
-    (blocks of S consecutive ranks): exactly its mean with the blocking
-    groups, inside its members' range with the wait-avoiding ones (a stale
-    step mixes convexly); the dynamic groups mix in other ranks from step 1."""
+    (for powers of two blocks of S consecutive ranks): with the blocking
+    groups exactly the mean of the members' previous models, added in the
+    schedule's order as the emulator adds them (folded ranks first; the
+    exact mean of small integers at the first step), inside its members'
+    range with the wait-avoiding ones (a stale step mixes convexly); the
+    dynamic groups mix in other ranks from step 1."""
     S = max(1, WORLD.size // 2)
-    first = WORLD.rank // S * S
+    grouping = ButterflyGrouping(WORLD.size, S, dynamic=False)
+    members = grouping.group_of(0, WORLD.rank)
+    if POW2:
+        assert members == list(range(WORLD.rank // S * S, WORLD.rank // S * S + S))
     model = _mlp()
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):  # small integers: exact means
             p.copy_(torch.arange(p.numel()).reshape(p.shape) % 7 + 8 * WORLD.rank + i)
     initial = WORLD.allgather(_flat_params(model))
-    group = torch.stack(initial[first : first + S])
+    group = torch.stack([initial[q] for q in members])
+    previous = initial
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with create(
         "wagma",
@@ -309,13 +336,17 @@ def test_wagma_with_fixed_groups_averages_in_iteration_0s_groups(comm, switch):
             algo.step()
             final = _flat_params(model)
             if switch == "group_averaging":
-                assert torch.equal(final, group.mean(0))
+                folds = _folds(grouping, 0, members)
+                mean = _butterfly_mean({q: previous[q].clone() for q in members}, grouping.masks(0), folds)
+                assert torch.equal(final, mean)
+                if previous is initial:
+                    assert torch.equal(final, group.sum(0) * (1.0 / len(members)))
+                previous = WORLD.allgather(final)
             else:
                 low, high = group.min(0).values, group.max(0).values
                 assert bool(((final >= low - 1e-4) & (final <= high + 1e-4)).all())  # float32 rounding
 
 
-@needs_pow2
 def test_wagma_resumes_its_schedule(comm):
     def make(model, opt):
         return create(
@@ -329,7 +360,6 @@ def test_wagma_resumes_its_schedule(comm):
     assert torch.equal(_flat_params(straight), _flat_params(resumed))
 
 
-@needs_pow2
 def test_wagma_refuses_both_switches(comm):
     model = _mlp()
     with pytest.raises(ValueError, match="wait_avoiding and group_averaging cannot both be on"):
@@ -349,8 +379,8 @@ def _averaging_only(comm, name, steps, **options):
     different model on every rank, so that only the averaging moves the
     parameters.  Returns the model, the algorithm and every rank's initial
     parameters."""
-    model = _mlp(seed=WORLD.rank)
-    initial = WORLD.allgather(_flat_params(model))
+    model = _mlp(seed=comm.rank)
+    initial = comm.data.allgather(_flat_params(model))
     algo = create(name, model, torch.optim.SGD(model.parameters(), lr=0.0), comm, init_sync=False, **options)
     x, y = _batches(1)[0]
     for _ in range(steps):
@@ -452,24 +482,21 @@ def test_hierarchical_sgd_refuses_bad_levels(comm):
         create("hierarchical_sgd", model, opt, comm, period_group_size_dict={4: 1, 2: WORLD.size})
 
 
-EVEN = WORLD.size == 1 or WORLD.size % 2 == 0
-
-
 @pytest.mark.timing  # its communication thread meets the neighbours in the OS's order
-@pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
+@ON_ODD
 def test_adpsgd_conserves_mass_and_reaches_consensus(comm):
-    # 200 steps: 100 rounds of right-left exchanges on the ring.
+    # 200 steps: 100 rounds of right-left exchanges on the ring (on an odd
+    # ring ranks P - 2 and P - 1 exchange in every other step, with rank 0).
     model, algo, initial = _averaging_only(comm, "adpsgd", 200)
     total = torch.stack(initial).sum(0)
     algo.close()  # every requested exchange done, on every rank
-    final = WORLD.allgather(_flat_params(model))
+    final = comm.data.allgather(_flat_params(model))
     torch.testing.assert_close(torch.stack(final).sum(0), total, rtol=1e-5, atol=1e-5)
     for f in final:
-        torch.testing.assert_close(f, total / WORLD.size, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(f, total / comm.size, rtol=1e-4, atol=1e-4)
     assert algo.gossip is None
 
 
-@pytest.mark.skipif(not EVEN, reason="AD-PSGD needs an even number of ranks")
 def test_adpsgd_checkpoints_the_differences_its_exchanges_have_not_folded_in(comm):
     # A checkpoint holds the half differences added since the last update (none yet: zeros);
     # restored, they are folded in at the next update or, here, at close(): exactly once.
@@ -490,34 +517,29 @@ def test_adpsgd_checkpoints_the_differences_its_exchanges_have_not_folded_in(com
     assert torch.equal(_flat_params(restored), before + (WORLD.rank + 0.5))
 
 
-@pytest.mark.skipif(WORLD.size < 3 or EVEN, reason="needs an odd number of ranks > 1")
-def test_adpsgd_refuses_an_odd_world(comm):
-    model = _mlp()
-    with pytest.raises(ValueError, match="adpsgd needs an even number of ranks"):
-        create("adpsgd", model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
-
-
 @pytest.mark.timing
-@needs_pow2
-@pytest.mark.parametrize("quorum", ["solo", "majority", "half"])
+@pytest.mark.parametrize(
+    "comm, quorum", [("world", "solo"), ("world", "majority"), ("world", "half"), ("odd", "half")], indirect=["comm"]
+)
 def test_eager_sgd_keeps_replicas_identical(comm, quorum):
-    model = _mlp(seed=WORLD.rank)  # different on every rank: rank 0's is broadcast
+    model = _mlp(seed=comm.rank)  # different on every rank: rank 0's is broadcast
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with create("eager_sgd", model, opt, comm, quorum=quorum, limiter=4) as algo:
         for step, (x, y) in enumerate(_batches(12)):
             algo.zero_grad()
             _train_step(model, x, y)
-            if WORLD.rank == step % WORLD.size:
+            if comm.rank == step % comm.size:
                 time.sleep(0.02)  # a different late rank at every step
             algo.step()
-    final = WORLD.allgather(_flat_params(model))
+    final = comm.data.allgather(_flat_params(model))
     assert all(torch.equal(f, final[0]) for f in final)
     assert not torch.equal(final[0], _flat_params(_mlp(seed=0)))  # it trained
 
 
 @pytest.mark.timing
-@needs_pow2
-@pytest.mark.parametrize("late", ["drop", "accumulate"])
+@pytest.mark.parametrize(
+    "comm, late", [("world", "drop"), ("world", "accumulate"), ("odd", "accumulate")], indirect=["comm"]
+)
 def test_eager_sgd_applies_the_gradients_its_reading_promises(comm, late, record_measurement):
     """With plain SGD the model moves by lr times the sum of the averages
     applied.  ``"drop"``: that sum is the sum over ranks of the gradients of
@@ -532,7 +554,7 @@ def test_eager_sgd_applies_the_gradients_its_reading_promises(comm, late, record
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     start = _flat_params(model).clone()
     expected = torch.zeros_like(start)
-    delays = np.random.default_rng([3, WORLD.rank]).random(steps) * 0.02
+    delays = np.random.default_rng([3, comm.rank]).random(steps) * 0.02
     with create("eager_sgd", model, opt, comm, quorum="solo", late=late, limiter=5) as algo:
         for step, (x, y) in enumerate(_batches(steps)):
             algo.zero_grad()
@@ -548,11 +570,11 @@ def test_eager_sgd_applies_the_gradients_its_reading_promises(comm, late, record
     if unapplied is not None:
         expected -= torch.as_tensor(unapplied)
     assert late == "accumulate" or unapplied is None
-    total = torch.from_numpy(WORLD.allreduce(expected.numpy()))
-    applied = (start - _flat_params(model)) / lr * WORLD.size
+    total = torch.from_numpy(comm.data.allreduce(expected.numpy()))
+    applied = (start - _flat_params(model)) / lr * comm.size
     torch.testing.assert_close(applied, total, rtol=1e-9, atol=1e-9)
-    if WORLD.size > 1:
-        late_steps = WORLD.allreduce(stale)
+    if comm.size > 1:
+        late_steps = comm.data.allreduce(stale)
         record_measurement("stale steps over all ranks", late_steps, 1, above=True)
         assert late_steps > 0  # some gradient was late
 
@@ -581,8 +603,6 @@ def test_parameters_on_two_devices_are_refused_on_every_rank(comm):
     ],
 )
 def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
-    if (name in ("wagma", "eager_sgd") and not POW2) or (name == "adpsgd" and not EVEN):
-        pytest.skip(f"{name} does not run on {WORLD.size} ranks")
     model = _mlp(seed=WORLD.rank).cuda()
     algo = create(name, model, torch.optim.SGD(model.parameters(), lr=0.1), comm, **options)
     for x, y in _batches(4):
@@ -594,11 +614,10 @@ def test_cuda_models_keep_their_flat_buffers_on_the_device(comm, name, options):
     assert all(p.is_cuda and torch.isfinite(p).all() for p in model.parameters())
 
 
-@needs_pow2
 @pytest.mark.parametrize(
     "options, text",
     [
-        ({"group_size": 3}, "group_size must be a power of two"),
+        ({"group_size": WORLD.size + 1}, f"group_size must be an int from 1 to {WORLD.size} ranks"),
         ({"group_size": 1, "tau": 0}, "tau must be an int >= 1, got 0"),
         ({"group_size": 1, "fixed_groups": "yes"}, "fixed_groups must be True or False, got 'yes'"),
         (

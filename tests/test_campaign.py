@@ -230,8 +230,8 @@ def test_variants_name_their_runs_and_flags_and_bad_ones_stop_before_any_job():
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_variants(bad, 8)
-    with pytest.raises(ValueError, match="on 6 ranks"):  # wagma needs a power of two
-        parse_variants("wagma", [4, 6])
+    with pytest.raises(ValueError, match="on 4 ranks"):  # a group of 5 fits 6 ranks, not 4
+        parse_variants("wagma:group-size=5", [6, 4])
 
 
 @pytest.mark.driver

@@ -10,6 +10,7 @@ from experiments.schedule import LearningRate
 from wagma.algorithms import ALGORITHMS
 from wagma.options import ALGORITHM_NAMES, OPTIONS, auto_group_size, options_problem, resolved_options
 from wagma.options.cli import flags_problem, options_from_args
+from wagma.options.fit import fit_options
 
 
 def _args(*argv):
@@ -56,6 +57,79 @@ def test_sync_stragglar_reaches_the_three_algorithms_with_a_global_sync():
 
 def test_group_size_is_sqrt_p_rounded_up_to_a_power_of_two():
     assert [auto_group_size(p) for p in (1, 2, 4, 8, 16, 32, 64, 1024)] == [1, 2, 2, 4, 4, 8, 8, 32]
+
+
+def test_group_size_on_any_world_is_sqrt_p_rounded_up_to_the_groups():
+    """Other P: as many groups as on the power of two below P (the largest
+    power of two <= sqrt(P)), of at least sqrt(P) ranks on average."""
+    assert [auto_group_size(p) for p in (3, 5, 6, 7, 12, 24, 48, 1000)] == [3, 2, 3, 3, 6, 6, 12, 62]
+    for p in range(2, 257):
+        groups = p // auto_group_size(p)
+        assert groups & (groups - 1) == 0 and groups * groups <= p < 4 * groups * groups
+
+
+@pytest.mark.parametrize("algo", ["wagma", "eager_sgd", "adpsgd", "sgp", "dpsgd", "hierarchical_sgd"])
+@pytest.mark.parametrize("ranks", [3, 5, 6, 7, 12])
+def test_every_algorithm_runs_on_any_rank_count(algo, ranks):
+    assert usage_problem(_args(algo), ranks) is None
+    assert options_problem(algo, ranks, {"group_size": 3} if algo == "wagma" else {}) is None
+
+
+@pytest.mark.parametrize(
+    "algo, options, ranks, adjusted, said",
+    [
+        (
+            "wagma",
+            {"group_size": 8, "tau": 10},
+            7,
+            {"group_size": 7, "tau": 10},
+            ["group_size 8 is more than 7 ranks: 7"],
+        ),
+        ("wagma", {"group_size": 4}, 7, {"group_size": 4}, []),
+        ("wagma", {"group_size": "auto"}, 3, {"group_size": "auto"}, []),
+        ("sgp", {"peers": 3}, 4, {"peers": 2}, ["peers 3 is more than max(2, ceil(log2 P)) = 2 on 4 ranks: 2"]),
+        (
+            "hierarchical_sgd",
+            {"period_group_size_dict": {2: 4, 10: 8}, "warmup_steps": 5},
+            6,
+            {"period_group_size_dict": {2: 3, 10: "P"}, "warmup_steps": 5},
+            [
+                "period_group_size_dict's group size 4 (period 2) does not divide 6 ranks: 3",
+                "period_group_size_dict's last group size 8 (period 10) becomes all 6 ranks ('P')",
+            ],
+        ),
+        (
+            "hierarchical_sgd",
+            {"period_group_size_dict": {2: 2, 10: "P"}},
+            6,
+            {"period_group_size_dict": {2: 2, 10: "P"}},
+            [],
+        ),
+        ("hierarchical_sgd", {"period_group_size_dict": "auto"}, 7, {"period_group_size_dict": "auto"}, []),
+        ("adpsgd", {}, 7, {}, []),
+        ("eager_sgd", {"quorum": "half"}, 5, {"quorum": "half"}, []),
+    ],
+)
+def test_fit_options_adjusts_what_no_longer_fits_a_smaller_world(algo, options, ranks, adjusted, said):
+    assert fit_options(algo, options, ranks) == (adjusted, said)
+    assert options_problem(algo, ranks, adjusted) is None
+
+
+def test_fit_options_keeps_every_algorithms_defaults_and_refuses_bad_input():
+    for algo in ALGORITHM_NAMES:
+        for ranks in (1, 2, 3, 7):
+            assert fit_options(algo, {}, ranks) == ({}, [])
+            resolved = resolved_options(algo, 8, {}).as_dict()
+            fitted, _ = fit_options(algo, resolved, ranks)
+            assert options_problem(algo, ranks, fitted) is None
+    with pytest.raises(ValueError, match="ranks must be an int >= 1, got 0"):
+        fit_options("wagma", {}, 0)
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        fit_options("gossip", {}, 4)
+    with pytest.raises(ValueError, match="periodd: not an option of local_sgd"):
+        fit_options("local_sgd", {"periodd": 3}, 4)
+    with pytest.raises(ValueError, match="wagma cannot go on with 4 ranks: tau must be an int >= 1, got 0"):
+        fit_options("wagma", {"tau": 0}, 4)
 
 
 def test_algorithm_options_follow_the_paper_by_default():
@@ -134,18 +208,13 @@ def test_usage_problems_name_the_option(argv, words):
     "ranks, argv, words",
     [
         (
-            6,
-            ["wagma"],
-            "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
-            "hypercube), got 6 ranks (mpiexec -n)",
-        ),
-        (
             2,
             ["wagma", "--group-size", "4"],
-            "--group-size must be a power of two <= 2 ranks (mpiexec -n), or 'auto', got 4",
+            "--group-size must be an int from 1 to 2 ranks (mpiexec -n), or 'auto', got 4",
         ),
+        (6, ["wagma", "--group-size", "0"], "--algo wagma: --group-size must be an int from 1 to 6 ranks"),
         (8, ["wagma", "--tau", "0"], "--tau must be an int >= 1, got 0"),
-        (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "3"], "--group-size"),
+        (8, ["wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "9"], "--group-size"),
         (8, ["local_sgd", "--period", "0"], "--algo local_sgd: --period must be an int >= 1"),
         (
             8,
@@ -153,16 +222,9 @@ def test_usage_problems_name_the_option(argv, words):
             "--algo wagma: --fixed-groups needs --wait-avoiding or --group-averaging: with both off no groups average",
         ),
         (8, ["wagma", "--group-averaging"], "--wait-avoiding and --group-averaging cannot both be on"),
-        (
-            6,
-            ["eager_sgd"],
-            "eager_sgd needs a power-of-two number of ranks (its partial collectives run on "
-            "butterfly phases), got 6 ranks (mpiexec -n)",
-        ),
         (8, ["eager_sgd", "--quorum", "all"], "--quorum must be one of 'solo', 'majority', 'half', got 'all'"),
         (8, ["eager_sgd", "--late", "keep"], "--late must be one of 'drop', 'newest', 'accumulate', got 'keep'"),
         (8, ["eager_sgd", "--activator-seed", "-3"], "--activator-seed must be an int >= 0, got -3"),
-        (5, ["adpsgd"], "got 5 ranks (mpiexec -n)"),
         (
             8,
             ["sgp", "--peers", "4"],

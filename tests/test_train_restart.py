@@ -179,9 +179,10 @@ def test_resume_of_a_finished_run_changes_nothing(requeued):
 
 
 def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
-    """The algorithm's check of the rank count comes before the data and the model
-    are loaded: with a data folder that does not exist as well, the error reported
-    is the rank count's, in the command line's words (-n, not world_size)."""
+    """The algorithm's check of its options against the rank count (a group of
+    4 out of 3 ranks) comes before the data and the model are loaded: with a
+    data folder that does not exist as well, the error reported is the rank
+    count's, in the command line's words (-n and --group-size, not world_size)."""
     out = tmp_path / "never.h5"
     job = subprocess.run(
         [
@@ -191,6 +192,8 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
             "experiments.train",
             "--algo",
             "wagma",
+            "--group-size",
+            "4",
             "--dataset",
             "cifar10",
             "--data-dir",
@@ -205,13 +208,10 @@ def test_a_rank_count_the_algorithm_rejects_fails_before_set_up(tmp_path):
     )
     assert job.returncode == 2
     assert (
-        job.stderr.count(
-            "--algo wagma: wagma needs a power-of-two number of ranks (butterfly groups need a "
-            "hypercube), got 3 ranks (mpiexec -n)"
-        )
+        job.stderr.count("--algo wagma: --group-size must be an int from 1 to 3 ranks (mpiexec -n), or 'auto', got 4")
         == 1
     ), job.stderr
-    assert "no-such-folder" not in job.stderr and "world_size" not in job.stderr
+    assert "no-such-folder" not in job.stderr and "world_size" not in job.stderr and "group_size" not in job.stderr
     assert not out.exists() and not Path(partial_path(str(out))).exists()
 
 

@@ -23,8 +23,6 @@ pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 P = WORLD.size
-POW2 = P & (P - 1) == 0
-EVEN = P == 1 or P % 2 == 0
 # 300 steps, not 150: at 150 the 2-rank AD-PSGD run reached 0.33 on loaded
 # cores (against a bound of 0.47); at 300, 0.06-0.08.
 STEPS = 300
@@ -62,16 +60,13 @@ def _options():
     yield "dpsgd", {}
     yield "sgp", {"peers": 1}
     yield "ensemble_sync", {"period": 2, "timeout_s": 30.0}  # no rank is ever 30 s late here: local SGD
-    if POW2:
-        yield "wagma", {"group_size": min(2, P), "tau": 4}
-    if POW2:
-        # On 2 ranks a majority is one rank, so the other is often late: its
-        # gradient is carried to the next version (it used to be re-sent to
-        # every version it missed, which kept the loss at 1.78 in about half
-        # of the runs).
-        yield "eager_sgd", {"quorum": "majority"}
-    if EVEN:
-        yield "adpsgd", {}
+    yield "wagma", {"group_size": min(2, P), "tau": 4}
+    # On 2 ranks a majority is one rank, so the other is often late: its
+    # gradient is carried to the next version (it used to be re-sent to
+    # every version it missed, which kept the loss at 1.78 in about half
+    # of the runs).
+    yield "eager_sgd", {"quorum": "majority"}
+    yield "adpsgd", {}
 
 
 # Trained at 2 and 4 ranks only: these average over every rank (eager-SGD

@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .base import Options, Wording, option, options_of
-from .checks import boolean, int_at_least, is_power_of_two, one_of, positive_number
+from .checks import boolean, int_at_least, one_of, positive_number
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
@@ -67,12 +67,25 @@ def _metavar(choices: tuple[str, ...]) -> str:
 
 
 def auto_group_size(ranks: int) -> int:
-    """WAGMA-SGD's group size S = sqrt(P) (section 5.2), as a power of two.
+    """WAGMA-SGD's group size S = sqrt(P) (section 5.2), rounded up to the
+    groups :class:`~collectives.wait_avoiding.groups.ButterflyGrouping` makes:
+    n = 2**floor(floor(log2 P) / 2) groups (the largest power of two <= sqrt(P),
+    so that they average at least sqrt(P) ranks) and S = P // n.
 
-    For odd log2 P, sqrt(P) lies between two powers of two; we round up
-    (P = 8 -> 4, P = 32 -> 8): the paper's ablations lose accuracy with
-    smaller groups (S = 4 at P = 64) and only throughput with larger ones.
+    For P a power of two, S = 2**ceil(log2(P) / 2): sqrt(P) as a power of two,
+    rounded up for odd log2 P (P = 8 -> 4, P = 32 -> 8): the paper's
+    ablations lose accuracy with smaller groups (S = 4 at P = 64) and only
+    throughput with larger ones.  For any other P as many groups as on the
+    power of two below P, each as large as P allows: P = 6 -> 3 (two
+    groups of 3), P = 7 -> 3 (groups of 3 and 4), P = 12 -> 6, P = 24 -> 6
+    (four groups of 6).  Every rank's update then reaches every other within
+    2 steps (1 for P < 4), as with sqrt(P) on powers of two.
     """
+    return ranks // (1 << ((ranks.bit_length() - 1) // 2)) if ranks > 1 else 1
+
+
+def _sqrt_power_of_two(ranks: int) -> int:
+    """sqrt(P) rounded up to a power of two (hierarchical SGD's "auto")."""
     return 1 << math.ceil(math.log2(ranks) / 2) if ranks > 1 else 1
 
 
@@ -95,12 +108,6 @@ def _reallocate() -> Any:
         help="after each global average, Lemma 1's shares of the global batch for the next period "
         "from the ranks' measured speeds (wagma.reallocation).",
     )
-
-
-def _needs_power_of_two(algorithm: str, ranks: int, say: Wording, why: str) -> str | None:
-    if not is_power_of_two(ranks):
-        return f"{algorithm} needs a power-of-two number of ranks ({why}), got {say.ranks(ranks)}"
-    return None
 
 
 @options_of("allreduce_sgd")
@@ -131,8 +138,8 @@ class LocalSGDOptions(Options):
 def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
     if value == "auto":
         return None
-    if not is_power_of_two(value) or value > ranks:
-        return f"{name} must be a power of two <= {say.ranks(ranks)}, or 'auto', got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ranks:
+        return f"{name} must be an int from 1 to {say.ranks(ranks)}, or 'auto', got {value!r}"
     return None
 
 
@@ -153,8 +160,9 @@ class WagmaOptions(Options):
         check=_group_size,
         parse=_int_or_auto,
         metavar="S",
-        help="S, the butterfly group size: a power of two <= P, or 'auto' = sqrt(P) "
-        "rounded up to a power of two (section 5.2).",
+        help="S, the butterfly group size: an int from 1 to P (groups of S ranks for P and S powers of "
+        "two, else of S to 2S), or 'auto' = sqrt(P) rounded up (section 5.2): P // n with n the largest "
+        "power of two <= sqrt(P), a power of two where P is one (4 at P = 8, 3 at P = 6).",
     )
     tau: int = option(
         10, check=int_at_least(1), parse=int, help="the global averaging period (Algorithm 2, line 8; the paper: 10)."
@@ -176,9 +184,6 @@ class WagmaOptions(Options):
     reallocate: bool = _reallocate()
     sync: Sync = _sync()
 
-    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
-        return _needs_power_of_two("wagma", ranks, say, "butterfly groups need a hypercube")
-
     def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.wait_avoiding and self.group_averaging:
             return (
@@ -197,6 +202,14 @@ class WagmaOptions(Options):
             return self
         return type(self)(**{**self.as_dict(), "group_size": auto_group_size(ranks)})
 
+    def fit(self, ranks: int) -> "tuple[Self, list[str]]":
+        if isinstance(self.group_size, int) and self.group_size > ranks:
+            return (
+                type(self)(**{**self.as_dict(), "group_size": ranks}),
+                [f"group_size {self.group_size} is more than {ranks} ranks: {ranks}"],
+            )
+        return self, []
+
 
 @options_of("dpsgd")
 class DPSGDOptions(Options):
@@ -207,19 +220,15 @@ class DPSGDOptions(Options):
 class ADPSGDOptions(Options):
     """AD-PSGD's options."""
 
-    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
-        if ranks > 1 and ranks % 2:
-            return (
-                f"adpsgd needs an even number of ranks (active even and passive odd ranks alternate on a "
-                f"ring), got {say.ranks(ranks)}"
-            )
-        return None
+
+def _most_peers(ranks: int) -> int:
+    # The paper's 1 or 2 on any P (on 2 ranks both pushes go to the one
+    # other rank), and up to the ceil(log2 P) distinct offsets 2**k of the graph.
+    return max(2, (ranks - 1).bit_length())
 
 
 def _peers(value: object, name: str, ranks: int, say: Wording) -> str | None:
-    # The paper's 1 or 2 on any P (on 2 ranks both pushes go to the one
-    # other rank), and up to the ceil(log2 P) distinct offsets 2**k of the graph.
-    most = max(2, (ranks - 1).bit_length())
+    most = _most_peers(ranks)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
         return f"{name} must be an int from 1 to max(2, ceil(log2 P)) = {most} on {say.ranks(ranks)}, got {value!r}"
     return None
@@ -235,6 +244,15 @@ class SGPOptions(Options):
         parse=int,
         help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).",
     )
+
+    def fit(self, ranks: int) -> "tuple[Self, list[str]]":
+        most = _most_peers(ranks)
+        if isinstance(self.peers, int) and self.peers > most:
+            return (
+                type(self)(**{**self.as_dict(), "peers": most}),
+                [f"peers {self.peers} is more than max(2, ceil(log2 P)) = {most} on {ranks} ranks: {most}"],
+            )
+        return self, []
 
 
 def _limiter(value: object, name: str, ranks: int, say: Wording) -> str | None:
@@ -285,9 +303,6 @@ class EagerSGDOptions(Options):
         parse=int,
         help="the seed of the majority's activator sequence (the same on every rank).",
     )
-
-    def ranks_problem(self, ranks: int, say: Wording) -> str | None:
-        return _needs_power_of_two("eager_sgd", ranks, say, "its partial collectives run on butterfly phases")
 
     def resolve(self, ranks: int) -> "Self":
         if self.limiter != "auto":
@@ -347,10 +362,38 @@ class HierarchicalSGDOptions(Options):
         levels = self.period_group_size_dict
         if levels == "auto":
             # sqrt(P) as a power of two, or the largest divisor of P below it.
-            size = max(d for d in range(1, auto_group_size(ranks) + 1) if ranks % d == 0)
-            levels = {2: size, 10: "P"}
+            levels = {2: _largest_divisor(ranks, _sqrt_power_of_two(ranks)), 10: "P"}
         levels = {period: ranks if size == "P" else size for period, size in levels.items()}
         return type(self)(**{**self.as_dict(), "period_group_size_dict": levels})
+
+    def fit(self, ranks: int) -> "tuple[Self, list[str]]":
+        levels = self.period_group_size_dict
+        if not isinstance(levels, dict) or not levels:
+            return self, []
+        last = list(levels)[-1]
+        fitted: dict[int, int | Literal["P"]] = {}
+        for period, size in levels.items():
+            if period == last or size == "P":
+                fitted[period] = "P"  # all ranks, as many as there are
+            elif isinstance(size, int) and ranks % size:
+                fitted[period] = _largest_divisor(ranks, size)
+            else:
+                fitted[period] = size
+        changed = {p: s for p, s in fitted.items() if s != levels[p] and not (s == "P" and levels[p] == ranks)}
+        if not changed:
+            return self, []
+        notes = [
+            f"period_group_size_dict's last group size {levels[p]} (period {p}) becomes all {ranks} ranks ('P')"
+            if p == last
+            else f"period_group_size_dict's group size {levels[p]} (period {p}) does not divide {ranks} ranks: {s}"
+            for p, s in changed.items()
+        ]
+        return type(self)(**{**self.as_dict(), "period_group_size_dict": fitted}), notes
+
+
+def _largest_divisor(ranks: int, most: int) -> int:
+    """The largest divisor of ``ranks`` that is at most ``most``."""
+    return max(d for d in range(1, min(most, ranks) + 1) if ranks % d == 0)
 
 
 @options_of("ensemble_sync")

@@ -72,7 +72,8 @@ class Options:
     Subclasses are made by :func:`options_of` (a frozen dataclass whose
     fields come from :func:`option`) and may override :meth:`ranks_problem`
     (rank counts the algorithm cannot run on), ``_relations`` (checks
-    between fields) and :meth:`resolve` ("auto" values for a rank count).
+    between fields), :meth:`resolve` ("auto" values for a rank count) and
+    :meth:`fit` (values chosen for another rank count, adjusted).
     The algorithm class's keywords, the command line's flags
     (:mod:`wagma.options.cli`), the simulator's checks and the run file's
     ``algorithm_options`` all come from here.  Pure: no torch, no MPI.
@@ -117,6 +118,15 @@ class Options:
         ranks: the values a run uses and records.  Call after
         :meth:`~wagma.options.base.Options.problem`."""
         return self
+
+    def fit(self, ranks: int) -> "tuple[Self, list[str]]":
+        """These options adjusted to run on ``ranks`` ranks where a value
+        chosen for more (or other) ranks no longer fits, and one sentence per
+        value changed, naming the option, its value and the new one.  Values
+        that fit stay as they are, "auto" ones too
+        (:meth:`~wagma.options.base.Options.resolve` makes them concrete for
+        any rank count)."""
+        return self, []
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.fields()}

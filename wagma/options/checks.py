@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .base import Check, Wording
 
-__all__ = ["boolean", "int_at_least", "is_power_of_two", "one_of", "positive_number"]
-
-
-def is_power_of_two(n: object) -> TypeGuard[int]:
-    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
+__all__ = ["boolean", "int_at_least", "one_of", "positive_number"]
 
 
 def int_at_least(low: int) -> Check:
