@@ -224,3 +224,32 @@ def test_bad_input_is_refused_with_what_was_given():
         Emulator(synchronous("dpsgd"), task.models, task.optimizers)
     with pytest.raises(ValueError, match="needs source"):
         Schedule("wagma", {"wait_avoiding": True}, 2, 2, {}, np.zeros((2, 2)), "test")
+
+
+@pytest.mark.parametrize("ranks, group_size", [(6, 3), (7, 2), (5, 2)])
+def test_wagma_on_any_world_averages_in_the_runtimes_groups(ranks, group_size):
+    """P not a power of two: with every rank fresh and a learning rate of 0,
+    step t makes each replica the mean of its group of iteration t
+    (:class:`~collectives.wait_avoiding.groups.ButterflyGrouping`, folded
+    ranks included; exact, the parameters being small integers), and a
+    stale member's average divides by its group's size."""
+    from collectives.wait_avoiding.groups import ButterflyGrouping
+
+    steps = 3
+    options = resolved_options("wagma", ranks, {"group_size": group_size, "tau": 100}).as_dict()
+    fresh = np.tile(np.arange(steps), (ranks, 1))
+    schedule = Schedule("wagma", options, ranks, steps, {"source": fresh}, np.zeros((ranks, steps)), "test")
+    task = Task(ranks, steps)
+    with torch.no_grad():
+        for r, m in enumerate(task.models):
+            for p in m.parameters():
+                p.copy_(torch.arange(p.numel()).reshape(p.shape) % 7 + 10 * r)
+    expected = torch.stack([torch.nn.utils.parameters_to_vector(m.parameters()).detach() for m in task.models])
+    emulator = Emulator(schedule, task.models, task.optimizers)
+    emulator.run(task.gradient, lr=lambda t: 0.0)
+    grouping = ButterflyGrouping(ranks, group_size)
+    for t in range(steps):
+        for group in grouping.groups(t):
+            expected[group] = expected[group].sum(0) * (1.0 / len(group))
+    assert torch.equal(params(emulator), expected)
+    assert any(len(g) != group_size for g in grouping.groups(0)) or ranks % group_size == 0

@@ -138,7 +138,7 @@ def test_bad_command_lines_are_refused_before_anything_runs(tmp_path, capsys):
         ("--replay", str(tmp_path / "none.h5")): "no such file",
         ("--algo", "wagma", "--checkpoints", "x"): "--checkpoints goes with --replay",
         ("--algo", "wagma", "--compute", "emulate"): "--compute emulate has no gradients",
-        ("--algo", "wagma", "--group-size", "3"): "--group-size must be a power of two",
+        ("--algo", "wagma", "--group-size", "0"): "--group-size must be an int from 1 to",
     }
     for argv, message in cases.items():
         assert emulate_main(list(argv)) == 2, argv

@@ -32,32 +32,54 @@ def _sum(tensors):
     return total
 
 
-def _butterfly_mean(values: dict, masks):
-    """The mean of ``values`` (rank -> tensor, a group closed under every
-    ``rank ^ mask``) added as the butterfly schedules add
-    (:mod:`collectives.wait_avoiding.group_allreduce`): in phase k each member adds its
+def _butterfly_mean(values: dict, masks, folds=()):
+    """The mean of ``values`` (rank -> tensor, a group) added as the
+    butterfly schedules add (:mod:`collectives.wait_avoiding.group_allreduce`):
+    each ``(host, folded)`` pair of ``folds`` first adds the folded rank's
+    tensor to its host's (P not a power of two); then in phase k each
+    remaining member (a group closed under every ``rank ^ mask``) adds its
     partner's (rank ^ masks[k]) partial sum, so every member and every
-    element gets the same tree of additions; then times 1 / count, as
-    ``op="avg"`` scales.  Without masks (a rank count that is not a power of
-    two), the sum in rank order.
+    element gets the same tree of additions; then times 1 / count, count
+    the folded ranks included, as ``op="avg"`` scales.
 
     Addition commutes bitwise, so after phase k the members of each block
     of 2^(k+1) hold the same sum: one member per block is computed (the one
     without the phase's bit; the masks are single bits), count - 1
     additions in all."""
-    count = len(values)
-    if masks is None:
-        return _sum([values[r] for r in sorted(values)]).mul_(1.0 / count)
+    return _butterfly_sum(values, masks, folds).mul_(1.0 / len(values))
+
+
+def _butterfly_sum(values: dict, masks, folds=()):
+    """The sum :func:`_butterfly_mean` scales (one of ``values`` itself if it
+    holds only one)."""
+    values = dict(values)
+    for host, folded in folds:
+        values[host] = values[host] + values.pop(folded)
     for mask in masks:
         values = {r: v + values[r ^ mask] for r, v in values.items() if not r & mask}
-    return next(iter(values.values())).mul_(1.0 / count)
+    return next(iter(values.values()))
 
 
-def _global_masks(ranks):
-    """The masks of recursive doubling over all ranks (1, 2, 4, ...), the
-    order of the butterfly schedules and of MPICH's allreduce of small
-    messages; None where P is not a power of two."""
-    return tuple(1 << k for k in range(ranks.bit_length() - 1)) if ranks & (ranks - 1) == 0 else None
+def _folds(grouping: ButterflyGrouping, t: int, group: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``(host, folded rank)`` pairs of ``group`` at iteration ``t``."""
+    plans = {r: grouping.plan(t, r) for r in group}
+    return [(p.folded_into, r) for r, p in plans.items() if p.folded_into is not None]
+
+
+def _allreduce_mean(values: dict):
+    """The mean of every rank's tensor (rank -> tensor, ranks 0..P-1) added
+    as recursive doubling adds it over all ranks
+    (:func:`~collectives.schedules.halving_doubling.recursive_doubling_allreduce`,
+    the runtime's allreduce of small buffers, and MPICH's): with rem = P -
+    2**floor(log2 P), rank 2i + 1 first adds rank 2i's tensor for i < rem
+    (the fold), then the 2**floor(log2 P) survivors, numbered as virtual
+    ranks, add over the masks 1, 2, 4, ...; then times 1 / P."""
+    ranks = len(values)
+    core = 1 << (ranks.bit_length() - 1)
+    rem = ranks - core
+    survivors = {v: values[v + rem] for v in range(rem, core)}
+    survivors.update({v: values[2 * v + 1] + values[2 * v] for v in range(rem)})
+    return _butterfly_sum(survivors, tuple(1 << k for k in range(core.bit_length() - 1))).mul_(1.0 / ranks)
 
 
 class Emulator:
@@ -96,7 +118,9 @@ class Emulator:
     * Allreduce-SGD, local SGD, D-PSGD, SGP: synchronous; no schedule.
 
     Averages add as the butterfly schedules do (recursive doubling over the
-    group's masks; over all ranks the masks 1, 2, 4, ...), so the same
+    group's masks, the ranks above the largest power of two folded in first;
+    over all ranks the masks 1, 2, 4, ... after recursive doubling's fold,
+    as ``_allreduce_mean`` adds), so the same
     schedule, models and gradients give the same replicas bitwise, and the
     wait-avoiding collectives' sums bitwise too; an MPI library's
     ``MPI_Allreduce`` may add in another order, where a replay of a logged
@@ -130,7 +154,6 @@ class Emulator:
             )
         self.schedule, self.models, self.optimizers = schedule, list(models), list(optimizers)
         self.options = schedule.options
-        self._everyone = _global_masks(schedule.ranks)
         self.flats = [FlatParameters(model) for model in self.models]
         self.stale_steps = np.zeros(schedule.ranks, dtype=np.int64)
         self._published = None  # WAGMA-SGD: {rank: {iteration: {dtype: tensor}}}
@@ -194,7 +217,7 @@ class Emulator:
     def _average_params(self):
         """Every replica's parameters become their mean."""
         for dtype in self.flats[0].params:
-            mean = _butterfly_mean({r: f.params[dtype] for r, f in enumerate(self.flats)}, self._everyone)
+            mean = _allreduce_mean({r: f.params[dtype] for r, f in enumerate(self.flats)})
             for f in self.flats:
                 f.params[dtype].copy_(mean)
 
@@ -203,7 +226,7 @@ class Emulator:
     def _step_allreduce_sgd(self, t):
         """The gradients' mean over all ranks, then every optimizer step; rank 0's buffers to all."""
         for dtype in self.flats[0].grads:
-            mean = _butterfly_mean({r: f.grads[dtype] for r, f in enumerate(self.flats)}, self._everyone)
+            mean = _allreduce_mean({r: f.grads[dtype] for r, f in enumerate(self.flats)})
             for f in self.flats:
                 f.grads[dtype].copy_(mean)
         self._optimizer_steps()
@@ -273,6 +296,7 @@ class Emulator:
         iteration = 0 if o["fixed_groups"] else t
         source = self.schedule.arrays["source"][:, t] if o["wait_avoiding"] else np.full(self.ranks, t)
         for group in grouping.groups(iteration):
+            folds = _folds(grouping, iteration, group)
             for dtype in self.flats[0].params:
                 mean = _butterfly_mean(
                     {
@@ -280,12 +304,13 @@ class Emulator:
                         for m in group
                     },
                     grouping.masks(iteration),
+                    folds,
                 )
                 for m in group:
                     own = self.flats[m].params[dtype]
                     if o["wait_avoiding"]:  # W'_t is published before the replica moves on
                         self._published[m].setdefault(t, {})[dtype] = own.clone()
-                    own.copy_(mean if source[m] == t else stale_average(mean.clone(), own, o["group_size"]))
+                    own.copy_(mean if source[m] == t else stale_average(mean.clone(), own, len(group)))
         self.stale_steps += source < t
         self._forget_published(t)
 
@@ -322,23 +347,26 @@ class Emulator:
         rows, steps = np.nonzero(taken[:, : t + 1] == t)
         # Oldest first: the runtime adds what is unread into each newer gradient as it is published.
         read = {r: sorted(steps[rows == r]) for r in range(self.ranks)}
+        # The partial collectives are group allreduces with S = P; the
+        # limiter's synchronous versions the blocking allreduce.
+        limiter = self.options["limiter"]
+        synchronous = bool(limiter) and (t + 1) % (limiter + 1) == 0
+        everyone = ButterflyGrouping(self.ranks, self.ranks)
+        folds = _folds(everyone, t, range(self.ranks))
         for dtype, like in self.flats[0].grads.items():
             contributions = []
             for r, f in enumerate(self.flats):
                 parts = [f.grads[dtype] if s == t else self._unread[r, s][dtype] for s in read[r]]
                 contributions.append(_sum(parts) if parts else torch.zeros_like(like))
-            mean = _butterfly_mean(dict(enumerate(contributions)), self._eager_masks(t))
+            if synchronous:
+                mean = _allreduce_mean(dict(enumerate(contributions)))
+            else:
+                mean = _butterfly_mean(dict(enumerate(contributions)), everyone.masks(t), folds)
             for f in self.flats:
                 f.grads[dtype].copy_(mean)
         for key in [k for k in self._unread if taken[k] <= t]:
             del self._unread[key]
         self._optimizer_steps()
-
-    def _eager_masks(self, t):
-        """Version t's masks: the partial collectives are group allreduces with S = P."""
-        if self._everyone is None:
-            return None
-        return ButterflyGrouping(self.ranks, self.ranks).masks(t)
 
     # -- AD-PSGD -------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from collectives.gossip import active_ranks
 from wagma.options import AlgorithmName, resolved_options
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def exchanges_from_times(partner: np.ndarray, begin: np.ndarray, finish: np.ndar
     same time as a copy comes first."""
     ranks, steps = finish.shape
     rows = []  # (rank, time, peer, active, copied_after, applied_after)
-    for a in range(0, ranks if ranks > 1 else 0, 2):
+    for a in active_ranks(ranks) if ranks > 1 else ():
         for k in range(steps):
             p, b = int(partner[a, k]), float(begin[a, k])
             arrived, done = b + exchange_s / 2, b + exchange_s

@@ -17,6 +17,7 @@ from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from collectives.wait_avoiding.activation import RandomActivators
+from collectives.wait_avoiding.groups import ButterflyGrouping
 from wagma.imbalance import parse_imbalance
 from wagma.options import ALGORITHM_NAMES, OPTIONS, AlgorithmName, resolved_options
 from wagma.results import SCHEMA, STEP_FIELDS, Run, straggler_summary, summarize, write_run
@@ -219,16 +220,15 @@ def _run_kernel(algorithm, scenario, options, compute, schedule):
     elif algorithm == "local_sgd" or not (options["wait_avoiding"] or options["group_averaging"]):
         clock = kernels.local_sgd(compute, tau, everyone, *prediction)
     else:
-        s = options["group_size"]
-        phases, costs = net.butterfly_phases(s, nbytes)
+        grouping = ButterflyGrouping(p, options["group_size"], not options["fixed_groups"])
+        phases, costs = net.butterfly_phases(1 << grouping.num_phases, nbytes)
         clock, stale, age, source = kernels.wagma(
             compute,
             tau,
-            p.bit_length() - 1,
-            s.bit_length() - 1,
-            not options["fixed_groups"],
+            *group_tables(grouping),
             phases,
             costs,
+            _fold_cost(net, grouping, nbytes),
             options["wait_avoiding"],
             net.hop,
             everyone,
@@ -239,6 +239,23 @@ def _run_kernel(algorithm, scenario, options, compute, schedule):
         return clock, stale, age, None
     record = prediction[-1]
     return clock, stale, age, np.column_stack([np.arange(record.shape[0], dtype=np.float64), record])
+
+
+def group_tables(grouping: ButterflyGrouping) -> tuple[np.ndarray, np.ndarray]:
+    """The groups of one period of iterations as the kernels take them:
+    ``masks[L, k]`` (iteration t's masks are ``masks[t mod L]``) and
+    ``hosts[L, P - core]`` (the core rank rank ``core + j`` is folded into)."""
+    period, core, ranks = grouping.period, grouping.core_size, grouping.world_size
+    masks = np.array([grouping.masks(t) for t in range(period)], dtype=np.int64).reshape(period, -1)
+    hosts = np.array(
+        [[grouping.plan(t, rank).folded_into for rank in range(core, ranks)] for t in range(period)], dtype=np.int64
+    ).reshape(period, ranks - core)
+    return masks, hosts
+
+
+def _fold_cost(net: Network, grouping: ButterflyGrouping, nbytes: float) -> float:
+    """A folded rank's buffer to its host, or back: one whole message (0 on 2**d ranks)."""
+    return net.message(nbytes) if grouping.world_size > grouping.core_size else 0.0
 
 
 def _other_kernel(algorithm, scenario, options, compute, everyone, schedule):
@@ -269,7 +286,9 @@ def _other_kernel(algorithm, scenario, options, compute, everyone, schedule):
         limiter = options["limiter"]
         synchronous = (steps + 1) % (limiter + 1) == 0 if limiter else np.zeros(scenario.steps, dtype=bool)
         activation = (p - 1).bit_length() * net.hop
-        group = GlobalAllreduce(float(net.butterfly_phases(p, nbytes)[1].sum()))  # the group allreduce, S = P
+        everyone = ButterflyGrouping(p, p)  # the group allreduce, S = P: the core's phases, the fold there and back
+        phases = net.butterfly_phases(everyone.core_size, nbytes)[1].sum()
+        group = GlobalAllreduce(float(phases + 2 * _fold_cost(net, everyone, nbytes)))
         cost = net.synchronized(group, p).after_last
         clock, stale, age, schedule["taken"] = kernels.eager_sgd(
             compute, quorum, activators, synchronous, activation, cost, kernels.LATE_CODES[options["late"]]

@@ -242,12 +242,14 @@ def neighbours(compute: np.ndarray, offsets: np.ndarray, exchange: float) -> np.
 @njit(cache=True)
 def adpsgd(compute: np.ndarray, exchange: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """AD-PSGD (our :class:`~collectives.gossip.PairwiseGossip`): after its
-    step k an even (active) rank asks an odd neighbour for an exchange, right
-    at even k and left at odd k, so each odd (passive) rank gets one request
-    per step.  An exchange (``exchange`` seconds: the model there and back)
-    starts when the request is made and both ranks' communication threads are
-    free; a rank starts step k + 1 once its exchange of step k - 1 is done
-    (staleness bound 1).  Reading chosen: a passive thread serves its
+    step k an active rank (:func:`~collectives.gossip.active_ranks`: the even
+    ones, but P - 1 on an odd ring) asks a passive neighbour for an exchange,
+    right at even k and left at odd k, so each passive rank gets one request
+    per step (every other step for ranks P - 2 and P - 1 of an odd ring).  An
+    exchange (``exchange`` seconds: the model there and back) starts when the
+    request is made and both ranks' communication threads are free; a rank
+    starts step k + 1 once its exchange of step k - 1 is done (staleness
+    bound 1; a rank with no exchange at step k - 1 waits for its latest).  Reading chosen: a passive thread serves its
     requests in step order (the runtime serves them in arrival order, which
     can only make a passive rank wait less).
 
@@ -271,7 +273,7 @@ def adpsgd(compute: np.ndarray, exchange: float) -> tuple[np.ndarray, np.ndarray
         for r in range(ranks):  # step k + 1 waits for the exchange of step k - 1
             done[r] = max(f[r], previous[r])
         if ranks > 1:
-            for a in range(0, ranks, 2):
+            for a in range(0, ranks - ranks % 2, 2):  # active_ranks(ranks)
                 p = (a + 1) % ranks if k % 2 == 0 else (a - 1) % ranks
                 begin = max(f[a], exchanged[a], exchanged[p])
                 exchanged[a] = exchanged[p] = begin + exchange
@@ -281,7 +283,7 @@ def adpsgd(compute: np.ndarray, exchange: float) -> tuple[np.ndarray, np.ndarray
         clock[:, k] = done
     age = np.full((ranks, steps), np.nan)
     if ranks > 1:
-        for a in range(0, ranks, 2):
+        for a in range(0, ranks - ranks % 2, 2):
             for k in range(steps):
                 p = partner[a, k]
                 begin = start_at[a, k]
@@ -394,14 +396,25 @@ def _popcount(x):
 
 
 @njit(cache=True)
+def _hops(rank, root, ranks):
+    """Levels of the activation tree rooted at ``root`` down to ``rank``
+    (:class:`~collectives.wait_avoiding.activation.ActivationState`): the
+    bits of the relative rank, ``rank ^ root`` on a hypercube (P a power of
+    two), ``(rank - root) mod P`` otherwise."""
+    if ranks & (ranks - 1) == 0:
+        return _popcount(rank ^ root)
+    return _popcount((rank - root) % ranks)
+
+
+@njit(cache=True)
 def wagma(
     compute: np.ndarray,
     tau: int,
-    log_ranks: int,
-    log_group: int,
-    dynamic: bool,
+    masks: np.ndarray,
+    hosts: np.ndarray,
     phases: np.ndarray,
     phase_costs: np.ndarray,
+    fold_cost: float,
     activation: bool,
     hop: float,
     collective: AllreduceCost,
@@ -414,14 +427,18 @@ def wagma(
     "The wait-avoiding group allreduce").
 
     Version t (not a sync step) starts on rank r at
-    ``max(end of version t - 1 on r, min(f_r, f_a + hop * popcount(r ^ a)))``:
+    ``max(end of version t - 1 on r, min(f_r, f_a + hop * levels(r, a)))``:
     the first rank a to arrive activates it along the binomial tree rooted at
-    itself (one ``hop`` per tree level), and r's own arrival activates it too.
-    Then the butterfly phases of iteration t: in phase k rank r and its
-    partner r ^ mask_k (mask_k = 1 << ((t log2 S + phases[k]) mod log2 P),
-    Algorithm 1; without ``dynamic``, the paper's fixed groups of ablation 2,
-    iteration 0's mask_k = 1 << phases[k] at every t) both start when both
-    are ready and take ``phase_costs[k]``.
+    itself (one ``hop`` per tree level, ``_hops``), and r's own arrival
+    activates it too.  Then the group allreduce of iteration t, as
+    :class:`~collectives.wait_avoiding.groups.ButterflyGrouping` gives it over
+    one period of iterations (``masks[t mod L]``, ``hosts[t mod L]``; the
+    paper's fixed groups of ablation 2 are a period of one iteration): the
+    folded ranks (P not a power of two; rank ``core + j`` is folded into
+    ``hosts[t mod L, j]``) hand over their buffer (``fold_cost``); in phase k
+    each core rank r and its partner r ^ masks[t mod L, phases[k]] both start
+    when both are ready and take ``phase_costs[k]``; then each host hands
+    the result back (``fold_cost``).
     A rank whose version started before it arrived is stale (however small
     the gap: a rank whose partner of the previous version started late by a
     hop arrives late by as much, and the runtime has the same race): its
@@ -452,6 +469,8 @@ def wagma(
     began = np.empty(ranks)
     ready = np.empty(ranks)
     paired = np.empty(ranks)
+    extras = hosts.shape[1]
+    core = ranks - extras
     since = 0.0
     for t in range(steps):
         f = done + compute[:, t]
@@ -464,15 +483,20 @@ def wagma(
         else:
             first = np.argmin(f)
             for r in range(ranks):
-                reached = f[first] + hop * _popcount(r ^ first) if activation else f[r]
+                reached = f[first] + hop * _hops(r, first, ranks) if activation else f[r]
                 began[r] = max(version_end[r], min(f[r], reached))
             ready[:] = began
-            shift = (t * log_group) % log_ranks if log_ranks and dynamic else 0
+            i = t % masks.shape[0]
+            for j in range(extras):
+                host = hosts[i, j]
+                ready[host] = max(ready[host], ready[core + j]) + fold_cost
             for k in range(phases.size):
-                mask = 1 << ((shift + phases[k]) % log_ranks)
-                for r in range(ranks):
+                mask = masks[i, phases[k]]
+                for r in range(core):
                     paired[r] = max(ready[r], ready[r ^ mask]) + phase_costs[k]
-                ready[:] = paired
+                ready[:core] = paired[:core]
+            for j in range(extras):
+                ready[core + j] = ready[hosts[i, j]] + fold_cost
             for r in range(ranks):
                 published[r, t] = f[r]
                 s = t

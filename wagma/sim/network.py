@@ -135,14 +135,17 @@ class Network:
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
-    def butterfly_phases(self, group_size: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
-        """The group allreduce of WAGMA within a butterfly group of ``group_size``:
-        ``(phase, seconds)`` arrays, ``phase`` k meaning the k-th of iteration t's
-        partner masks.  Recursive doubling (log2 S phases of the whole buffer)
-        below the runtime's size threshold, else halving/doubling (a
-        ReduceScatter over the masks in order, halving the message each
-        phase, then an Allgather over them in reverse)."""
-        levels = group_size.bit_length() - 1
+    def butterfly_phases(self, core_size: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
+        """The group allreduce of WAGMA among the ``core_size`` core ranks of a
+        butterfly group (a power of two: S where P and S are powers of two;
+        a folded rank's hand-over to its host and back costs apart, a whole
+        message each way): ``(phase, seconds)`` arrays, ``phase`` k meaning
+        the k-th of iteration t's partner masks.  Recursive doubling (log2
+        ``core_size`` phases of the whole buffer) below the runtime's size
+        threshold, else halving/doubling (a ReduceScatter over the masks in
+        order, halving the message each phase, then an Allgather over them
+        in reverse)."""
+        levels = core_size.bit_length() - 1
         if choose_group_allreduce(int(nbytes)) == "recursive_doubling":
             phases = list(range(levels))
             costs = [self.message(nbytes)] * levels
