@@ -22,8 +22,9 @@ which
    as ensemble_sync's late ranks do) and on the options for the smaller
    rank count (:func:`wagma.options.fit.fit_options`: the options as they
    are where they fit; one that no longer does, a group size above the
-   survivors or a rank count the groups cannot take, is refused on every
-   survivor with a message that names it);
+   survivors, is adjusted by a stated rule, recorded in the change's
+   ``adjustments``; what no rule mends is refused on every survivor with a
+   message that names it);
 5. rebuilds the algorithm on the survivors (groups, rings, neighbours,
    buckets, partial collectives, progress threads, StragglAR plans:
    everything that depends on P is built anew, as at construction), and
