@@ -76,7 +76,7 @@ import time
 
 from collectives.logs import configure_logging
 
-from .jobs import clear_run
+from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .jobs import shown as _shown
 from .mpirun import find_mpiexec
@@ -523,19 +523,7 @@ def _ensemblesync(args, mpiexec, out_dir, algos):
         "kill": [f"kill:rank={victim},step={total // 2}"],
     }
     refused = kill_runs_refused(mpiexec)
-    common = [
-        "--dataset",
-        "digits",
-        "--model",
-        "mlp",
-        "--epochs",
-        str(args.epochs),
-        "--compute-ms",
-        str(args.compute_ms),
-        "--eval-every",
-        "0",
-        "--no-progress",
-    ]
+    common = digits_mlp_args(args.epochs, args.compute_ms)
     runs = {}
     for fault, specs in faults.items():
         if fault == "kill" and refused:

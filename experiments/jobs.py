@@ -8,7 +8,7 @@ import time
 
 from .mpirun import mpiexec_command
 
-__all__ = ["clear_run", "run_module", "run_training", "shown"]
+__all__ = ["clear_run", "digits_mlp_args", "run_module", "run_training", "shown"]
 
 
 def shown(path):
@@ -35,6 +35,25 @@ def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False):
     status = subprocess.run(command, check=not may_fail).returncode
     print(f"{what} on {ranks} ranks: {time.monotonic() - start:.0f} s, exit status {status}", flush=True)
     return status
+
+
+def digits_mlp_args(epochs, compute_ms):
+    """``experiments.train`` options of the fault campaigns' runs: the MLP on
+    digits for ``epochs``, each step padded to ``compute_ms``, evaluated at
+    the end only, no progress bar."""
+    return [
+        "--dataset",
+        "digits",
+        "--model",
+        "mlp",
+        "--epochs",
+        str(epochs),
+        "--compute-ms",
+        str(compute_ms),
+        "--eval-every",
+        "0",
+        "--no-progress",
+    ]
 
 
 def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):

@@ -29,7 +29,7 @@ import statistics
 
 import numpy as np
 
-from .jobs import clear_run
+from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 
 __all__ = ["recovery_seconds", "run_survival", "survival_table"]
@@ -75,19 +75,7 @@ def run_survival(args, mpiexec, out_dir, algos):
     total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs
     kill_at = int(args.kill_at * total)
     draw = random.Random(args.seed)
-    common = [
-        "--dataset",
-        "digits",
-        "--model",
-        "mlp",
-        "--epochs",
-        str(args.epochs),
-        "--compute-ms",
-        str(args.compute_ms),
-        "--eval-every",
-        "0",
-        "--no-progress",
-    ]
+    common = digits_mlp_args(args.epochs, args.compute_ms)
     rows = []
     for algo in algos:
         free_out = os.path.join(out_dir, f"{algo}_none.h5")
