@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .buffers import BufferT
 from .comm import Communicator
+from .failures import hold
 from .schedules.blocking import AllreduceAlgorithm, Op, allreduce
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class BackgroundAllreduce:
         self._queue.put(None)
         self._thread.join(timeout=5.0)
         self._thread = None
+        hold(self)  # an allreduce it could not finish in 5 s: never freed under it
 
     def close(self) -> None:
         """Finish what was submitted, join the worker, free the communicator."""

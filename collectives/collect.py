@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .failures import track
+from .failures import track, wait
 
 __all__ = ["LaggedVote"]
 
@@ -46,7 +46,7 @@ class LaggedVote:
             return False
         answer = False
         if self._pending is not None:
-            self._pending.Wait()
+            wait(self._pending)
             answer = bool(self._recv[0])
         self._send[0] = int(bool(flag))
         self._pending = self.comm.Iallreduce(self._send, self._recv, op=MPI.LOR)
@@ -55,7 +55,7 @@ class LaggedVote:
     def close(self) -> None:
         """Complete the last vote and free the duplicate (collective)."""
         if self._pending is not None:
-            self._pending.Wait()
+            wait(self._pending)
             self._pending = None
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()

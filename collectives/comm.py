@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
@@ -13,15 +14,19 @@ from mpi4py import MPI
 from .backoff import Backoff
 from .buffers import Buffer, FlatBuffer, StagingArea, Workspace, open_buffer
 from .cuda import mpi_is_cuda_aware
-from .failures import revoked, track
+from .failures import fault_tolerant, hold, revoked, track, waitall
 from .schedules.tuning import TuningTable, load_tuning
 
-__all__ = ["Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
+__all__ = ["KEPT_SENDS", "Communicator", "THREAD_LEVEL_NAMES", "node_oversubscribed"]
 
 # Waits that yield spin this long first: with a core per rank most transfers
 # finish within it (a receiver that sleeps delays the copy only it performs),
 # and on an oversubscribed node the spin costs little.
 _SPIN_SECONDS = 2e-4
+
+#: Under MPI fault tolerance, how many of a communicator's latest sends stay
+#: unfreed after they complete (:meth:`Communicator.isend`).
+KEPT_SENDS = 1024
 
 THREAD_LEVEL_NAMES = {
     MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
@@ -102,6 +107,8 @@ class Communicator:
         self._tuning: TuningTable | None = None
         self._tuning_loaded = False
         self._let_go = False  # closed without freeing: revoked after a failure
+        # Under fault tolerance the latest sends, persistent and unfreed (isend).
+        self._kept_sends: deque[MPI.Prequest] | None = deque() if fault_tolerant() else None
 
     @property
     def tuning(self) -> TuningTable | None:
@@ -141,6 +148,41 @@ class Communicator:
         view.yield_while_waiting = yield_while_waiting
         return view
 
+    def isend(self, send: Buffer, dest: int, tag: int, channel: MPI.Comm | None = None) -> MPI.Request:
+        """Post ``send`` to ``dest`` on ``channel`` (:attr:`data` unless given).
+
+        Under MPI fault tolerance the send is persistent (``MPI_Send_init``,
+        ``MPI_Start``) and is freed only once :data:`KEPT_SENDS` later sends
+        of this communicator were posted.  Why: Open MPI (5.0.11's ob1, the
+        wheel's) ends the whole job, "Send error after request freed" on no
+        communicator, when a send whose request is freed (completing a
+        nonpersistent request frees it) learns afterwards that its message
+        was dropped, as it is when the peer revokes the communicator before
+        receiving it, which the survivors of a dead rank do
+        (:func:`~collectives.failures.revoke_tracked`).  Measured with a
+        recursive-doubling exchange of 104 KB on 8 ranks, one SIGKILLed
+        mid-run, then revoke and shrink: three jobs of three ended so with
+        nonpersistent sends, none with persistent ones kept.  A peer
+        receives a message within the operation it belongs to, and no
+        schedule here lets ranks drift more than an operation apart, so a
+        send KEPT_SENDS sends old was received long ago; one still active
+        then (a failure ended its operation) is held, never freed
+        (:func:`~collectives.failures.hold`).
+        """
+        channel = self.data if channel is None else channel
+        if self._kept_sends is None:
+            return channel.Isend(send, dest, tag)
+        request = channel.Send_init(send, dest, tag)
+        request.Start()
+        self._kept_sends.append(request)
+        if len(self._kept_sends) > KEPT_SENDS:
+            oldest = self._kept_sends.popleft()
+            if oldest.Test():
+                oldest.Free()
+            else:
+                hold(oldest)
+        return request
+
     def exchange(self, send: Buffer, dest: int, recv: Buffer, source: int, tag: int) -> None:
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``.
 
@@ -154,14 +196,14 @@ class Communicator:
         if len(recv):
             requests.append(self.data.Irecv(recv, source, tag))
         if len(send):
-            requests.append(self.data.Isend(send, dest, tag))
+            requests.append(self.isend(send, dest, tag))
         self.wait_all(requests)
 
     def send(self, send: Buffer, dest: int, tag: int) -> None:
         """Blocking send on the data channel (skipped when empty)."""
         self._check_open()
         if len(send):
-            self.wait_all([self.data.Isend(send, dest, tag)])
+            self.wait_all([self.isend(send, dest, tag)])
 
     def recv(self, recv: Buffer, source: int, tag: int) -> None:
         """Blocking receive on the data channel (skipped when empty)."""
@@ -171,15 +213,20 @@ class Communicator:
 
     def wait_all(self, requests: Sequence[MPI.Request]) -> None:
         """Complete ``requests``, spinning in ``MPI_Waitall`` or, with
-        ``yield_while_waiting``, testing with a back-off."""
+        ``yield_while_waiting``, testing with a back-off; a failure holds
+        them (:func:`collectives.failures.hold`) and propagates."""
         if not self.yield_while_waiting:
-            MPI.Request.Waitall(requests)
+            waitall(list(requests))
             return
         spin_until = time.perf_counter() + _SPIN_SECONDS
         backoff = Backoff(1e-5, 1e-3)
-        while not MPI.Request.Testall(requests):
-            if time.perf_counter() > spin_until:
-                backoff.sleep()
+        try:
+            while not MPI.Request.Testall(requests):
+                if time.perf_counter() > spin_until:
+                    backoff.sleep()
+        except MPI.Exception:
+            hold(list(requests))  # none left active may be freed under its transfer
+            raise
 
     def _check_open(self) -> None:
         if self.closed:

@@ -27,10 +27,13 @@ __all__ = [
     "any_source",
     "failed_ranks",
     "fault_tolerant",
+    "hold",
     "mpi_failure",
     "revoke_tracked",
     "revoked",
     "track",
+    "wait",
+    "waitall",
 ]
 
 #: The error classes that mean "a rank of this communicator has failed".
@@ -158,3 +161,46 @@ def revoke_tracked() -> None:
             comm.Revoke()
         except (NotImplementedError, MPI.Exception):
             pass
+
+
+# What failures left unfinished, kept to the end of the process (see hold).
+_held: list[object] = []
+_held_lock = threading.Lock()
+
+
+def hold(*owners: object) -> None:
+    """Keep ``owners`` alive to the end of the process: the requests of an
+    operation that a failure ended before they completed, or an object a
+    failure made this rank abandon that owns some (a progress thread's
+    posted receives and sends, a vote in flight).
+
+    Why: mpi4py frees a request that is garbage-collected while still
+    active (``MPI_Request_free``), and Open MPI ends the whole job when a
+    freed request's transfer later fails ("Send error after request freed",
+    fatal on no communicator, whatever the error handlers say), as a
+    transfer to a dead rank or on a revoked communicator does.  A held
+    request completes or fails inside MPI with no one waiting, and its
+    buffer stays valid (the request references it).  The cost is what one
+    failure left in flight, once per failure."""
+    with _held_lock:
+        _held.extend(owners)
+
+
+def waitall(requests: list[MPI.Request]) -> None:
+    """``MPI_Waitall(requests)``; when it fails, the requests are
+    :func:`hold`-ed before the error propagates, so that none left active
+    is freed under a transfer that may still fail."""
+    try:
+        MPI.Request.Waitall(requests)
+    except MPI.Exception:
+        hold(list(requests))
+        raise
+
+
+def wait(request: MPI.Request) -> None:
+    """``MPI_Wait(request)``, holding the request when it fails (:func:`waitall`)."""
+    try:
+        request.Wait()
+    except MPI.Exception:
+        hold(request)
+        raise

@@ -275,7 +275,7 @@ class PairwiseGossip(Generic[LikeT]):
                 s = stack.enter_context(self._comm.open_buffer(sent))
                 r = stack.enter_context(self._comm.open_buffer(received))
                 requests.append(self._comm.data.Irecv(r.msg(0, r.numel), peer, _REPLY))
-                requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REQUEST))
+                requests.append(self._comm.isend(s.msg(0, s.numel), peer, _REQUEST))
             self._comm.wait_all(requests)
         with self.lock:
             self._add_half_difference()
@@ -316,7 +316,7 @@ class PairwiseGossip(Generic[LikeT]):
             requests = []
             for sent in self._sent:
                 s = stack.enter_context(self._comm.open_buffer(sent))
-                requests.append(self._comm.data.Isend(s.msg(0, s.numel), peer, _REPLY))
+                requests.append(self._comm.isend(s.msg(0, s.numel), peer, _REPLY))
             self._comm.wait_all(requests)
 
     def _copy_model(self):

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from mpi4py import MPI
-
 from .agreement import check_arguments
 from .buffers import BufferT, describe
+from .failures import waitall
 
 if TYPE_CHECKING:
     from .comm import Communicator
@@ -52,8 +51,8 @@ def neighbor_sum(data: BufferT, *, comm: Communicator, offsets: Sequence[int] = 
         requests = []
         for k, o in enumerate(offsets):
             requests.append(comm.data.Irecv(scratch.msg(k * n, (k + 1) * n), (r + o) % p, _TAG_NEIGHBORS + k))
-            requests.append(comm.data.Isend(buf.msg(0, n), (r - o) % p, _TAG_NEIGHBORS + k))
-        MPI.Request.Waitall(requests)
+            requests.append(comm.isend(buf.msg(0, n), (r - o) % p, _TAG_NEIGHBORS + k))
+        waitall(requests)
         for k in range(len(offsets)):
             buf.add_(0, n, scratch, at=k * n)
     return data

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.agreement import agree
 from collectives.collect import LaggedVote
+from collectives.failures import hold
 from collectives.provenance import run_attributes
 from wagma.algorithms import Algorithm, create
 from wagma.clock import TrainingClock
@@ -403,6 +404,7 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
     and the change, and the survivors take over the dead ranks' data."""
     algo = run.algo
     run.world, run.comm = algo.membership.comm, algo.comm
+    hold(channels)  # a vote may be in flight on the revoked channel: never freed under it
     channels = _Channels(run, evaluate, stop)
     run.recorder.rebuild(run.world)
     run.recorder.record_membership(

@@ -52,7 +52,7 @@ import numpy as np
 from mpi4py import MPI
 from numpy.typing import ArrayLike
 
-from collectives.failures import any_source, failed_ranks, mpi_failure
+from collectives.failures import any_source, failed_ranks, hold, mpi_failure, waitall
 
 if TYPE_CHECKING:
     from .reallocation import Reallocation
@@ -181,7 +181,7 @@ class Coordinator:
         """Ends the thread (called by rank 0 after its last round)."""
         self.comm.Send(np.zeros(_REPORT_WIDTH), dest=0, tag=_TAG_STOP)
         self._thread.join()
-        MPI.Request.Waitall([request for request, _ in self._sending])
+        waitall([request for request, _ in self._sending])
 
     # The thread.
 
@@ -189,6 +189,7 @@ class Coordinator:
         """After a failure, once the channels are revoked: join the thread,
         which ends on its revoked channel; the decisions in flight are let go."""
         self._thread.join(timeout=5.0)
+        hold(self)  # decisions in flight: never freed under their sends
 
     def _serve(self):
         """The thread's body: a failure here would leave every rank waiting

@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from ..buffers import Buffer, BufferT, describe
+from ..failures import wait
 from ..schedules.blocking import Op, allreduce
 from .cost import break_even_lead
 from .generator import lower_bound
@@ -203,7 +204,7 @@ class PredictedStragglerSync:
         updated (the same on every rank), the next one's plans built."""
         reduced = time.perf_counter()
         assert self._request is not None, "end() without begin()"
-        self._request.Wait()
+        wait(self._request)
         self._request = None
         arrivals = self._received[:, 0]
         # T and F of the rank that arrived last at the previous

@@ -14,6 +14,7 @@ from ..agreement import agree
 from ..backoff import Backoff
 from ..buffers import LikeT, describe
 from ..comm import Communicator, node_oversubscribed
+from ..failures import hold
 from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
@@ -440,6 +441,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         if self._engine is not None:
             atexit.unregister(self._engine.halt)
             self._engine.halt(timeout=1.0)
+            hold(self._engine)  # its posted receives and sends in flight: never freed under them
         self._state = "closed"
 
     # -- one call per iteration -------------------------------------------------

@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from ..backoff import Backoff
 from ..buffers import LikeT, address, copy_into, copy_of, empty_like, zeros_like
+from ..failures import waitall
 from .activation import ActivationState, version_from_tag, version_tag
 
 if TYPE_CHECKING:
@@ -283,7 +284,7 @@ class ProgressEngine(Generic[LikeT]):
         complete.
         """
         self.halt()
-        MPI.Request.Waitall([request for request, _ in self._pending_sends])
+        waitall([request for request, _ in self._pending_sends])
         self._pending_sends.clear()
         self._raise_if_failed()
 
@@ -455,7 +456,7 @@ class ProgressEngine(Generic[LikeT]):
 
     def _send(self, peer, version, kind, dim):
         payload = np.array([kind, dim], dtype=np.int64)
-        request = self._comm.control.Isend(payload, peer, version_tag(version, self._tag_space))
+        request = self._comm.isend(payload, peer, version_tag(version, self._tag_space), channel=self._comm.control)
         self._pending_sends.append((request, payload))
         with self._lock:
             self._sent += 1

@@ -14,7 +14,7 @@ import torch
 
 from collectives.agreement import agree
 from collectives.comm import Communicator
-from collectives.failures import fault_tolerant
+from collectives.failures import fault_tolerant, hold
 from collectives.stragglar.training_sync import PredictedStragglerSync
 
 from ..flat import FlatParameters
@@ -357,7 +357,8 @@ class Algorithm:
         the start of a step that failed half-way.  Subclasses that run
         threads or hold collectives stop them first, then call this."""
         self._step_hook.remove()
-        self.straggler_sync = None  # its communicators are revoked; a new one is built with the algorithm
+        hold(self.straggler_sync)  # its communicators are revoked, a reduction may be in flight on them
+        self.straggler_sync = None  # a new one is built with the algorithm
         if self._before_step is not None:
             parameters, optimizer_state = self._before_step
             with torch.no_grad(), self.lock:
