@@ -45,6 +45,12 @@ def test_the_library_is_passed_over_for_dtypes_it_cannot_sum():
     assert choose_allreduce(MIB, 4, table, "bfloat16") == "rhd"  # the fastest of ours at 1 MiB
 
 
+def test_the_library_is_passed_over_under_fault_tolerance():
+    # Where the table's fastest is the library, library=False takes the fastest of ours.
+    table = TuningTable(RECORD)
+    assert choose_allreduce(MIB, 4, table, "float32", library=False) == "rhd"
+
+
 def test_without_a_table_auto_keeps_the_thresholds():
     assert choose_allreduce(SMALL_ALLREDUCE_BYTES - 1, 8) == "recursive_doubling"
     assert choose_allreduce(SMALL_ALLREDUCE_BYTES, 8) == "rhd"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from ..agreement import check_arguments
 from ..buffers import Buffer, BufferInfo, BufferT, describe
+from ..failures import fault_tolerant
 from .halving_doubling import (
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
@@ -93,7 +94,7 @@ SMALL_ALLREDUCE_BYTES = 1 << 20
 
 
 def choose_allreduce(
-    nbytes: int, size: int, tuning: TuningTable | None = None, dtype: str = "float32"
+    nbytes: int, size: int, tuning: TuningTable | None = None, dtype: str = "float32", library: bool = True
 ) -> AllreduceChoice:
     """The schedule ``algorithm="auto"`` runs for ``nbytes`` of ``dtype`` on ``size`` ranks.
 
@@ -107,9 +108,15 @@ def choose_allreduce(
     5 us per message the ring pays 10 ms of latency), so it is taken for
     powers of two, and the ring otherwise (RHD's fold for other p sends the
     whole buffer twice more).
+
+    ``library`` False leaves the library out, as under MPI fault tolerance:
+    the library frees its own sends as they complete, which a revoked
+    communicator turns into the end of the job
+    (:meth:`~collectives.comm.Communicator.isend` says how; this package's
+    schedules keep theirs).
     """
     if tuning is not None:
-        allowed = _AUTO_OURS if library_dtype_problem(dtype) else _AUTO_WITH_LIBRARY
+        allowed = _AUTO_OURS if library_dtype_problem(dtype) or not library else _AUTO_WITH_LIBRARY
         measured = tuning.fastest(nbytes, allowed)
         if measured:
             return cast(AllreduceChoice, measured)  # one of allowed
@@ -152,7 +159,7 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     if algorithm == "auto" and collective == "allreduce":
         tuning = comm.tuning  # collective the first time: before any rank can stop on a problem
         if not info.problem:
-            algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype)
+            algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype, not fault_tolerant())
     problem = reduction_problem(info, algorithm, algorithms, op)
     check_arguments(
         comm, collective, problem, info.error, check, numel=info.numel, dtype=info.dtype, algorithm=algorithm, op=op
