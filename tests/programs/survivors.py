@@ -3,8 +3,9 @@
 Run by tests/test_survival.py as
 ``mpiexec --with-ft ulfm -n P python survivors.py OUT_DIR PHASES_JSON``.
 PHASES_JSON is a list of phases ``{"algorithm", "options", "victim",
-"kill_at", "steps", "how"}`` run one after the other, each on the survivors
-of the one before: every rank trains a small MLP on its own random batches
+"kill_at", "steps", "how"[, "hidden"]}`` run one after the other, each on
+the survivors of the one before: every rank trains an MLP (16 inputs,
+``hidden`` units, default 32, 4 outputs) on its own random batches
 with the phase's algorithm, and at step ``kill_at`` the rank ``victim`` (a
 rank of the phase's communicator) dies, ``how``: ``sigkill``, ``sigsegv``,
 or ``exit``, an ``os._exit`` from inside the step's communication (the
@@ -50,7 +51,8 @@ for index, phase in enumerate(phases):
     rank, steps, kill_at, how = comm.Get_rank(), phase["steps"], phase["kill_at"], phase["how"]
     victim = rank == phase["victim"]
     torch.manual_seed(index)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    hidden = phase.get("hidden", 32)
+    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     algo = create(phase["algorithm"], model, optimizer, Communicator(comm), **phase["options"])
     algo.plan(steps, 8)
