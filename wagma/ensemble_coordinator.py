@@ -18,7 +18,9 @@ reports round r after its step ``end(r) - 1``: the samples it processed in
 the round and the seconds its steps took (for the reallocation).  The round
 opens at its first report and closes
 
-* when every *expected* rank has reported (expected: not known absent), or
+* when every *expected* rank has reported (expected: neither known absent
+  nor known dead; under ULFM a rank whose death MPI reports,
+  ``Get_failed``, is dead at once, so its death costs no timeout), or
 * ``timeout`` seconds after it opened: the ranks that have not reported are
   *absent* (late; *dead* where ULFM's ``Get_failed`` lists them) and are no
   longer waited for in later rounds, so a rank that never comes back costs
@@ -251,9 +253,9 @@ class Coordinator:
         if not self._reports:
             return False  # joiners alone wait for the next round's members
         arrived = set(self._reports) | self._joiners
+        with self._lock:  # the dead MPI knows of (ULFM): a round waits for none of them
+            self._dead |= failed_ranks(self.comm) - arrived
         if self._final:
-            with self._lock:
-                self._dead |= failed_ranks(self.comm) - arrived
             return arrived >= set(range(self.ranks)) - self._dead
         return arrived >= self._expected()
 
