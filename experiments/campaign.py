@@ -82,7 +82,8 @@ from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
 from .seeds import EAGER_READINGS, run_seeds
-from .survival import run_survival
+from .survival import ALGORITHMS as SURVIVAL_ALGORITHMS
+from .survival import run_survival, tabulate_survival
 
 __all__ = ["MAIN_VARIANTS", "PAPER_IMBALANCE", "SWEEP_VARIANTS", "default_out_dir", "main", "parse_variants"]
 
@@ -343,8 +344,13 @@ def _parser():
     v.add_argument("--seed", type=int, default=36, help="draws the non-zero victims")
     v.add_argument(
         "--algos",
-        default="allreduce_sgd,local_sgd,wagma,eager_sgd,hierarchical_sgd,dpsgd,adpsgd,sgp,ensemble_sync",
+        default=",".join(SURVIVAL_ALGORITHMS),
         help="comma-separated algorithms",
+    )
+    v.add_argument(
+        "--tabulate",
+        action="store_true",
+        help="run nothing: table.md from the run files already in --out-dir",
     )
     v.add_argument(
         "--out-dir",
@@ -477,6 +483,8 @@ def main(argv=None):
         _stragglersync(args, mpiexec, out_dir)
     elif args.campaign == "seeds":
         run_seeds(args, mpiexec, out_dir, variants)
+    elif args.campaign == "survival" and args.tabulate:
+        tabulate_survival(out_dir, algos)
     elif args.campaign == "survival":
         run_survival(args, mpiexec, out_dir, algos)
     else:

@@ -18,11 +18,20 @@ measured from the same point and includes the step's compute), the
 survivors' next completed step is the latest, over the survivors, of the
 clock of the first step each completed from the membership change on.
 The training clocks of the ranks start together (a barrier) and pause
-only for evaluations, which these runs do at the end alone.
+only for evaluations, which these runs do at the end alone.  A run with no
+membership change (``ensemble_sync`` with a non-zero victim: the
+coordinator leaves the dead rank out of its rounds, nobody shrinks) gives
+the longest step a survivor took from the death on instead.
+
+The table is read from the run files (:func:`tabulate_survival`; ``--tabulate``
+reads those already in ``--out-dir`` without running), and ``rows.json``
+keeps every algorithm's rows, so that ``--algos`` refreshes some of them.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import random
 import statistics
@@ -32,14 +41,24 @@ import numpy as np
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 
-__all__ = ["recovery_seconds", "run_survival", "survival_table"]
+__all__ = ["ALGORITHMS", "recovery_seconds", "run_survival", "survival_table", "tabulate_survival"]
 
 
 def recovery_seconds(run, victim: int) -> float:
     """Seconds from ``victim``'s death to the survivors' next completed step
-    in ``run`` (a :class:`wagma.results.Run`; see the module docstring)."""
+    in ``run`` (a :class:`wagma.results.Run`; see the module docstring).
+
+    A run with no membership change for ``victim`` (``ensemble_sync``'s
+    non-zero ranks: the survivors keep their communicator and the
+    coordinator leaves the dead rank out of its rounds) gives the longest
+    step a survivor took from the death on, its compute included: the
+    round it stalls is where the death costs them."""
     clock, skipped = run.steps["clock"], run.steps["skipped"]
     died = float(np.nanmax(clock[victim]))
+    if victim not in set(run.membership.get("left", ())):
+        last = int(np.flatnonzero(np.isfinite(clock[victim]))[-1])
+        survivors = [r for r in range(clock.shape[0]) if r != victim]
+        return float(np.nanmax(np.diff(clock[survivors, last:], axis=1)))
     resumed = int(run.membership["step"][list(run.membership["left"]).index(victim)])
     survivors = [r for r in range(clock.shape[0]) if r != victim and r not in set(run.membership["left"])]
     firsts = []
@@ -67,47 +86,91 @@ def survival_table(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The campaign's algorithms, in the order of its table.
+ALGORITHMS = (
+    "allreduce_sgd",
+    "local_sgd",
+    "wagma",
+    "eager_sgd",
+    "hierarchical_sgd",
+    "dpsgd",
+    "adpsgd",
+    "sgp",
+    "ensemble_sync",
+)
+#: The killed runs' files: ALGO_kill_K.h5 (a non-zero rank), ALGO_kill0_K.h5 (rank 0).
+_VICTIMS = (("a rank", "kill"), ("rank 0", "kill0"))
+
+
 def run_survival(args, mpiexec, out_dir, algos):
-    """The campaign's runs and ``table.md``; returns the rows."""
+    """The campaign's runs, then :func:`tabulate_survival`; returns its rows."""
     from wagma.datasets import load_dataset
-    from wagma.results import load_run
 
     total = load_dataset("digits", rank=0, ranks=args.ranks).steps_per_epoch(16) * args.epochs
     kill_at = int(args.kill_at * total)
     draw = random.Random(args.seed)
     common = digits_mlp_args(args.epochs, args.compute_ms)
-    rows = []
     for algo in algos:
         free_out = os.path.join(out_dir, f"{algo}_none.h5")
         clear_run(free_out)
         _run(mpiexec, args.ranks, algo, free_out, common, fault_tolerant=True)
-        free = _final_accuracy(load_run(free_out))
-        for victim_kind in ("a rank", "rank 0"):
-            times, finals = [], []
+        for victim_kind, prefix in _VICTIMS:
             for repeat in range(args.repeats):
                 victim = 0 if victim_kind == "rank 0" else draw.randrange(1, args.ranks)
-                out = os.path.join(out_dir, f"{algo}_kill{'0' if victim == 0 else ''}_{repeat}.h5")
+                out = os.path.join(out_dir, f"{algo}_{prefix}_{repeat}.h5")
                 clear_run(out)
                 fault = f"kill:rank={victim},step={kill_at},how={args.how}"
                 _run(mpiexec, args.ranks, algo, out, [*common, "--fault", fault], fault_tolerant=True)
-                run = load_run(out)
-                times.append(recovery_seconds(run, victim))
+    return tabulate_survival(out_dir, algos)
+
+
+def tabulate_survival(out_dir, algos):
+    """The rows of ``algos`` from their run files in ``out_dir``, merged with
+    the other algorithms' rows kept in ``rows.json`` there (so that a
+    campaign of some algorithms refreshes theirs), into ``table.md``;
+    returns the rows of ``algos``.  The victim and how it died are read
+    from each run's fault plan."""
+    from wagma.results import load_run
+
+    rows = []
+    for algo in algos:
+        free = _final_accuracy(load_run(os.path.join(out_dir, f"{algo}_none.h5")))
+        for victim_kind, prefix in _VICTIMS:
+            paths = sorted(glob.glob(os.path.join(out_dir, f"{algo}_{prefix}_*.h5")))
+            if not paths:
+                continue
+            times, finals, hows = [], [], set()
+            for path in paths:
+                run = load_run(path)
+                (kill,) = [fault for fault in json.loads(run.attrs["faults"]) if fault["kind"] == "kill"]
+                times.append(recovery_seconds(run, int(kill["rank"])))
                 finals.append(_final_accuracy(run))
+                hows.add(kill["how"])
             rows.append(
                 {
                     "algorithm": algo,
-                    "ranks": args.ranks,
+                    "ranks": int(run.attrs["ranks"]),
                     "victim": victim_kind,
-                    "how": args.how,
-                    "runs": args.repeats,
+                    "how": ", ".join(sorted(hows)),
+                    "runs": len(paths),
                     "median_s": statistics.median(times),
                     "max_s": max(times),
                     "final": statistics.mean(finals),
                     "free": free,
                 }
             )
-            print(survival_table(rows[-1:]).splitlines()[-1], flush=True)
+    # rows.json keeps every algorithm's rows: a campaign of some algorithms
+    # into the folder refreshes theirs and keeps the others'.
+    kept = os.path.join(out_dir, "rows.json")
+    earlier = []
+    if os.path.exists(kept):
+        with open(kept) as f:
+            earlier = [row for row in json.load(f) if row["algorithm"] not in algos]
+    order = {name: k for k, name in enumerate(ALGORITHMS)}
+    table = sorted(earlier + rows, key=lambda row: (order.get(row["algorithm"], len(order)), row["victim"]))
+    with open(kept, "w") as f:
+        json.dump(table, f, indent=1)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(survival_table(rows))
-    print("\n" + survival_table(rows), flush=True)
+        f.write(survival_table(table))
+    print("\n" + survival_table(table), flush=True)
     return rows
