@@ -147,7 +147,7 @@ format: venv
 # one-node Slurm, then the MPI stages.
 test: venv
 	$(call serial_stage,'not mpi and not launcher and not driver and not slurm',$(SERIAL_LIMIT))
-	$(call serial_stage,'(launcher or driver) and not slurm',$(JOBS_LIMIT))
+	$(call serial_stage,'(launcher or driver) and not slurm and not matrix',$(JOBS_LIMIT))
 	$(call serial_stage,slurm,$(SLURM_LIMIT))
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
@@ -155,7 +155,7 @@ test: venv
 # (mpiexec, srun: marked launcher), then the MPI stages.
 test-mpi: venv
 	$(PY) -m experiments.mpirun --library
-	$(call serial_stage,'launcher and not slurm',$(JOBS_LIMIT))
+	$(call serial_stage,'launcher and not slurm and not matrix',$(JOBS_LIMIT))
 	$(call serial_stage,'launcher and slurm',$(SLURM_LIMIT))
 	$(foreach n,$(MPI_SIZES),$(call mpi_stage,$(n)))
 
