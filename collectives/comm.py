@@ -149,7 +149,7 @@ class Communicator:
         return view
 
     def isend(self, send: Buffer, dest: int, tag: int, channel: MPI.Comm | None = None) -> MPI.Request:
-        """Post ``send`` to ``dest`` on ``channel`` (:attr:`data` unless given).
+        """Post ``send`` to ``dest`` on ``channel`` (the data channel unless given).
 
         Under MPI fault tolerance the send is persistent (``MPI_Send_init``,
         ``MPI_Start``) and is freed only once :data:`KEPT_SENDS` later sends

@@ -26,6 +26,7 @@ the longest step a survivor took from the death on instead.
 The table is read from the run files (:func:`tabulate_survival`; ``--tabulate``
 reads those already in ``--out-dir`` without running), and ``rows.json``
 keeps every algorithm's rows, so that ``--algos`` refreshes some of them.
+The reference campaign is committed in results/survival/.
 """
 
 from __future__ import annotations

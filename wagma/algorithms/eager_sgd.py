@@ -95,7 +95,7 @@ class EagerSGD(Algorithm):
 
     name = "eager_sgd"
     Options = EagerSGDOptions
-    #: Gradient averaging keeps the replicas equal: the survivors of a dead rank take the
+    #: Gradient averaging keeps the replicas equal, so the survivors of a dead rank take the
     #: most advanced survivor's model and optimizer state (:func:`wagma.membership.survive`).
     survivors_continue_from = "source"
     config: EagerSGDOptions
