@@ -237,7 +237,14 @@ class Communicator:
         Duplicates revoked after a failure (ULFM) are let go instead: peers
         may be dead, and nothing can be sent on them any more."""
         if not self.closed:
-            if revoked(self.data) or revoked(self.control):
+            let_go = revoked(self.data) or revoked(self.control)
+            for request in self._kept_sends or ():  # every peer received them, unless a failure came between
+                if not let_go and request.Test():
+                    request.Free()
+                else:
+                    hold(request)
+            self._kept_sends = None if self._kept_sends is None else deque()
+            if let_go:
                 self._let_go = True
             else:
                 self.data.Free()
