@@ -383,7 +383,6 @@ def _main_job(args, mpiexec, out_dir, variants):
                 *flags,
                 "--imbalance",
                 args.imbalance,
-                "--no-progress",
             ],
         )
         files.append(out)
@@ -410,7 +409,6 @@ def _emulated_task(args):
         steps,
         "--batch-size",
         "128",
-        "--no-progress",
     ]
 
 

@@ -40,7 +40,7 @@ def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False):
 def digits_mlp_args(epochs, compute_ms):
     """``experiments.train`` options of the fault campaigns' runs: the MLP on
     digits for ``epochs``, each step padded to ``compute_ms``, evaluated at
-    the end only, no progress bar."""
+    the end only."""
     return [
         "--dataset",
         "digits",
@@ -52,18 +52,18 @@ def digits_mlp_args(epochs, compute_ms):
         str(compute_ms),
         "--eval-every",
         "0",
-        "--no-progress",
     ]
 
 
 def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):
-    """``experiments.train --algo ALGO --out OUT EXTRA`` on ``ranks`` ranks;
-    returns its exit status.  ``may_fail``: a job that ends with an error (a
+    """``experiments.train --algo ALGO --out OUT EXTRA --no-progress`` on
+    ``ranks`` ranks (no job started here is watched in a terminal); returns
+    its exit status.  ``may_fail``: a job that ends with an error (a
     synchronous algorithm whose rank was killed) is reported, not raised."""
     return _launch(
         mpiexec,
         ranks,
-        ["-m", "experiments.train", "--algo", algo, "--out", out, *extra],
+        ["-m", "experiments.train", "--algo", algo, "--out", out, *extra, "--no-progress"],
         algo,
         fault_tolerant=fault_tolerant,
         may_fail=may_fail,

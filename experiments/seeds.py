@@ -53,7 +53,6 @@ def run_seeds(args, mpiexec, out_dir, variants):
                         "--seed",
                         str(seed),
                         *flags,
-                        "--no-progress",
                     ],
                 )
                 files.append(out)

@@ -10,7 +10,7 @@ from wagma.analysis.outages import outage_row
 from wagma.datasets import load_dataset
 from wagma.results import summarize
 
-from ..jobs import run_module
+from ..jobs import digits_mlp_args, run_module
 from .record import ClaimResult, Row
 from .runs import direction_verdict, ratio_verdict, train
 
@@ -149,18 +149,7 @@ def ensemblesync_outage(ctx):
     4 ranks, the last one stopped (SIGSTOP) for 4 s at 30 % of the run."""
     ranks, epochs, outage, timeout = 4, 10, 4.0, 1.0
     total = load_dataset("digits", rank=0, ranks=ranks).steps_per_epoch(16) * epochs
-    common = [
-        "--dataset",
-        "digits",
-        "--model",
-        "mlp",
-        "--epochs",
-        str(epochs),
-        "--compute-ms",
-        "20",
-        "--eval-every",
-        "0",
-    ]
+    common = digits_mlp_args(epochs, 20)
     stop = ["--fault", f"stop:rank={ranks - 1},step={3 * total // 10},seconds={outage:g}"]
     ensemble = ["--period", "5", "--timeout-s", f"{timeout:g}", "--reallocate"]
     rows, sources = [], []

@@ -16,7 +16,7 @@ def train(ctx, name, ranks, algo, extra):
     file of that name is removed first) and return the run."""
     out = ctx.path(f"{name}.h5")
     clear_run(out)
-    run_training(ctx.mpiexec, ranks, algo, out, [*extra, "--no-progress"])
+    run_training(ctx.mpiexec, ranks, algo, out, extra)
     return load_run(out)
 
 
