@@ -107,8 +107,10 @@ class Communicator:
         self._tuning: TuningTable | None = None
         self._tuning_loaded = False
         self._let_go = False  # closed without freeing: revoked after a failure
+        #: Whether the job runs under MPI fault tolerance (:func:`~collectives.failures.fault_tolerant`).
+        self.fault_tolerant = fault_tolerant()
         # Under fault tolerance the latest sends, persistent and unfreed (isend).
-        self._kept_sends: deque[MPI.Prequest] | None = deque() if fault_tolerant() else None
+        self._kept_sends: deque[MPI.Prequest] | None = deque() if self.fault_tolerant else None
 
     @property
     def tuning(self) -> TuningTable | None:

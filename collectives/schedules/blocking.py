@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Literal, cast, get_args
 
 from ..agreement import check_arguments
 from ..buffers import Buffer, BufferInfo, BufferT, describe
-from ..failures import fault_tolerant
 from .halving_doubling import (
     recursive_doubling_allgather,
     recursive_doubling_allreduce,
@@ -159,7 +158,7 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     if algorithm == "auto" and collective == "allreduce":
         tuning = comm.tuning  # collective the first time: before any rank can stop on a problem
         if not info.problem:
-            algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype, not fault_tolerant())
+            algorithm = choose_allreduce(data.nbytes, comm.size, tuning, info.dtype, not comm.fault_tolerant)
     problem = reduction_problem(info, algorithm, algorithms, op)
     check_arguments(
         comm, collective, problem, info.error, check, numel=info.numel, dtype=info.dtype, algorithm=algorithm, op=op
