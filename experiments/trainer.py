@@ -1,12 +1,13 @@
 """One training run of ``experiments.train``: set-up agreed by all ranks, the step loop, evaluations, checkpoints."""
 
 import argparse
+import itertools
 import json
 import logging
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,9 +27,10 @@ from wagma.membership import survive
 from wagma.models import build_model
 from wagma.options import resolved_options
 from wagma.options.cli import options_from_args
+from wagma.options.fit import fit_options
 from wagma.results import STEP_FIELDS, RunRecorder
 
-from .checkpoint import latest_step, load_checkpoint, save_checkpoint
+from .checkpoint import Latest, load_checkpoint, read_latest, save_checkpoint
 from .compute import StepCompute
 from .evaluate import Evaluator
 from .options import UsageError, compute_ms, default_out, usage_problem
@@ -58,20 +60,57 @@ def _planned_steps(args, dataset):
     return min(total, args.max_steps) if args.max_steps else total
 
 
+@dataclass
+class _Rows:
+    """Which rows of the run this job's ranks are: ``members[rank]`` is
+    rank ``rank``'s row (its rank in the run's first job: its data shard,
+    its imbalance and faults, its row of the run file), ``rows`` how many
+    ranks the run began with.  A run resumed on the ranks left after ranks
+    died (:mod:`experiments.checkpoint`) has fewer members than rows."""
+
+    members: list[int]
+    rows: int
+    #: The checkpoint the run resumes from, if any.
+    latest: Latest | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.members != list(range(self.rows))
+
+
+def _rows_of(args, comm):
+    """The rows of ``comm``'s ranks, and the problem with the checkpoint to
+    resume from on this rank (None)."""
+    if not (args.resume and args.checkpoint_dir):
+        return _Rows(list(range(comm.size)), comm.size), None
+    try:
+        latest = read_latest(args.checkpoint_dir, comm.rank, comm.size)
+    except (ValueError, OSError, KeyError) as exc:
+        return _Rows(list(range(comm.size)), comm.size), str(exc)
+    if latest is None:
+        return _Rows(list(range(comm.size)), comm.size), None
+    return _Rows(latest.members, latest.rows, latest), None
+
+
 def _setup(args, comm):
     """Everything that can fail because of the command line or the files, agreed
     on by all ranks before any training message is sent."""
-    problem, dataset, model, imbalance, faults = usage_problem(args, comm.size), None, None, None, []
+    rows, problem = _rows_of(args, comm)
+    # The command line was written for the run's first rank count; on the ranks left after ranks died its
+    # options are fitted by the survivors' rule (_options).
+    problem = usage_problem(args, rows.rows) or problem
+    row = rows.members[comm.rank]
+    dataset, model, imbalance, faults = None, None, None, []
     if problem is None:
         try:
-            imbalance = parse_imbalance(args.imbalance, comm.size, args.seed)
+            imbalance = parse_imbalance(args.imbalance, rows.rows, args.seed)
             dataset = load_dataset(
                 args.dataset,
                 model=args.model,
                 root=args.data_dir,
                 seed=args.seed,
-                rank=comm.rank,
-                ranks=comm.size,
+                rank=row,
+                ranks=rows.rows,
                 synthetic_size=args.synthetic_size,
             )
             torch.manual_seed(args.seed)
@@ -85,7 +124,7 @@ def _setup(args, comm):
             problem = f"--batch-size: {exc}"
     if problem is None:
         try:
-            faults = parse_faults(args.fault, comm.size, _planned_steps(args, dataset))
+            faults = parse_faults(args.fault, rows.rows, _planned_steps(args, dataset))
         except ValueError as exc:
             problem = str(exc)
     if problem is None and args.algo == "ensemble_sync":
@@ -99,10 +138,24 @@ def _setup(args, comm):
     if problem is None and args.device == "cuda" and not torch.cuda.is_available():
         problem = "--device cuda: torch sees no CUDA device"
     try:
-        agree(comm, "experiments.train", problem)
+        agree(comm, "experiments.train", problem, step=rows.latest.step if rows.latest else -1)
     except ValueError as exc:
         raise UsageError(str(exc).removeprefix("experiments.train: ")) from None
-    return dataset, model, imbalance, FaultInjector(faults, comm.rank)
+    return rows, dataset, model, imbalance, FaultInjector(faults, row)
+
+
+def _options(args, rows, ranks):
+    """The algorithm's options: the command line's, resolved for the run's
+    first rank count and, on fewer ranks (a run resumed on the ranks left),
+    fitted to ``ranks`` by the rule the survivors of a dead rank follow
+    (:func:`wagma.options.fit.fit_options`); and the adjustments, in words."""
+    options = resolved_options(args.algo, rows.rows, options_from_args(args, args.algo)).as_dict()
+    if ranks == rows.rows:
+        return options, []
+    try:
+        return fit_options(args.algo, options, ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _device(args, world):
@@ -176,6 +229,10 @@ class _Run:
     recorder: RunRecorder
     steps_per_epoch: int
     total: int
+    #: The checkpoint the run resumed from, if any.
+    latest: Latest | None = None
+    #: Options fitted to a smaller rank count so far: ``{"step", "adjustment"}`` (a sentence).
+    adjustments: list = field(default_factory=list)
 
     def checkpoint(self, step: int, clock: float):
         """Collective: the model, optimizer, algorithm and RNG state after ``step`` steps."""
@@ -186,7 +243,8 @@ class _Run:
                 "algorithm": self.algo.state_dict(),
             }
         state.update(torch_rng=torch.get_rng_state(), step=step, clock=clock)
-        save_checkpoint(self.comm, self.args.checkpoint_dir, step, state)
+        members = self.algo.membership.original_ranks
+        save_checkpoint(self.comm, self.args.checkpoint_dir, step, state, members, self.recorder.ranks)
 
 
 def train(args, world, comm):
@@ -199,30 +257,29 @@ def train(args, world, comm):
             files, found before the model is built and before any training
             message is sent.
     """
-    dataset, model, imbalance, faults = _setup(args, comm)
+    rows, dataset, model, imbalance, faults = _setup(args, comm)
     device = _device(args, world)
     model.to(device)
     torch.set_num_threads(args.threads)
-    options = resolved_options(args.algo, comm.size, options_from_args(args, args.algo)).as_dict()
+    options, adjustments = _options(args, rows, comm.size)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     try:
         algo = create(args.algo, model, optimizer, comm, **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    algo.membership.original_ranks = list(rows.members)
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
     algo.plan(total, args.batch_size)
     faults.arm(optimizer, lambda: algo.steps)
     start, clock_offset = 0, 0.0
-    if args.resume:
-        found = latest_step(comm, args.checkpoint_dir)
-        if found is not None:
-            state = load_checkpoint(comm, args.checkpoint_dir, found)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            algo.load_state_dict(state["algorithm"])
-            torch.set_rng_state(state["torch_rng"])
-            start, clock_offset = state["step"], state["clock"]
+    if rows.latest is not None and rows.latest.step > 0:  # step 0: the seeded start, no files
+        state = load_checkpoint(comm, args.checkpoint_dir, rows.latest.step, rows.members[comm.rank])
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        algo.load_state_dict(state["algorithm"])
+        torch.set_rng_state(state["torch_rng"])
+        start, clock_offset = state["step"], state["clock"]
     if start >= total:
         if comm.rank == 0:
             logger.info(
@@ -230,14 +287,20 @@ def train(args, world, comm):
             )
         algo.close()
         return "nothing to do"
-    out = args.out or default_out(args, comm.size)
+    out = args.out or default_out(args, rows.rows)
     recorder = RunRecorder(
         world,
         out,
-        {**_attributes(args, comm, options, model, dataset, total, steps_per_epoch), "faults": faults.record()},
+        {
+            **_attributes(args, comm, options, model, dataset, total, steps_per_epoch),
+            "ranks": rows.rows,
+            "faults": faults.record(),
+        },
         resume_step=start if args.resume else None,
+        members=rows.members,
     )
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
+    run.latest, run.adjustments = rows.latest, [{"step": start, "adjustment": a} for a in adjustments]
     try:
         status, ended = _loop(run, start, clock_offset)
     except BaseException:
@@ -248,7 +311,10 @@ def train(args, world, comm):
         run.checkpoint(total, ended)
     if comm.rank == 0:
         recorder.record_tables(algo.sync_tables())  # as they stand after close (AD-PSGD's exchanges)
-    path = recorder.close(status, dead=algo.dead_ranks, attrs=algo.run_attributes())
+    attrs = algo.run_attributes()
+    if run.adjustments:
+        attrs["option_adjustments"] = json.dumps(run.adjustments)
+    path = recorder.close(status, dead=algo.dead_ranks, attrs=attrs)
     if path:
         logger.info("%s %s", "wrote" if status == "complete" else "stopped; wrote", path)
     return status
@@ -290,7 +356,8 @@ def _loop(run, start, clock_offset):
     lr = LearningRate(
         args.lr, steps_per_epoch, args.warmup_epochs, args.warmup_start, args.decay_epochs, args.decay_factor
     )
-    compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), run.comm.rank)
+    row = algo.membership.original_rank
+    compute = StepCompute(run.model, run.dataset.spec, run.imbalance, args.compute, compute_ms(args), row)
     evaluate = args.compute == "real"
     # Steps between evaluations (0: only at the end); --eval-every 1 is every epoch's end.
     eval_interval = max(1, round(args.eval_every * steps_per_epoch)) if args.eval_every else 0
@@ -311,6 +378,18 @@ def _loop(run, start, clock_offset):
             streaming=bool(algo.options.get("reallocate")),
             needed=evaluate,
         )
+        if len(algo.membership.original_ranks) < recorder.ranks:  # resumed on the ranks left after ranks died
+            _share_rows_left(run, data)
+            if run.comm.rank == 0:
+                logger.info(
+                    "resumed at step %d on %d of the run's %d ranks (rows %s)",
+                    start,
+                    run.comm.size,
+                    recorder.ranks,
+                    algo.membership.original_ranks,
+                )
+        if run.latest is not None and run.latest.left:
+            _record_relaunch(run, start, clock_offset)
         last = clock_offset  # step_time: between consecutive ends of steps, pauses excluded
         clocks, evaluated = {}, set()
         try:
@@ -376,6 +455,14 @@ def _loop(run, start, clock_offset):
                         clock.resume()
                     if run.comm.rank == 0:
                         recorder.record_tables(algo.sync_tables())
+                        for death in algo.deaths_without_shrink():
+                            recorder.record_dead_member(
+                                step=death["step"],
+                                clock=clocks.get(death["step"] - 1, now),
+                                rank=death["rank"],
+                                noticed="timeout" if death["timed_out"] else "proc_failed",
+                                recovery_s=death["waited_s"],
+                            )
                     if stopping and step < total:
                         status = "stopped"
                         break
@@ -414,6 +501,15 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
         noticed="progress_thread" if change.where == "thread" else change.noticed,
         recovery_s=change.recovery_s,
     )
+    run.adjustments += [{"step": change.step, "adjustment": a} for a in change.adjustments]
+    _share_rows_left(run, data)
+    return channels
+
+
+def _share_rows_left(run, data):
+    """The survivors take over the data of the rows that left
+    (:meth:`_TrainingData.take_over`), so the global batch stays the same."""
+    algo = run.algo
     original = algo.membership.original_ranks
     data.take_over(
         [r for r in range(run.recorder.ranks) if r not in original],
@@ -424,7 +520,30 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
         algo.plan(run.total, max(1, round(run.args.batch_size * run.recorder.ranks / len(original))))
     else:
         algo.samples_per_step = data.samples_per_step
-    return channels
+
+
+def _record_relaunch(run, start, clock_offset):
+    """A run resumed on the ranks left after ranks died (no fault
+    tolerance: the job ended and was started again) records the change:
+    step ``start`` (the checkpoint's), the clock it went on from, the rows
+    that left, noticed ``relaunch``, and ``recovery_s`` from the death (the
+    time ``python -m experiments.checkpoint without --died-at`` was given)
+    to now, when every member is ready for its first step.  The record is
+    then taken out of ``latest.json``: it is in the run file's logs, which
+    a later resume from the same checkpoint keeps."""
+    latest = run.latest
+    ready = run.comm.control.allreduce(time.time(), op=MPI.MAX)
+    for died_at, entries in itertools.groupby(latest.left, key=lambda e: e.get("died_at")):
+        run.recorder.record_membership(
+            step=start,
+            clock=clock_offset,
+            left=[e["row"] for e in entries],
+            noticed="relaunch",
+            recovery_s=ready - died_at if died_at is not None else math.nan,
+        )
+    run.comm.control.Barrier()  # every member recorded it before the record leaves latest.json
+    if run.comm.rank == 0:
+        Latest(latest.step, latest.members, latest.rows).write(run.args.checkpoint_dir)
 
 
 def _record_skipped(recorder, steps, now, clocks):

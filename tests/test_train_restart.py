@@ -306,3 +306,74 @@ def test_a_rank_killed_by_its_fault_ends_the_job_and_complete_writes_every_row_t
     np.testing.assert_equal(rerun.attrs, run.attrs)
     np.testing.assert_equal(rerun.summary, run.summary)
     np.testing.assert_equal(rerun.steps, run.steps)
+
+
+RELAUNCH_STEPS, CHECKPOINT_EVERY, RELAUNCH_KILL = 60, 10, 25
+
+
+def test_after_a_rank_died_the_ranks_left_resume_from_the_last_checkpoint(tmp_path):
+    """Without fault tolerance: what slurm/train-job.sh does after a rank
+    died and the launcher ended the job.  The run file is completed and
+    marked, the checkpoint drops the dead rank, and the same command line on
+    the three ranks left goes on from the checkpoint: rows kept, the dead
+    rank's batch shared (the global batch stays the same), the change
+    recorded, and Allreduce-SGD's replicas equal at the end."""
+    out, checkpoints = tmp_path / "relaunched.h5", tmp_path / "ckpt"
+    args = [
+        "-m",
+        "experiments.train",
+        *("--algo", "allreduce_sgd", "--dataset", "digits", "--epochs", "100", "--batch-size", "16"),
+        *("--max-steps", str(RELAUNCH_STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY), "--eval-every", "0"),
+        *("--checkpoint-dir", str(checkpoints), "--resume", "--out", str(out), "--no-progress"),
+        *("--fault", f"kill:rank={VICTIM},step={RELAUNCH_KILL}"),
+    ]
+
+    def run(*command, ranks=None):
+        prefix = mpiexec_command(ranks) if ranks else []
+        return subprocess.run(
+            [*prefix, sys.executable, *map(str, command)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
+
+    died = run(*args, ranks=KILLED_RANKS)
+    assert died.returncode != 0, died.stdout + died.stderr
+    died_at = time.time()  # after the launcher ended the job: recovery_s below is at most the relaunch
+    marked = run("-m", "wagma.results", "complete", out)
+    assert marked.returncode == 0, marked.stderr
+    assert load_run(partial_path(str(out)), logs=False).attrs["status"] == "failed: a rank died"
+    left = run(
+        "-m", "experiments.checkpoint", "without", checkpoints, "--of", KILLED_RANKS, "--died-at", died_at, VICTIM
+    )
+    assert (left.returncode, left.stdout.strip()) == (0, "3"), left.stderr
+    resumed = run(*args, ranks=3)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed at step 20 on 3 of the run's 4 ranks (rows [0, 1, 3])" in resumed.stderr
+
+    result = load_run(str(out))
+    checkpoint = RELAUNCH_KILL // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # the last one before the death
+    assert result.attrs["status"] == "complete" and result.attrs["ranks"] == KILLED_RANKS
+    assert list(result.attrs["resumed_at"]) == [checkpoint]
+    clock, samples = result.steps["clock"], result.steps["samples"]
+    assert clock.shape == (KILLED_RANKS, RELAUNCH_STEPS)
+    others = [r for r in range(KILLED_RANKS) if r != VICTIM]
+    assert np.all(np.isfinite(clock[others])) and np.all(np.diff(clock[others], axis=1) > 0)
+    # The dead rank's steps up to the checkpoint stay; those after it were done again without it.
+    assert np.flatnonzero(np.isfinite(clock[VICTIM])).tolist() == list(range(checkpoint))
+    np.testing.assert_array_equal(np.nansum(samples, axis=0), KILLED_RANKS * 16)
+    membership = result.membership
+    assert membership["left"].tolist() == [VICTIM] and membership["step"].tolist() == [checkpoint]
+    assert membership["noticed"].tolist() == [5] and membership["ranks_after"].tolist() == [3]  # relaunch
+    assert 0 < membership["recovery_s"][0] < DEADLINE
+    assert json.loads(result.attrs["dead_ranks"]) == [VICTIM]
+    # The last checkpoint holds the three members' replicas, equal, and the dead row's file is gone.
+    latest = json.loads((checkpoints / "latest.json").read_text())
+    assert latest == {"step": RELAUNCH_STEPS, "ranks": 3, "rows": KILLED_RANKS, "members": others}
+    assert sorted(p.name for p in checkpoints.glob("*.pt")) == [
+        f"rank{r:05d}.step{RELAUNCH_STEPS:09d}.pt" for r in others
+    ]
+    models = [torch.load(checkpoints / f"rank{r:05d}.step{RELAUNCH_STEPS:09d}.pt")["model"] for r in others]
+    for model in models[1:]:
+        assert all(torch.equal(model[k], models[0][k]) for k in model)

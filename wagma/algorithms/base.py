@@ -342,6 +342,16 @@ class Algorithm:
         lists them."""
         return set(self.membership.left)
 
+    def deaths_without_shrink(self) -> list[dict[str, Any]]:
+        """On the run file's root: members found dead that the others went on
+        without, with no shrink (ensemble_sync's coordinator), one dict per
+        rank: ``rank`` (of the first communicator), ``step`` (the first step
+        the others ran without it), ``waited_s`` (how long they waited for it)
+        and ``timed_out`` (whether that wait was the timeout, else MPI named
+        it dead at once); none here: a dead rank is a membership change
+        (:func:`wagma.membership.survive`)."""
+        return []
+
     def run_attributes(self) -> dict[str, Any]:
         """Root attributes of the run file this algorithm adds at the end,
         on rank 0 (ensemble_sync: the outages its rounds show); none here."""
@@ -440,8 +450,12 @@ class Algorithm:
             raise ValueError(f"state_dict is for algorithm {state.get('algorithm')!r}, not {self.name!r}")
         saved = state.get("options", {})
         problem = self.Options.keyword_problem(saved)
-        # Options added since the state was saved read as their defaults.
-        if problem is not None or self.Options(**saved).resolve(self.comm.size).as_dict() != self.options:
+        # Options added since the state was saved read as their defaults; options saved on more ranks (a
+        # run resumed on the ranks left after ranks died) are fitted to this rank count as survivors fit them.
+        if (
+            problem is not None
+            or self.Options(**saved).fit(self.comm.size)[0].resolve(self.comm.size).as_dict() != self.options
+        ):
             raise ValueError(f"state_dict options {saved} differ from this run's {self.options}")
         self.steps = int(state["steps"])
 

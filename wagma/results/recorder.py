@@ -96,6 +96,10 @@ class RunRecorder:
             written into it; then rows at and after the step are dropped,
             from it and from the logs), or start a new file whose first
             ``resume_step`` columns are empty; None for a fresh run.
+        members: the row of each rank of ``comm`` where the run resumes on
+            fewer ranks than it began with (the ranks left after ranks
+            died, ``experiments.checkpoint``): ``members[rank]``, in a
+            file of ``attrs["ranks"]`` rows; None: rank r is row r.
         flush_seconds: how often the root rewrites the partial file at most.
 
     Raises:
@@ -110,19 +114,22 @@ class RunRecorder:
         attrs: Mapping[str, Any],
         *,
         resume_step: int | None = None,
+        members: list[int] | None = None,
         flush_seconds: float = 2.0,
     ) -> None:
-        self.ranks, self.rank = comm.Get_size(), comm.Get_rank()
-        self.comm = track(comm.Dup())
         #: The ranks (of the first communicator) of the current one, in its order.
-        self.members = list(range(self.ranks))
+        self.members = list(range(comm.Get_size())) if members is None else list(members)
+        self.ranks = int(attrs["ranks"]) if members is not None else comm.Get_size()
+        self.rank = self.members[comm.Get_rank()]
+        self.comm = track(comm.Dup())
         self.flush_seconds = flush_seconds
         self.journal = Journal(path, self.ranks)
         self.writer: FileWriter | None = None
         error = None
-        if self.rank == 0:
+        if comm.Get_rank() == 0:
             try:
                 self.writer = self._open(path, attrs, resume_step)
+                self.writer.members = list(self.members)
             except (OSError, KeyError, ValueError) as exc:  # told to every rank, which would wait for rank 0
                 error = f"rank 0 could not make the run file {partial_path(path)}: {exc}"
         error = self.comm.bcast(error)
@@ -153,6 +160,7 @@ class RunRecorder:
             self._membership = self.journal.membership()
         self._tables: dict[str, _Table] = {}
         self._changes = 0  # membership changes so far
+        self._dead_members: set[int] = set()  # the root's record_dead_member rows
         self._last_flush = time.monotonic()
 
     def _open(self, path, attrs, resume_step):
@@ -266,6 +274,26 @@ class RunRecorder:
             self._membership = np.unique(np.concatenate([self._membership, rows]), axis=0)
             self.writer.set_membership(self._membership)
             self.flush()
+
+    def record_dead_member(self, *, step: int, clock: float, rank: int, noticed: str, recovery_s: float) -> None:
+        """On the root: member ``rank`` (its row) died and the others went on
+        without it, with no shrink (ensemble_sync's coordinator stops waiting
+        for it): one ``membership/`` row, as :meth:`record_membership` writes
+        them (``ranks_after``: the members still alive).  The rank stays a
+        member of the recorder, its rows ending where it died; :meth:`close`
+        is told it is dead.  A rank already recorded is not recorded again;
+        elsewhere: nothing."""
+        if not self.writer or rank in self._dead_members:
+            return
+        if noticed not in NOTICED:
+            raise ValueError(f"noticed must be one of {', '.join(NOTICED)}, got {noticed!r}")
+        self._dead_members.add(rank)
+        after = len(self.members) - len(self._dead_members)
+        row = np.array([[step, clock, rank, NOTICED[noticed], recovery_s, after]], dtype=float)
+        self._logs[2].append(row[0])
+        self._membership = np.unique(np.concatenate([self._membership, row]), axis=0)
+        self.writer.set_membership(self._membership)
+        self.flush()
 
     def _read_logs(self):
         for rank in range(self.ranks):

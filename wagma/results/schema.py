@@ -88,11 +88,14 @@ Root attributes
     left, per membership change, as
     :meth:`~wagma.results.recorder.RunRecorder.record_membership` recorded
     it: ``step`` (the first step the survivors ran after the change),
-    ``clock`` (the training clock when it was noticed), ``left`` (the rank
+    ``clock`` (the training clock when it was noticed; for a ``relaunch``,
+    the checkpoint's, which the survivors went on from: the training since
+    it was done again), ``left`` (the rank
     that left, numbered as its row of ``steps/``), ``noticed`` (how it was
     noticed: a code of :data:`NOTICED`, whose names
     ``membership.attrs["noticed"]`` holds as JSON), ``recovery_s`` (seconds
-    from noticing it to going on) and ``ranks_after`` (the ranks the run
+    from noticing it to going on; for a ``relaunch``, from the death to the
+    relaunched survivors' first step) and ``ranks_after`` (the ranks the run
     had after it).  A change that loses two ranks is two rows with the
     same step and clock.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
@@ -166,8 +169,10 @@ MEMBERSHIP_FIELDS = ("step", "clock", "left", "noticed", "recovery_s", "ranks_af
 #: algorithm's progress thread met the failure and told the training loop;
 #: ``timeout``, a peer did not answer within the algorithm's deadline;
 #: ``request_failed``, a multiple completion (``MPI_Waitall``) one of whose
-#: transfers failed (``MPI_ERR_IN_STATUS``).
-NOTICED = {"proc_failed": 0, "revoked": 1, "progress_thread": 2, "timeout": 3, "request_failed": 4}
+#: transfers failed (``MPI_ERR_IN_STATUS``); ``relaunch``, without fault
+#: tolerance: the job ended when the rank died and was started again on the
+#: ranks left, from the last checkpoint (``experiments.checkpoint``).
+NOTICED = {"proc_failed": 0, "revoked": 1, "progress_thread": 2, "timeout": 3, "request_failed": 4, "relaunch": 5}
 
 _PARTIAL = ".partial.h5"
 _ROWS = ".partial.rows"
