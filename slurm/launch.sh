@@ -1,6 +1,8 @@
 # Sourced by the sbatch scripts: how ranks are started and which device they use.
 #
-#   launch ARGS...    start $SLURM_NTASKS ranks of "$PYTHON ARGS..." with
+#   launch ARGS...    start $RANKS (default $SLURM_NTASKS) ranks of "$PYTHON ARGS..."
+#                     (with EXIT_LEDGER=DIR each through record-exit.sh, which
+#                     writes how the rank ended to DIR/rank-R) with
 #                     LAUNCHER=srun (default): srun --mpi=$SRUN_MPI, by default the
 #                       plugin of the MPI library mpi4py loads (pmi2 for MPICH,
 #                       pmix for Open MPI; Cray MPICH: set SRUN_MPI=cray_shasta)
@@ -33,17 +35,19 @@ default_device() {
 }
 
 launch() {
+    local ranks=${RANKS:-$SLURM_NTASKS} rank=("$PYTHON")
+    [[ -n ${EXIT_LEDGER:-} ]] && rank=(bash slurm/record-exit.sh "$EXIT_LEDGER" "$PYTHON")
     case ${LAUNCHER:-srun} in
         srun)
             local plugin=${SRUN_MPI:-}
             if [[ -z $plugin ]]; then
                 plugin=$("$PYTHON" -m experiments.mpirun --srun-mpi) || return 2
             fi
-            srun --mpi="$plugin" --kill-on-bad-exit=1 "$PYTHON" "$@" ;;
+            srun --mpi="$plugin" --kill-on-bad-exit=1 -n "$ranks" "${rank[@]}" "$@" ;;
         mpiexec)
             # shellcheck disable=SC2046
             "$PYTHON" -m experiments.mpirun $([[ ${FAULT_TOLERANT:-0} == 1 ]] && echo --fault-tolerant) \
-                -n "$SLURM_NTASKS" -- "$PYTHON" "$@" ;;
+                -n "$ranks" -- "${rank[@]}" "$@" ;;
         *)
             echo "launch: LAUNCHER must be srun or mpiexec, got '$LAUNCHER'" >&2
             return 2 ;;

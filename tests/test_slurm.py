@@ -161,11 +161,50 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
     (state,) = _finished(env, job_id)
     log = (folder / f"requeue-{job_id}.out").read_text()
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
-    assert "requeueing job" in log and "(restart 1)" in log
+    assert "requeueing job" in log and "(restart 1, relaunch 0)" in log
     run = load_run(str(results / f"local_sgd_{job_id}.h5"))
     assert run.attrs["status"] == "complete" and len(run.attrs["resumed_at"]) == 1
     assert run.steps["clock"].shape == (4, 600)
     assert np.all(np.diff(run.steps["clock"], axis=1) > 0)
+
+
+@pytest.mark.launcher
+def test_a_rank_killed_without_fault_tolerance_is_relaunched_on_the_ranks_left(slurm):
+    """srun ends the step when rank 3 is killed (SIGKILL, by its --fault);
+    train-job.sh completes the run file, keeps the failed segment's, and
+    relaunches inside the allocation on the 3 ranks left, from the last
+    checkpoint, which the run then finishes."""
+    folder, env = slurm
+    results = folder / "relaunch"
+    job = _sbatch(
+        env,
+        {
+            "ALGO": "allreduce_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "100",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 60 --checkpoint-every 10 --eval-every 0 --fault kill:rank=3,step=25",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/relaunch-%j.out",
+    )
+    (state,) = _finished(env, job)
+    log = (folder / f"relaunch-{job}.out").read_text()
+    assert state["ExitCode"] == "0:0" and state["Restarts"] == "0", log
+    assert "ranks 3 died; relaunching on the 3 ranks left from the last checkpoint (relaunch 1)" in log, log
+    assert "relaunch 1) on 1 nodes, 3 ranks" in log
+    run = load_run(str(results / f"allreduce_sgd_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"], list(run.attrs["resumed_at"])) == ("complete", 4, [20])
+    assert run.steps["clock"].shape == (4, 60) and np.isfinite(run.steps["clock"][3]).sum() == 20
+    assert run.membership["left"].tolist() == [3] and run.membership["noticed"].tolist() == [5]  # relaunch
+    # From the death to the relaunched ranks' first step: srun's teardown, the launch, the set-up.
+    assert 0 < run.membership["recovery_s"][0] < DEADLINE
+    failed = load_run(str(results / f"allreduce_sgd_{job}.failed-1.h5"), logs=False)
+    assert failed.attrs["status"] == "failed: a rank died"
+    assert np.isfinite(failed.steps["clock"][3]).sum() == 25  # the dead rank's steps, to its death
+    assert not (results / "exits").exists()  # each launch's record of how its ranks ended, read and removed
 
 
 @pytest.mark.launcher
