@@ -145,6 +145,14 @@ def test_ensemble_sync_survivors_of_a_killed_rank_finish_with_a_complete_run_fil
             "others_waited_s": pytest.approx(rounds[missed, fields["waited"]]),
         }
     ]
+    # The membership change, as the coordinator's rank recorded it when it found the rank dead:
+    # no shrink (the others go on without it), the end of the round it missed, the wait for it.
+    membership = run.membership
+    assert membership["left"].tolist() == [VICTIM] and membership["ranks_after"].tolist() == [RANKS - 1]
+    assert membership["step"].tolist() == [rounds[missed, fields["end_step"]]]
+    how = "proc_failed" if status[missed] == STATUS["dead"] else "timeout"
+    assert membership["noticed"].tolist() == [NOTICED[how]]
+    assert membership["recovery_s"][0] == pytest.approx(waited)
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -100,6 +100,7 @@ class EnsembleSync(Algorithm):
         # rounds weigh the same) and the run has no known last round.
         self.samples_per_step = 1
         self.coordinator = None
+        self._deaths: tuple[int, list[dict[str, Any]]] = (0, [])  # rank 0: the dead counted, and their records
         if comm.rank == 0:
             self.coordinator = Coordinator(self._reports, self._decisions, self.timeout_s, None, 1)
 
@@ -163,6 +164,28 @@ class EnsembleSync(Algorithm):
         of the first communicator."""
         found = self.coordinator.dead if self.coordinator is not None else set()
         return super().dead_ranks | {self.membership.original_ranks[r] for r in found}
+
+    def deaths_without_shrink(self) -> list[dict[str, Any]]:
+        """On rank 0: the ranks its coordinator found dead, from the round
+        log (:func:`~wagma.ensemble_coordinator.fault_events`): the step is
+        the end of the first round they missed, the wait is that round's."""
+        dead = self.coordinator.dead if self.coordinator is not None else set()
+        if len(dead) != self._deaths[0]:  # the round log is read again only when someone else died
+            self._deaths = (len(dead), self._read_deaths() if dead else [])
+        return self._deaths[1]
+
+    def _read_deaths(self) -> list[dict[str, Any]]:
+        assert self.coordinator is not None
+        return [
+            {
+                "rank": self.membership.original_ranks[event["rank"]],
+                "step": event["missed_step"],
+                "waited_s": event["others_waited_s"],
+                "timed_out": event["others_waited_s"] >= self.timeout_s,
+            }
+            for event in fault_events(self.coordinator.rows(), self.coordinator.ranks)
+            if event["kind"] == "dead"
+        ]
 
     def run_attributes(self) -> dict[str, Any]:
         """On rank 0: ``fault_events``, the outages the whole round log shows
