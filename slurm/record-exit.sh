@@ -8,8 +8,13 @@
 # error (a status of its own: not relaunched, it would fail again).
 #
 # SIGTERM, SIGUSR1 and SIGINT go on to COMMAND (Slurm's warning before the
-# time limit is for the rank, not for this script); should this script be
-# killed, COMMAND is killed with it (setpriv --pdeathsig), never left running.
+# time limit is for the rank, not for this script), except a SIGTERM that
+# comes after another rank died (its record in DIR says a signal killed it):
+# that is srun ending the step, and a rank blocked in MPI on the dead one
+# would hold the step for Slurm's KillWait (30 s by default) before the
+# SIGKILL, so COMMAND is killed at once (every row it measured is in its
+# log already).  Should this script be killed, COMMAND is killed with it
+# (setpriv --pdeathsig), never left running.
 
 ledger=$1
 shift
@@ -20,16 +25,44 @@ else
     "$@" &
 fi
 child=$!
-for sig in TERM USR1 INT; do
+
+a_rank_died() {
+    local record code _
+    for record in "$ledger"/rank-*; do
+        [[ -f $record ]] || continue
+        read -r code _ < "$record"
+        (( code > 128 )) && return 0
+    done
+    return 1
+}
+
+on_term() {
+    interrupted=1
+    if a_rank_died; then
+        ended_with_the_step=1
+        kill -KILL "$child" 2>/dev/null
+    else
+        kill -TERM "$child" 2>/dev/null
+    fi
+}
+
+trap on_term TERM
+for sig in USR1 INT; do
     # shellcheck disable=SC2064
-    trap "kill -$sig $child 2>/dev/null" "$sig"
+    trap "interrupted=1; kill -$sig $child 2>/dev/null" "$sig"
 done
-# wait returns early (128+N) when a forwarded signal arrives; the child is
-# reaped, its status known, once kill -0 no longer finds it.
-while kill -0 "$child" 2>/dev/null; do
+# A trapped signal makes wait return early (128+N) whether or not the child
+# has ended (bash may have reaped it already: kill -0 cannot tell); wait
+# again until a wait returns uninterrupted, with the child's own status.
+while true; do
+    interrupted=
     wait "$child"
     status=$?
+    [[ -z $interrupted ]] && break
 done
-mkdir -p "$ledger"
-echo "$status $(date +%s.%N)" > "$ledger/rank-$rank"
+# A rank killed here because the step ended is not a death: no record.
+if [[ -z ${ended_with_the_step:-} ]]; then
+    mkdir -p "$ledger"
+    echo "$status $(date +%s.%N)" > "$ledger/rank-$rank"
+fi
 exit "$status"

@@ -7,6 +7,8 @@
 
 source slurm/launch.sh || exit 2
 
+say() { echo "wagma-train $(date +%T.%3N): $*"; }
+
 RESULTS_DIR=${RESULTS_DIR:-results/slurm}
 mkdir -p "$RESULTS_DIR"
 run_file=$RESULTS_DIR/${ALGO:-wagma}_${SLURM_JOB_ID}.h5
@@ -30,7 +32,7 @@ RANKS=$SLURM_NTASKS
 export RANKS
 relaunches=0
 while true; do
-    echo "wagma-train: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunches) on $SLURM_NNODES nodes, $RANKS ranks: ${train[*]}"
+    say "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunches) on $SLURM_NNODES nodes, $RANKS ranks: ${train[*]}"
     ledger=$RESULTS_DIR/exits/$SLURM_JOB_ID.$relaunches
     rm -rf "$ledger"
     EXIT_LEDGER=$ledger launch "${train[@]}"
@@ -43,11 +45,12 @@ while true; do
 with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "$run_file" 2>/dev/null)
     if [[ $status -eq 75 || $written == stopped ]]; then
         rm -rf "$ledger"
-        echo "wagma-train: stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
+        say "stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
         scontrol requeue "$SLURM_JOB_ID"
         return 75
     fi
     [[ $status -eq 0 ]] && { rm -rf "$ledger"; break; }
+    say "the launch ended with status $status"
     # A rank failed and the launcher ended the others (no MPI fault tolerance,
     # or one it could not survive): the run file gets every rank's rows and
     # the mark "failed: a rank died".
@@ -66,7 +69,7 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
     died_at=$(printf '%s\n' "${deaths[@]}" | sort -g | head -n 1)
     rm -rf "$ledger"
     if [[ ${ALGO:-wagma} == ensemble_sync || ${#dead[@]} -eq 0 || $relaunches -ge ${MAX_RELAUNCHES:-3} ]]; then
-        echo "wagma-train: the ranks failed (status $status${dead:+; died: ${dead[*]}}); not relaunched"
+        say "the ranks failed (status $status${dead:+; died: ${dead[*]}}); not relaunched"
         break
     fi
     # Relaunch on the ranks left, from the last checkpoint: the failed
@@ -75,7 +78,7 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
     relaunches=$((relaunches + 1))
     cp "$(dirname "$run_file")/$(basename "$run_file" .h5).partial.h5" "${run_file%.h5}.failed-$relaunches.h5"
     RANKS=$("$PYTHON" -m experiments.checkpoint without "$checkpoints" --of "$RANKS" --died-at "$died_at" "${dead[@]}") || break
-    echo "wagma-train: ranks ${dead[*]} died; relaunching on the $RANKS ranks left from the last checkpoint (relaunch $relaunches)"
+    say "ranks ${dead[*]} died (at $(date -d "@$died_at" +%T.%3N)); relaunching on the $RANKS ranks left from the last checkpoint (relaunch $relaunches)"
 done
 rmdir "$RESULTS_DIR/exits" 2>/dev/null
 # A finished run is its file under the final name.
