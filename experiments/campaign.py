@@ -52,6 +52,15 @@
     completed step and the final accuracy beside the failure-free run's
     (:mod:`experiments.survival`).
 
+``.venv/bin/python -m experiments.campaign relaunch``
+    Every algorithm that checkpoints on 8 ranks through ``slurm/train.sbatch``
+    without fault tolerance, with one rank killed at 40 % of the run:
+    ``train-job.sh`` relaunches on the ranks left from the last checkpoint;
+    ``table.md`` gives the time lost per failure, the training redone and
+    the relaunch, and the final accuracy beside the failure-free run's
+    (:mod:`experiments.relaunch`; on ``SLURM_CONF``'s Slurm, or the one-node
+    Slurm of ``scripts/local-slurm``).
+
 Each writes its run files, ``table.md`` (the ``wagma.analysis`` table) and
 the figures (``wagma.analysis --plot``) into ``--out-dir`` and prints the
 table.  ``--out-dir`` defaults to a fresh ``runs/CAMPAIGN-YYYYmmdd-HHMMSS``
@@ -81,7 +90,10 @@ from .jobs import run_training as _run
 from .jobs import shown as _shown
 from .mpirun import find_mpiexec
 from .options import HelpFormatter
+from .relaunch import ALGORITHMS as RELAUNCH_ALGORITHMS
+from .relaunch import run_relaunch, tabulate_relaunch
 from .seeds import EAGER_READINGS, run_seeds
+from .slurm_jobs import SlurmUnavailable
 from .survival import ALGORITHMS as SURVIVAL_ALGORITHMS
 from .survival import run_survival, tabulate_survival
 
@@ -358,6 +370,31 @@ def _parser():
         help="run files and table.md [a fresh runs/survival-YYYYmmdd-HHMMSS]; "
         "results/survival refreshes the committed reference results",
     )
+    r = sub.add_parser(
+        "relaunch",
+        help="every algorithm that checkpoints with a rank killed mid-run without fault tolerance: "
+        "slurm/train.sbatch relaunches on the ranks left",
+        formatter_class=HelpFormatter,
+    )
+    r.add_argument("--ranks", type=int, default=8, help="ranks of every job")
+    r.add_argument("--epochs", type=int, default=10, help="epochs of every run")
+    r.add_argument("--compute-ms", type=float, default=20.0, help="each step's compute, padded to this")
+    r.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    r.add_argument("--kill-at", type=float, default=0.45, help="when the victim dies, a fraction of the run")
+    r.add_argument("--repeats", type=int, default=3, help="killed jobs per algorithm (the first kills rank 0)")
+    r.add_argument("--seed", type=int, default=36, help="draws the other repeats' victims")
+    r.add_argument("--algos", default=",".join(RELAUNCH_ALGORITHMS), help="comma-separated algorithms")
+    r.add_argument(
+        "--tabulate",
+        action="store_true",
+        help="run nothing: table.md from the run files already in --out-dir",
+    )
+    r.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files, job logs and table.md [a fresh runs/relaunch-YYYYmmdd-HHMMSS]; "
+        "results/relaunch refreshes the committed reference results",
+    )
     return parser
 
 
@@ -443,8 +480,21 @@ def main(argv=None):
     from wagma.algorithms import ALGORITHMS  # after parsing: --help needs no torch
 
     algos = [a for a in args.algos.split(",") if a]
-    if args.campaign in ("seeds", "survival") and args.repeats < 1:
+    if args.campaign in ("seeds", "survival", "relaunch") and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.campaign == "relaunch":
+        if not 0 < args.kill_at < 1:
+            parser.error(f"--kill-at must be a fraction of the run in (0, 1), got {args.kill_at}")
+        if args.checkpoint_every < 1:
+            parser.error(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
+        if args.ranks < 2:
+            parser.error(f"--ranks must be >= 2 (one dies, the others go on), got {args.ranks}")
+        uncheckpointed = [a for a in algos if a in ALGORITHMS and a not in RELAUNCH_ALGORITHMS]
+        if uncheckpointed:
+            parser.error(
+                f"--algos: {', '.join(uncheckpointed)} takes no checkpoints, so it has nothing to relaunch "
+                f"from; accepted: {', '.join(RELAUNCH_ALGORITHMS)}"
+            )
     if args.campaign == "survival":
         from wagma.faults import DEATHS
 
@@ -485,9 +535,16 @@ def main(argv=None):
         tabulate_survival(out_dir, algos)
     elif args.campaign == "survival":
         run_survival(args, mpiexec, out_dir, algos)
+    elif args.campaign == "relaunch" and args.tabulate:
+        tabulate_relaunch(out_dir, algos)
+    elif args.campaign == "relaunch":
+        try:
+            run_relaunch(args, out_dir, algos)
+        except SlurmUnavailable as exc:
+            parser.error(f"the relaunch campaign needs Slurm (SLURM_CONF, or scripts/local-slurm): {exc}")
     else:
         _sweep(args, mpiexec, out_dir, variants)
-    figures = "" if args.campaign in ("stragglersync", "seeds", "survival") else " and the figures"
+    figures = "" if args.campaign in ("stragglersync", "seeds", "survival", "relaunch") else " and the figures"
     print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
 

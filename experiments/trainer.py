@@ -73,10 +73,6 @@ class _Rows:
     #: The checkpoint the run resumes from, if any.
     latest: Latest | None = None
 
-    @property
-    def changed(self) -> bool:
-        return self.members != list(range(self.rows))
-
 
 def _rows_of(args, comm):
     """The rows of ``comm``'s ranks, and the problem with the checkpoint to

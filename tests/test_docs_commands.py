@@ -109,6 +109,9 @@ EXPENSIVE = {
     r"-m wagma\.analysis runs/": "reads run files of your own runs, which a fresh clone does not have",
     r"-m wagma\.analysis results/slurm\b": "reads the run files of Slurm jobs, which a fresh clone does not have",
     r"-m wagma\.results complete runs/": "closes the run file of a job that died, which a fresh clone does not have",
+    r"-m experiments\.checkpoint without runs/": (
+        "takes dead ranks out of the checkpoint of a job that died, which a fresh clone does not have"
+    ),
     r"-m wagma\.sim --algo all --ranks 16,64,256,1024\b": (
         "the paper's setting, 32 simulations up to 1024 ranks: ~20 s on a loaded machine"
     ),
