@@ -44,6 +44,7 @@ import tempfile
 
 import numpy as np
 
+from .campaign_rows import final_accuracy, keep_rows
 from .jobs import digits_mlp_args
 from .slurm_jobs import job_seconds, local_slurm, submit, wait_for
 
@@ -80,10 +81,6 @@ def relaunch_table(rows) -> str:
             f"{100 * r['final']:.1f} | {100 * r['free']:.1f} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _final_accuracy(run) -> float:
-    return float(run.eval["accuracy"][-1]) if len(run.eval.get("accuracy", ())) else float("nan")
 
 
 def run_relaunch(args, out_dir, algos):
@@ -181,7 +178,7 @@ def tabulate_relaunch(out_dir, algos):
             relaunch.append(part[1])
             losses.append(sum(part))
             longer.append(seconds[name] - seconds[f"{algo}_none"])
-            finals.append(_final_accuracy(run))
+            finals.append(final_accuracy(run))
         rows.append(
             {
                 "algorithm": algo,
@@ -193,19 +190,8 @@ def tabulate_relaunch(out_dir, algos):
                 "relaunch_median_s": statistics.median(relaunch),
                 "job_longer_median_s": statistics.median(longer),
                 "final": statistics.mean(finals),
-                "free": _final_accuracy(free),
+                "free": final_accuracy(free),
             }
         )
-    kept = os.path.join(out_dir, "rows.json")
-    earlier = []
-    if os.path.exists(kept):
-        with open(kept) as f:
-            earlier = [row for row in json.load(f) if row["algorithm"] not in algos]
-    order = {name: k for k, name in enumerate(ALGORITHMS)}
-    table = sorted(earlier + rows, key=lambda row: order.get(row["algorithm"], len(order)))
-    with open(kept, "w") as f:
-        json.dump(table, f, indent=1)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(relaunch_table(table))
-    print("\n" + relaunch_table(table), flush=True)
+    keep_rows(out_dir, rows, algos, ALGORITHMS, relaunch_table)
     return rows

@@ -39,6 +39,7 @@ import statistics
 
 import numpy as np
 
+from .campaign_rows import final_accuracy, keep_rows
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 
@@ -67,10 +68,6 @@ def recovery_seconds(run, victim: int) -> float:
         done = np.flatnonzero(np.isfinite(clock[rank, resumed:]) & (skipped[rank, resumed:] == 0))
         firsts.append(clock[rank, resumed + done[0]])
     return float(max(firsts) - died)
-
-
-def _final_accuracy(run) -> float:
-    return float(run.eval["accuracy"][-1]) if len(run.eval.get("accuracy", ())) else float("nan")
 
 
 def survival_table(rows) -> str:
@@ -135,7 +132,7 @@ def tabulate_survival(out_dir, algos):
 
     rows = []
     for algo in algos:
-        free = _final_accuracy(load_run(os.path.join(out_dir, f"{algo}_none.h5")))
+        free = final_accuracy(load_run(os.path.join(out_dir, f"{algo}_none.h5")))
         for victim_kind, prefix in _VICTIMS:
             paths = sorted(glob.glob(os.path.join(out_dir, f"{algo}_{prefix}_*.h5")))
             if not paths:
@@ -145,7 +142,7 @@ def tabulate_survival(out_dir, algos):
                 run = load_run(path)
                 (kill,) = [fault for fault in json.loads(run.attrs["faults"]) if fault["kind"] == "kill"]
                 times.append(recovery_seconds(run, int(kill["rank"])))
-                finals.append(_final_accuracy(run))
+                finals.append(final_accuracy(run))
                 hows.add(kill["how"])
             rows.append(
                 {
@@ -160,18 +157,5 @@ def tabulate_survival(out_dir, algos):
                     "free": free,
                 }
             )
-    # rows.json keeps every algorithm's rows: a campaign of some algorithms
-    # into the folder refreshes theirs and keeps the others'.
-    kept = os.path.join(out_dir, "rows.json")
-    earlier = []
-    if os.path.exists(kept):
-        with open(kept) as f:
-            earlier = [row for row in json.load(f) if row["algorithm"] not in algos]
-    order = {name: k for k, name in enumerate(ALGORITHMS)}
-    table = sorted(earlier + rows, key=lambda row: (order.get(row["algorithm"], len(order)), row["victim"]))
-    with open(kept, "w") as f:
-        json.dump(table, f, indent=1)
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(survival_table(table))
-    print("\n" + survival_table(table), flush=True)
+    keep_rows(out_dir, rows, algos, ALGORITHMS, survival_table)
     return rows
