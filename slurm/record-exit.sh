@@ -65,4 +65,12 @@ if [[ -z ${ended_with_the_step:-} ]]; then
     mkdir -p "$ledger"
     echo "$status $(date +%s.%N)" > "$ledger/rank-$rank"
 fi
+# End the way the rank ended: killed by the same signal, for the launcher
+# (PRRTE under --with-ft ulfm takes a killed process as a death the others
+# survive, but waits for ever after a process that exits with a non-zero
+# status).
+if (( status > 128 )); then
+    trap - TERM USR1 INT
+    kill -s $((status - 128)) $$
+fi
 exit "$status"
