@@ -77,15 +77,14 @@ class _Rows:
 def _rows_of(args, comm):
     """The rows of ``comm``'s ranks, and the problem with the checkpoint to
     resume from on this rank (None)."""
+    unchanged = _Rows(list(range(comm.size)), comm.size)
     if not (args.resume and args.checkpoint_dir):
-        return _Rows(list(range(comm.size)), comm.size), None
+        return unchanged, None
     try:
         latest = read_latest(args.checkpoint_dir, comm.rank, comm.size)
     except (ValueError, OSError, KeyError) as exc:
-        return _Rows(list(range(comm.size)), comm.size), str(exc)
-    if latest is None:
-        return _Rows(list(range(comm.size)), comm.size), None
-    return _Rows(latest.members, latest.rows, latest), None
+        return unchanged, str(exc)
+    return (unchanged if latest is None else _Rows(latest.members, latest.rows, latest)), None
 
 
 def _setup(args, comm):

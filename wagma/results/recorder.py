@@ -77,6 +77,13 @@ def _change_of(stored: str) -> int:
     return int(change) if change.isdigit() else 0
 
 
+def _noticed_code(noticed: str) -> int:
+    """The code of ``noticed`` in ``membership/noticed``; ValueError naming the accepted names."""
+    if noticed not in NOTICED:
+        raise ValueError(f"noticed must be one of {', '.join(NOTICED)}, got {noticed!r}")
+    return NOTICED[noticed]
+
+
 class RunRecorder:
     """Every rank's per-step measurements, evaluations and membership changes, into one run file.
 
@@ -259,21 +266,14 @@ class RunRecorder:
             ValueError: a name ``noticed`` does not know, a rank out of
                 range or still a member (call :meth:`rebuild` first), no rank.
         """
-        if noticed not in NOTICED:
-            raise ValueError(f"noticed must be one of {', '.join(NOTICED)}, got {noticed!r}")
+        code = _noticed_code(noticed)
         left = sorted(int(r) for r in left)
         if not left or any(not 0 <= r < self.ranks or r in self.members for r in left):
             raise ValueError(
                 f"left must name ranks in [0, {self.ranks - 1}] that are no longer members "
                 f"(members: {self.members}; call rebuild() with the survivors' communicator first), got {left}"
             )
-        rows = np.array([[step, clock, r, NOTICED[noticed], recovery_s, len(self.members)] for r in left], dtype=float)
-        for row in rows:
-            self._logs[2].append(row)
-        if self.writer:
-            self._membership = np.unique(np.concatenate([self._membership, rows]), axis=0)
-            self.writer.set_membership(self._membership)
-            self.flush()
+        self._add_membership([[step, clock, r, code, recovery_s, len(self.members)] for r in left])
 
     def record_dead_member(self, *, step: int, clock: float, rank: int, noticed: str, recovery_s: float) -> None:
         """On the root: member ``rank`` (its row) died and the others went on
@@ -285,15 +285,19 @@ class RunRecorder:
         elsewhere: nothing."""
         if not self.writer or rank in self._dead_members:
             return
-        if noticed not in NOTICED:
-            raise ValueError(f"noticed must be one of {', '.join(NOTICED)}, got {noticed!r}")
+        code = _noticed_code(noticed)
         self._dead_members.add(rank)
-        after = len(self.members) - len(self._dead_members)
-        row = np.array([[step, clock, rank, NOTICED[noticed], recovery_s, after]], dtype=float)
-        self._logs[2].append(row[0])
-        self._membership = np.unique(np.concatenate([self._membership, row]), axis=0)
-        self.writer.set_membership(self._membership)
-        self.flush()
+        self._add_membership([[step, clock, rank, code, recovery_s, len(self.members) - len(self._dead_members)]])
+
+    def _add_membership(self, rows):
+        """``membership/`` rows into this rank's log and, on the root, into the file at once."""
+        rows = np.array(rows, dtype=float)
+        for row in rows:
+            self._logs[2].append(row)
+        if self.writer:
+            self._membership = np.unique(np.concatenate([self._membership, rows]), axis=0)
+            self.writer.set_membership(self._membership)
+            self.flush()
 
     def _read_logs(self):
         for rank in range(self.ranks):
