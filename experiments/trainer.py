@@ -140,15 +140,16 @@ def _setup(args, comm):
 
 
 def _options(args, rows, ranks):
-    """The algorithm's options: the command line's, resolved for the run's
-    first rank count and, on fewer ranks (a run resumed on the ranks left),
-    fitted to ``ranks`` by the rule the survivors of a dead rank follow
-    (:func:`wagma.options.fit.fit_options`); and the adjustments, in words."""
-    options = resolved_options(args.algo, rows.rows, options_from_args(args, args.algo)).as_dict()
+    """The algorithm's options: the command line's resolved for the run's
+    first rank count (returned first) and, on fewer ranks (a run resumed on
+    the ranks left), fitted to ``ranks`` by the rule the survivors of a
+    dead rank follow (:func:`wagma.options.fit.fit_options`); and the
+    adjustments, in words."""
+    first = resolved_options(args.algo, rows.rows, options_from_args(args, args.algo)).as_dict()
     if ranks == rows.rows:
-        return options, []
+        return first, first, []
     try:
-        return fit_options(args.algo, options, ranks)
+        return first, *fit_options(args.algo, first, ranks)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -256,13 +257,14 @@ def train(args, world, comm):
     device = _device(args, world)
     model.to(device)
     torch.set_num_threads(args.threads)
-    options, adjustments = _options(args, rows, comm.size)
+    first_options, options, adjustments = _options(args, rows, comm.size)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     try:
         algo = create(args.algo, model, optimizer, comm, **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    algo.membership.original_ranks = list(rows.members)
+    membership = algo.membership
+    membership.original_ranks, membership.rows, membership.options = list(rows.members), rows.rows, first_options
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
     algo.plan(total, args.batch_size)

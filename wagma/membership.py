@@ -73,8 +73,9 @@ logger = logging.getLogger(__name__)
 #: How a rank learned of the failure, ``proc_failed`` (an operation that
 #: needed the dead rank failed), ``request_failed`` (a multiple completion,
 #: ``MPI_Waitall``, one of whose transfers failed) or ``revoked`` (a
-#: survivor revoked a communicator it was using).
-Noticed = Literal["proc_failed", "request_failed", "revoked"]
+#: survivor revoked a communicator it was using); a change that brought
+#: replacements in (:func:`wagma.healing.replace`) is ``spawned``.
+Noticed = Literal["proc_failed", "request_failed", "revoked", "spawned"]
 #: Where the first survivor to notice was, ``step`` (the training step's
 #: collectives, or the backward hooks' communication), ``thread`` (a
 #: progress or communication thread, which hands it to the main thread at
@@ -101,8 +102,10 @@ class MembershipChange:
     recovery_s: float
     #: The survivors.
     ranks_after: int
-    #: Options changed for the smaller rank count, in words.
+    #: Options changed for the new rank count, in words.
     adjustments: list[str] = field(default_factory=list)
+    #: The rows replacements took (:mod:`wagma.healing`), as ranks of the job's first communicator.
+    joined: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +123,14 @@ class Membership:
     original_ranks: list[int]
     #: Every change so far, in order.
     changes: list[MembershipChange] = field(default_factory=list)
+    #: The ranks of the first communicator (0: as many as ``original_ranks``).
+    rows: int = 0
+    #: The algorithm's options on the first communicator, which a job
+    #: that grows back (:mod:`wagma.healing`) fits to its new rank count.
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rows = self.rows or len(self.original_ranks)
 
     @property
     def original_rank(self) -> int:
@@ -128,8 +139,9 @@ class Membership:
 
     @property
     def left(self) -> list[int]:
-        """Every rank that has left, as a rank of the first communicator."""
-        return sorted(r for change in self.changes for r in change.left)
+        """Every rank of the first communicator that has left and not been
+        replaced (:mod:`wagma.healing`)."""
+        return sorted({r for change in self.changes for r in change.left} - set(self.original_ranks))
 
 
 def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipChange:

@@ -201,6 +201,7 @@ class Algorithm:
         self.config = config
         #: :attr:`config` as a dict (the run file's ``algorithm_options``).
         self.options = config.as_dict()
+        self.membership.options = dict(self.options)
         self.flat = FlatParameters(model)
         if init_sync:
             broadcast_model(comm, model)
@@ -401,20 +402,33 @@ class Algorithm:
         type(self).__init__(self, self.model, self.optimizer, comm, init_sync=False, **options)
         for name, value in kept.items():
             setattr(self, name, value)
-        self._owned_comm = comm
-        if self.survivors_continue_from == "source":
-            state = comm.control.bcast(
-                {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-                if comm.rank == source
-                else None,
-                root=source,
-            )
-            if comm.rank != source:
-                self.model.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
+        self.own_communicator(comm)
+        self.adopt_source(source)
         if total is not None and batch is not None:
             self.plan(total, batch)
         self.steps = step
+
+    def own_communicator(self, comm: Communicator) -> None:
+        """The algorithm owns ``comm`` from now on: :meth:`close` closes it
+        (the communicator of a membership change, which no caller holds)."""
+        self._owned_comm = comm
+
+    def adopt_source(self, source: int) -> None:
+        """Under :attr:`survivors_continue_from` ``"source"``, every member
+        takes the model, buffers and optimizer state of member ``source``
+        (a broadcast, collective); the others keep their own."""
+        if self.survivors_continue_from != "source":
+            return
+        comm = self.comm
+        state = comm.control.bcast(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+            if comm.rank == source
+            else None,
+            root=source,
+        )
+        if comm.rank != source:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def close(self) -> None:
         """Release threads and communicators the algorithm holds (collective)."""

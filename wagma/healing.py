@@ -1,0 +1,184 @@
+"""Replacements that join a running job: spawned by the survivors, given the live state of a peer over MPI.
+
+After ranks died and the survivors went on without them
+(:func:`wagma.membership.survive`), the job can grow back: the survivors
+call :func:`replace`, collectively, at a step they agree on (the one
+``survive`` returned, or any later one), and each process it starts calls
+:func:`join` in place of :func:`wagma.algorithms.create`.  What happens:
+
+1. the survivors end the algorithm as it runs on them (:meth:`~wagma.algorithms.base.Algorithm.close`:
+   threads, hooks and collectives drained), start ``count`` processes running ``command`` with
+   ``MPI_Comm_spawn`` over their communicator (Open MPI's PRRTE places them
+   on the job's hosts; under ``--with-ft ulfm`` a shrunk communicator
+   spawns), and both sides merge the intercommunicator: the survivors
+   first, in their order, then the newcomers, in the order spawned;
+2. newcomer i takes row ``left[i]``, the i-th row (rank of the job's first
+   communicator) that left and was not replaced yet, lowest first: that
+   rank's place in the algorithm's order, its data shard and its row of
+   the run file;
+3. the survivors' rank 0 sends each newcomer, point to point, what a living
+   rank holds: the algorithm's name, the options for the new rank count
+   (the run's first options fitted to it: a group size lowered for fewer
+   survivors is raised again where the ranks are back), the step, the
+   membership (rows, changes), and its model, buffers, optimizer state and
+   algorithm state.  No file: the state is the survivor's as it is now;
+4. every member builds the algorithm on the merged communicator, the
+   survivors by :meth:`~wagma.algorithms.base.Algorithm.rebuild`, the
+   newcomers by constructing it: the same collective calls.  Where the
+   algorithm keeps its replicas equal (``survivors_continue_from ==
+   "source"``: Allreduce-SGD, eager-SGD) rank 0's model, buffers and
+   optimizer state are every member's, bitwise, as after a shrink; the
+   model-averaging algorithms keep each survivor's replica, and a newcomer
+   starts from rank 0's, which the next average merges with the others.
+
+A newcomer is a process of this job by construction (the survivors start
+it); nothing here listens for processes that were started elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from mpi4py import MPI
+
+from collectives.comm import Communicator
+from collectives.failures import track
+
+from .membership import Membership, MembershipChange
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .algorithms.base import Algorithm
+
+__all__ = ["join", "replace"]
+
+_TAG_STATE = 4242  # the survivors' rank 0 to each newcomer, on the merged communicator
+
+
+def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipChange:
+    """Start ``count`` processes of ``command`` (``[program, *args]``, each
+    of which calls :func:`join`) and rebuild ``algo`` with them (see the
+    module docstring); collective over the algorithm's members.
+
+    Returns:
+        The change, the same on every member: ``joined``, the rows the
+        newcomers took; ``recovery_s``, from the spawn to the moment the
+        last member was ready to go on.
+
+    Raises:
+        ValueError: on every member, before anything is started: ``count``
+            is not between 1 and the rows that left and were not replaced.
+    """
+    membership = algo.membership
+    # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of
+    # its rounds) leave the communicator first, so their rows can be taken.
+    dead = membership.comm.bcast(sorted(algo.dead_ranks & set(membership.original_ranks)), root=0)
+    vacant = sorted({r for r in range(membership.rows) if r not in membership.original_ranks} | set(dead))
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
+        raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")
+    started = membership.comm.allreduce(time.time(), op=MPI.MIN)
+    # The algorithm as it runs on the survivors ends first, as at the end of a run (its threads, hooks
+    # and collectives drained: AD-PSGD's last exchanges land in the model), so that what the newcomers
+    # receive is final and nothing of it runs beside the rebuilt one.
+    algo.close()
+    if dead:
+        membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
+        membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
+    inter = membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0)
+    merged: MPI.Intracomm = track(inter.Merge(high=False))
+    inter.Free()
+    joined = vacant[:count]
+    rows = membership.original_ranks + joined
+    options, adjustments = _options_for(algo.name, membership.options, merged.Get_size())
+    if merged.Get_rank() == 0:
+        state = {**_state_of(algo, rows, options), "joined": joined, "adjustments": adjustments, "started": started}
+        for index, row in enumerate(joined):
+            merged.send({**state, "row": row}, dest=len(membership.original_ranks) + index, tag=_TAG_STATE)
+    membership.comm, membership.original_ranks = merged, rows
+    algo.rebuild(Communicator(merged), options, algo.steps, source=0)
+    return _joined(algo, started, joined, adjustments)
+
+
+def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Algorithm, int]:
+    """In a process :func:`replace` started: merge with the survivors,
+    take the state rank 0 sends (model, buffers, optimizer and algorithm
+    state, step, membership) and build the algorithm with them.
+    ``model`` and ``optimizer`` must be built as every rank builds them
+    (same architecture; the values are replaced).
+
+    Returns:
+        ``(algo, row)``: the algorithm, at the survivors' step, and the row
+        this process took (its data shard, its row of the run file).
+
+    Raises:
+        RuntimeError: this process was not started by :func:`replace`.
+    """
+    from .algorithms import ALGORITHMS
+
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        raise RuntimeError("join: this process was not spawned by the survivors of a job (wagma.healing.replace)")
+    merged: MPI.Intracomm = track(parent.Merge(high=True))
+    parent.Free()
+    state = merged.recv(source=0, tag=_TAG_STATE)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    comm = Communicator(merged)
+    # The class itself, as the survivors' rebuild constructs it again: the same collective calls.
+    algo = ALGORITHMS[state["algorithm"]](model, optimizer, comm, init_sync=False, **state["options"])
+    algo.adopt_source(0)
+    algo.load_state_dict(state["algorithm_state"])
+    algo.membership = Membership(
+        merged, state["rows"], list(state["changes"]), rows=state["first_rows"], options=state["first_options"]
+    )
+    algo.own_communicator(comm)
+    _joined(algo, state["started"], state["joined"], state["adjustments"])
+    return algo, state["row"]
+
+
+def _options_for(name: str, first: dict[str, Any], ranks: int) -> tuple[dict[str, Any], list[str]]:
+    from .options.fit import fit_options
+
+    return fit_options(name, dict(first), ranks)
+
+
+def _state_of(algo: Algorithm, rows: list[int], options: dict[str, Any]) -> dict[str, Any]:
+    """What the survivors' rank 0 hands a newcomer (tensors on the CPU)."""
+    with algo.lock:  # the model and what the algorithm holds for it, at one moment
+        model = {k: v.detach().cpu().clone() for k, v in algo.model.state_dict().items()}
+        state = {
+            "algorithm": algo.name,
+            "options": options,
+            "rows": rows,
+            "changes": list(algo.membership.changes),
+            "first_rows": algo.membership.rows,
+            "first_options": algo.membership.options,
+            "model": model,
+            "optimizer": algo.optimizer.state_dict(),
+            # Its counters, for the options the newcomer runs with (those of the new rank count).
+            "algorithm_state": {**algo.state_dict(), "options": options},
+        }
+    return state
+
+
+def _joined(algo, started, joined, adjustments):
+    """The change every member records once the algorithm is rebuilt."""
+    comm = algo.membership.comm
+    ready = comm.allreduce(time.time(), op=MPI.MAX)
+    started = comm.bcast(started, root=0)
+    change = MembershipChange(
+        step=algo.steps,
+        left=[],
+        joined=list(joined),
+        noticed="spawned",
+        where="between steps",
+        noticed_at=started,
+        recovery_s=ready - started,
+        ranks_after=comm.Get_size(),
+        adjustments=list(adjustments),
+    )
+    algo.membership.changes.append(change)
+    return change
