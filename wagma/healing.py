@@ -64,9 +64,9 @@ def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipCh
     module docstring); collective over the algorithm's members.
 
     Returns:
-        The change, the same on every member: ``joined``, the rows the
-        newcomers took; ``recovery_s``, from the spawn to the moment the
-        last member was ready to go on.
+        MembershipChange: the same on every member, with ``joined`` the
+        rows the newcomers took and ``recovery_s`` the seconds from the
+        spawn to the moment the last member was ready to go on.
 
     Raises:
         ValueError: on every member, before anything is started: ``count``
@@ -74,8 +74,12 @@ def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipCh
     """
     membership = algo.membership
     # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of
-    # its rounds) leave the communicator first, so their rows can be taken.
-    dead = membership.comm.bcast(sorted(algo.dead_ranks & set(membership.original_ranks)), root=0)
+    # its rounds) leave the communicator first, so their rows can be taken.  An allgather, which needs
+    # every member, and not a broadcast, which its root leaves at once: a member that has not yet
+    # noticed a death (AD-PSGD's ranks notice at their next exchange with the dead one) fails here,
+    # recovers with the others, and calls again on their communicator.
+    views = membership.comm.allgather(sorted(algo.dead_ranks & set(membership.original_ranks)))
+    dead = sorted(set().union(*views))
     vacant = sorted({r for r in range(membership.rows) if r not in membership.original_ranks} | set(dead))
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
         raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")

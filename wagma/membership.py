@@ -123,7 +123,7 @@ class Membership:
     original_ranks: list[int]
     #: Every change so far, in order.
     changes: list[MembershipChange] = field(default_factory=list)
-    #: The ranks of the first communicator (0: as many as ``original_ranks``).
+    #: The ranks of the first communicator (where none is given, as many as ``original_ranks``).
     rows: int = 0
     #: The algorithm's options on the first communicator, which a job
     #: that grows back (:mod:`wagma.healing`) fits to its new rank count.
