@@ -23,7 +23,11 @@ was in fails with ``MPI.ERR_PROC_FAILED`` (or ``ERR_REVOKED`` on the ranks
 another survivor revoked), and ``Revoke`` + ``Shrink`` give the survivors a
 communicator without it, while ``mpiexec`` leaves them running and exits 0.
 MPICH 5.0.2's wheel aborts in ``MPI_Init`` with ``MPIR_CVAR_ENABLE_FT=1``, so
-``--fault-tolerant`` with MPICH is refused.
+``--fault-tolerant`` with MPICH is refused.  A fault-tolerant job is also
+given a secret (``$WAGMA_JOB_SECRET``, 256 random bits, unless one is set
+already), which replacements that join it must prove
+(:mod:`collectives.admission`); PRRTE forwards it to every rank and to the
+processes the ranks spawn.
 
 Which ``mpiexec``: ``$MPIEXEC``, else the one next to this Python (the MPI
 wheel's), else the one on PATH. Which library: what ``mpiexec --version``
@@ -34,6 +38,7 @@ flags. ``$MPIEXEC_FLAGS`` (split like a shell would) is added after ours.
 import argparse
 import functools
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -50,6 +55,9 @@ __all__ = [
     "srun_mpi_plugin",
 ]
 
+#: The environment variable that holds a fault-tolerant job's secret (:data:`collectives.admission.SECRET_VARIABLE`,
+#: named here too so that starting a job does not import MPI).
+SECRET_VARIABLE = "WAGMA_JOB_SECRET"
 #: ``mpiexec --version`` marker -> the library's short name.
 LAUNCHERS = {"HYDRA": "mpich", "Open MPI": "openmpi"}
 #: mpi4py's vendor name -> the short name.
@@ -113,6 +121,7 @@ def launcher_flags(library: str, euid: int = None, fault_tolerant: bool = False)
         ["--oversubscribe"]
         + (["--allow-run-as-root"] if euid == 0 else [])
         + (["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "1"] if fault_tolerant else [])
+        + (["-x", SECRET_VARIABLE] if fault_tolerant and SECRET_VARIABLE in os.environ else [])
     )
 
 
@@ -196,6 +205,8 @@ def main(argv=None):
         parser.error(f"-n must be a positive number of ranks, got {args.n}")
     if not args.print and not command:
         parser.error("give the command to run after --, or --print")
+    if args.fault_tolerant and not args.print:
+        os.environ.setdefault(SECRET_VARIABLE, secrets.token_hex(32))  # never printed: it stays in the environment
     try:
         words = mpiexec_command(args.n, fault_tolerant=args.fault_tolerant) + command
     except (FileNotFoundError, ValueError) as error:

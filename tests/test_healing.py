@@ -17,6 +17,7 @@ CI does); skipped under MPICH, whose wheel has no fault tolerance.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from pathlib import Path
 import pytest
 from launcher import mpiexec, mpiexec_command
 
+from collectives.admission import SECRET_VARIABLE, new_secret
+from experiments import mpirun
 from experiments.mpirun import launcher_library
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "healing.py"
@@ -53,8 +56,8 @@ pytestmark = [
 ]
 
 
-def _heal(tmp_path, algorithm):
-    options, victim, equal = CASES[algorithm]
+def _job(tmp_path, algorithm, *extra):
+    options, victim, _ = CASES[algorithm]
     job = subprocess.run(
         [
             *mpiexec_command(RANKS, fault_tolerant=True),
@@ -63,14 +66,21 @@ def _heal(tmp_path, algorithm):
             str(tmp_path),
             algorithm,
             json.dumps(options),
-            *map(str, (victim, KILL_AT, JOIN_AT, STEPS)),
+            *map(str, (victim, KILL_AT, JOIN_AT, STEPS, *extra)),
         ],
         capture_output=True,
         text=True,
         timeout=180,
+        env={**os.environ, SECRET_VARIABLE: new_secret()},  # as experiments.mpirun --fault-tolerant gives a job
     )
     context = job.stdout[-2000:] + job.stderr[-3000:]
     assert job.returncode == 0, context
+    return context
+
+
+def _heal(tmp_path, algorithm):
+    _, victim, equal = CASES[algorithm]
+    context = _job(tmp_path, algorithm)
     reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
     assert sorted(reports) == list(range(RANKS)), context  # the victim's row: the replacement's report
     assert all(r["steps"] == STEPS for r in reports.values()), context
@@ -98,3 +108,55 @@ def test_a_replacement_joins_with_a_peers_state(tmp_path, algorithm):
 @pytest.mark.parametrize("algorithm", [a for a in CASES if a not in IN_CI])
 def test_every_algorithm_takes_a_replacement(tmp_path, algorithm):
     _heal(tmp_path, algorithm)
+
+
+def test_a_process_without_the_jobs_secret_cannot_join(tmp_path):
+    """From step 7 the survivors start a process that dropped the secret
+    from its environment: it is refused before anything is sent to it (it
+    reports the refusal), the survivors record the attempt and go on, and
+    the replacement started at step 10 joins."""
+    victim = CASES["allreduce_sgd"][1]
+    context = _job(tmp_path, "allreduce_sgd", 7)
+    impostor = json.loads((tmp_path / "impostor.json").read_text())
+    assert "refused" in impostor["refusal"] and SECRET_VARIABLE in impostor["refusal"], impostor
+    reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
+    assert sorted(reports) == list(range(RANKS)), context
+    death, attempt, joined = reports[0]["changes"]
+    assert attempt["refused"] == ["refused"] and attempt["joined"] == [] and attempt["ranks_after"] == RANKS - 1
+    assert 7 <= attempt["step"] <= 8, attempt
+    assert joined["joined"] == [victim] and joined["refused"] == [] and joined["ranks_after"] == RANKS
+    assert len({r["digest"] for r in reports.values()}) == 1, context
+
+
+def test_the_launcher_gives_each_fault_tolerant_job_its_own_secret():
+    """``experiments.mpirun --fault-tolerant`` puts a fresh random secret in
+    the job's environment, the same on every rank, another for the next job."""
+    assert mpirun.SECRET_VARIABLE == SECRET_VARIABLE  # named twice: starting a job imports no MPI
+    env = {k: v for k, v in os.environ.items() if k != SECRET_VARIABLE}
+    show = f"import os; print(os.environ[{SECRET_VARIABLE!r}])"
+    secrets = []
+    for _ in range(2):
+        job = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "experiments.mpirun",
+                "--fault-tolerant",
+                "-n",
+                "2",
+                "--",
+                sys.executable,
+                "-c",
+                show,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert job.returncode == 0, job.stderr[-2000:]
+        printed = job.stdout.split()
+        assert len(printed) == 2 and printed[0] == printed[1] and len(printed[0]) == 64, job.stdout
+        int(printed[0], 16)  # hex
+        secrets.append(printed[0])
+    assert secrets[0] != secrets[1]

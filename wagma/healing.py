@@ -31,8 +31,15 @@ call :func:`replace`, collectively, at a step they agree on (the one
    model-averaging algorithms keep each survivor's replica, and a newcomer
    starts from rank 0's, which the next average merges with the others.
 
-A newcomer is a process of this job by construction (the survivors start
-it); nothing here listens for processes that were started elsewhere.
+Only a process of this job joins: before the two sides merge, each
+process started proves the secret the launcher gave the job
+(:mod:`collectives.admission`); where one does not, or does not answer in
+time, none of them joins, and the change records it.  Nothing here listens
+for processes that were started elsewhere: with the Open MPI wheel here,
+``MPI_Comm_connect`` from a second ``mpiexec`` never reaches the job's
+``MPI_Open_port`` (the two have no PMIx server in common), and a persistent
+PRRTE (``prte`` with ``mpiexec --dvm``), which would give them one, ends in
+a segmentation fault of ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from mpi4py import MPI
 
+from collectives.admission import SECRET_VARIABLE, admit, job_secret, present
 from collectives.comm import Communicator
-from collectives.failures import track
+from collectives.failures import hold, track
 
 from .membership import Membership, MembershipChange
 
@@ -58,10 +66,19 @@ __all__ = ["join", "replace"]
 _TAG_STATE = 4242  # the survivors' rank 0 to each newcomer, on the merged communicator
 
 
-def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipChange:
+def replace(
+    algo: Algorithm, count: int, command: Sequence[str], *, secret: str | None = None, wait_s: float = 60.0
+) -> MembershipChange:
     """Start ``count`` processes of ``command`` (``[program, *args]``, each
     of which calls :func:`join`) and rebuild ``algo`` with them (see the
     module docstring); collective over the algorithm's members.
+
+    Every process started must prove the job's ``secret`` (by default the
+    launcher's, :func:`collectives.admission.job_secret`) within ``wait_s``
+    seconds of the challenge (:func:`collectives.admission.admit`); where
+    one does not, none joins: the members revoke the link to them, rebuild
+    the algorithm among themselves and go on, and the change records the
+    verdicts (``refused``).
 
     Returns:
         MembershipChange: the same on every member, with ``joined`` the
@@ -70,9 +87,18 @@ def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipCh
 
     Raises:
         ValueError: on every member, before anything is started: ``count``
-            is not between 1 and the rows that left and were not replaced.
+            is not between 1 and the rows that left and were not replaced,
+            ``wait_s`` is not a positive number, or the job has no secret.
     """
     membership = algo.membership
+    secret = secret or job_secret()
+    if not secret:
+        raise ValueError(
+            f"replace needs the job's secret: the launcher puts it in ${SECRET_VARIABLE} "
+            "(python -m experiments.mpirun --fault-tolerant and slurm/train-job.sh do), or pass secret="
+        )
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
+        raise ValueError(f"wait_s must be a positive number of seconds, got {wait_s!r}")
     # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of
     # its rounds) leave the communicator first, so their rows can be taken.  An allgather, which needs
     # every member, and not a broadcast, which its root leaves at once: a member that has not yet
@@ -92,6 +118,13 @@ def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipCh
         membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
         membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
     inter = membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0)
+    verdicts = admit(inter, membership.comm, secret, wait_s)
+    if any(v != "admitted" for v in verdicts):
+        inter.Revoke()  # a candidate still waiting for its verdict is released with an error
+        hold(inter)  # revoked: let go without a collective free
+        options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size())
+        algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
+        return _joined(algo, started, [], adjustments, refused=[v for v in verdicts if v != "admitted"])
     merged: MPI.Intracomm = track(inter.Merge(high=False))
     inter.Free()
     joined = vacant[:count]
@@ -106,12 +139,15 @@ def replace(algo: Algorithm, count: int, command: Sequence[str]) -> MembershipCh
     return _joined(algo, started, joined, adjustments)
 
 
-def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Algorithm, int]:
-    """In a process :func:`replace` started: merge with the survivors,
-    take the state rank 0 sends (model, buffers, optimizer and algorithm
-    state, step, membership) and build the algorithm with them.
-    ``model`` and ``optimizer`` must be built as every rank builds them
-    (same architecture; the values are replaced).
+def join(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, secret: str | None = None
+) -> tuple[Algorithm, int]:
+    """In a process :func:`replace` started: prove the job's ``secret`` (by
+    default the one the launcher put in this process's environment), merge
+    with the survivors, take the state rank 0 sends (model, buffers,
+    optimizer and algorithm state, step, membership) and build the
+    algorithm with them.  ``model`` and ``optimizer`` must be built as every
+    rank builds them (same architecture; the values are replaced).
 
     Returns:
         ``(algo, row)``: the algorithm, at the survivors' step, and the row
@@ -119,12 +155,15 @@ def join(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Algo
 
     Raises:
         RuntimeError: this process was not started by :func:`replace`.
+        PermissionError: the job refused this process (its secret did not
+            match) or gave up waiting for it; nothing was received.
     """
     from .algorithms import ALGORITHMS
 
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         raise RuntimeError("join: this process was not spawned by the survivors of a job (wagma.healing.replace)")
+    present(parent, secret or job_secret())
     merged: MPI.Intracomm = track(parent.Merge(high=True))
     parent.Free()
     state = merged.recv(source=0, tag=_TAG_STATE)
@@ -168,7 +207,7 @@ def _state_of(algo: Algorithm, rows: list[int], options: dict[str, Any]) -> dict
     return state
 
 
-def _joined(algo, started, joined, adjustments):
+def _joined(algo, started, joined, adjustments, refused=()):
     """The change every member records once the algorithm is rebuilt."""
     comm = algo.membership.comm
     ready = comm.allreduce(time.time(), op=MPI.MAX)
@@ -183,6 +222,7 @@ def _joined(algo, started, joined, adjustments):
         recovery_s=ready - started,
         ranks_after=comm.Get_size(),
         adjustments=list(adjustments),
+        refused=list(refused),
     )
     algo.membership.changes.append(change)
     return change

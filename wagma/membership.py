@@ -86,7 +86,7 @@ Where = Literal["step", "thread", "between steps"]
 
 @dataclass
 class MembershipChange:
-    """One shrink of the job to its survivors, the same on every survivor."""
+    """One change of the members (a shrink to the survivors, or replacements joining), the same on every member."""
 
     #: The step the survivors go on from (the furthest any of them completed).
     step: int
@@ -106,6 +106,10 @@ class MembershipChange:
     adjustments: list[str] = field(default_factory=list)
     #: The rows replacements took (:mod:`wagma.healing`), as ranks of the job's first communicator.
     joined: list[int] = field(default_factory=list)
+    #: Processes started as replacements and not admitted, by verdict
+    #: (``refused``: no proof of the job's secret; ``late``: no answer in
+    #: time; :mod:`collectives.admission`); none of that attempt joined.
+    refused: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
