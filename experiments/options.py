@@ -113,6 +113,25 @@ def build_parser(parser_class=argparse.ArgumentParser):
         help="the compute time of a step before injected delays: emulated steps sleep this "
         "long [100]; real steps are padded up to it, to model a slower device [0: no padding]",
     )
+    g = p.add_argument_group(
+        "healing (under MPI fault tolerance: python -m experiments.mpirun --fault-tolerant; docs/healing.md)"
+    )
+    g.add_argument(
+        "--replace",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start a replacement for each rank that dies, at most N over the run: it joins at the survivors' "
+        "next step with a living rank's state (wagma.healing)",
+    )
+    g.add_argument(
+        "--replace-wait",
+        type=float,
+        default=60.0,
+        metavar="SEC",
+        help="the most seconds the survivors wait for a replacement to prove the job's secret; then they go on "
+        "without it",
+    )
     add_algorithm_flags(p)
     g = p.add_argument_group("output and restart")
     g.add_argument("--out", default=None, help="run file [runs/ALGO_pP_MODEL_DATASET_sSEED.h5]")
@@ -151,6 +170,30 @@ def default_out(args, ranks):
     return os.path.join("runs", f"{args.algo}_p{ranks}_{args.model}_{args.dataset}_s{args.seed}.h5")
 
 
+def _replace_problem(args):
+    """Why ``--replace`` cannot work in this job, or None: replacements join
+    through MPI fault tolerance, with the secret the launcher gave the job."""
+    from collectives.admission import SECRET_VARIABLE, job_secret
+    from collectives.failures import fault_tolerant
+
+    if not fault_tolerant():
+        return (
+            f"--replace {args.replace}: replacements join through MPI fault tolerance; start the job with "
+            f"python -m experiments.mpirun --fault-tolerant (Open MPI's ULFM)"
+        )
+    if not job_secret():
+        return (
+            f"--replace {args.replace}: the job has no secret for replacements to prove (${SECRET_VARIABLE}); "
+            f"python -m experiments.mpirun --fault-tolerant gives it one"
+        )
+    if args.algo == "ensemble_sync":
+        return (
+            "--replace is not available with --algo ensemble_sync: replacements join at a step every rank "
+            "reaches together, and ensemble_sync's ranks are not at the same step"
+        )
+    return None
+
+
 def usage_problem(args, ranks):
     """The first problem with the parsed options, as a sentence, or None.
 
@@ -178,6 +221,14 @@ def usage_problem(args, ranks):
     }.items():
         if value < 0:
             return f"{name} must be >= 0, got {value}"
+    if args.replace < 0:
+        return f"--replace must be >= 0, got {args.replace}"
+    if not args.replace_wait > 0:
+        return f"--replace-wait must be > 0 seconds, got {args.replace_wait}"
+    if args.replace:
+        problem = _replace_problem(args)
+        if problem:
+            return problem
     if not 0 <= args.momentum < 1:
         return f"--momentum must be in [0, 1), got {args.momentum}"
     decay = args.decay_epochs

@@ -50,12 +50,18 @@ def main(argv=None) -> int:
 
     configure_logging()
 
+    from mpi4py import MPI
+
     from .trainer import train
 
     world = _world()
+    # What a replacement for a dead rank runs (--replace): this program, with this command line.
+    command = [sys.executable, "-m", "experiments.train", *(sys.argv[1:] if argv is None else argv)]
+    if MPI.Comm.Get_parent() != MPI.COMM_NULL:  # a replacement the survivors started
+        return _replacement(args, command)
     try:
         with Communicator(world) as comm:
-            status = train(args, world, comm)
+            status = train(args, world, comm, command)
     except UsageError as exc:
         if world.Get_rank() == 0:
             print(f"experiments.train: error: {exc}", file=sys.stderr)
@@ -64,6 +70,20 @@ def main(argv=None) -> int:
         lines = traceback.format_exc().rstrip().splitlines()
         print("\n".join(f"[rank {world.Get_rank()}] {line}" for line in lines), file=sys.stderr, flush=True)
         world.Abort(1)
+        return 1
+    return EXIT_STOPPED if status == "stopped" else 0
+
+
+def _replacement(args, command) -> int:
+    """A replacement's run (:func:`experiments.trainer.join_training`):
+    exit status 0 when it completed with the others, 1 when the job
+    refused it (its error says why) or it failed."""
+    from .trainer import join_training
+
+    try:
+        status = join_training(args, command)
+    except PermissionError as exc:
+        print(f"experiments.train: replacement refused: {exc}", file=sys.stderr)
         return 1
     return EXIT_STOPPED if status == "stopped" else 0
 

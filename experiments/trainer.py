@@ -22,6 +22,7 @@ from wagma.algorithms import Algorithm, create
 from wagma.clock import TrainingClock
 from wagma.datasets import Dataset, load_dataset
 from wagma.faults import FaultInjector, parse_faults
+from wagma.healing import join, replace
 from wagma.imbalance import parse_imbalance
 from wagma.membership import survive
 from wagma.models import build_model
@@ -37,7 +38,7 @@ from .options import UsageError, compute_ms, default_out, usage_problem
 from .progress import StepProgress
 from .schedule import LearningRate
 
-__all__ = ["train"]
+__all__ = ["join_training", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,9 @@ class _Run:
     latest: Latest | None = None
     #: Options fitted to a smaller rank count so far: ``{"step", "adjustment"}`` (a sentence).
     adjustments: list = field(default_factory=list)
+    #: What a replacement runs (``[python, -m, experiments.train, *argv]``), and how many may still join.
+    command: list = field(default_factory=list)
+    replacements_left: int = 0
 
     def checkpoint(self, step: int, clock: float):
         """Collective: the model, optimizer, algorithm and RNG state after ``step`` steps."""
@@ -243,10 +247,12 @@ class _Run:
         save_checkpoint(self.comm, self.args.checkpoint_dir, step, state, members, self.recorder.ranks)
 
 
-def train(args, world, comm):
+def train(args, world, comm, command=()):
     """Runs the training that ``args`` describe on ``comm`` (a duplicate of
     ``world``); returns ``"complete"``, ``"stopped"`` (at a checkpoint, by a
     signal) or ``"nothing to do"`` (the checkpoint is at the end already).
+    ``command``: what a replacement for a dead rank runs (``--replace``),
+    this program with this command line.
 
     Raises:
         UsageError: on every rank, for a problem with the command line or the
@@ -298,15 +304,77 @@ def train(args, world, comm):
     )
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     run.latest, run.adjustments = rows.latest, [{"step": start, "adjustment": a} for a in adjustments]
+    run.command, run.replacements_left = list(command), args.replace
+    return _run_to_end(run, start, clock_offset)
+
+
+def join_training(args, command=()):
+    """The run of a replacement the survivors started (``--replace``):
+    build the model and optimizer as every rank did, join the job with a
+    living rank's state (:func:`wagma.healing.join`: the step, the model,
+    the optimizer and the algorithm's state; the row of a rank that died),
+    take that row's data shard, imbalance and faults, continue its rows of
+    the run file, and train to the end with the others.  Returns the run's
+    status, as :func:`train`.
+
+    Raises:
+        PermissionError: the job refused this process (no proof of its secret).
+    """
+    probe = load_dataset(
+        args.dataset,
+        model=args.model,
+        root=args.data_dir,
+        seed=args.seed,
+        rank=0,
+        ranks=1,
+        synthetic_size=args.synthetic_size,
+    )
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, probe.spec)  # the architecture: join replaces the values
+    device = _device(args, MPI.COMM_SELF)
+    model.to(device)
+    torch.set_num_threads(args.threads)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    algo, row = join(model, optimizer)
+    rows = algo.membership.rows
+    dataset = load_dataset(
+        args.dataset,
+        model=args.model,
+        root=args.data_dir,
+        seed=args.seed,
+        rank=row,
+        ranks=rows,
+        synthetic_size=args.synthetic_size,
+    )
+    steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
+    total = _planned_steps(args, dataset)
+    algo.plan(total, args.batch_size)
+    faults = FaultInjector(parse_faults(args.fault, rows, total), row, after=algo.steps)
+    faults.arm(optimizer, lambda: algo.steps)
+    imbalance = parse_imbalance(args.imbalance, rows, args.seed)
+    world = algo.membership.comm
+    run = _Run(args, world, algo.comm, dataset, model, optimizer, algo, imbalance, faults, None, steps_per_epoch, total)
+    run.command = list(command)
+    channels = _Channels(run, args.compute == "real", bool(args.checkpoint_dir))
+    run.recorder = RunRecorder.joining(world, args.out or default_out(args, rows), rows, row)
+    clock_offset = _record_join(run, algo.membership.changes[-1], None)
+    return _run_to_end(run, algo.steps, clock_offset, channels)
+
+
+def _run_to_end(run, start, clock_offset, channels=None):
+    """The step loop from ``start``, then the end of the run: the
+    algorithm closed, the last checkpoint, the run file closed with its
+    summary; returns the status."""
     try:
-        status, ended = _loop(run, start, clock_offset)
+        status, ended = _loop(run, start, clock_offset, channels)
     except BaseException:
-        recorder.abandon("failed")
+        run.recorder.abandon("failed")
         raise
+    algo, recorder = run.algo, run.recorder
     algo.close()  # AD-PSGD's last exchanges land in the model here
-    if args.checkpoint_dir and status == "complete":
-        run.checkpoint(total, ended)
-    if comm.rank == 0:
+    if run.args.checkpoint_dir and status == "complete":
+        run.checkpoint(run.total, ended)
+    if run.comm.rank == 0:
         recorder.record_tables(algo.sync_tables())  # as they stand after close (AD-PSGD's exchanges)
     attrs = algo.run_attributes()
     if run.adjustments:
@@ -339,7 +407,7 @@ class _Channels:
         self.eval_comm.close()
 
 
-def _loop(run, start, clock_offset):
+def _loop(run, start, clock_offset, channels=None):
     """The training steps ``start .. run.total - 1``; returns the run's status and its training clock then.
 
     Under MPI fault tolerance a rank's failure, noticed anywhere in a step
@@ -347,7 +415,10 @@ def _loop(run, start, clock_offset):
     algorithm is rebuilt on the survivors, the loop's own channels and the
     run file follow, the survivors take over the dead ranks' data
     (:meth:`_TrainingData.take_over`), and the loop goes on from the step
-    the survivors agreed on."""
+    the survivors agreed on.  With ``--replace``, at the next step the
+    survivors start replacements for the rows that left
+    (:func:`_take_replacements`), which enter this loop with their
+    ``channels`` built already, at the survivors' step."""
     args, algo, recorder, total = run.args, run.algo, run.recorder, run.total
     steps_per_epoch, optimizer = run.steps_per_epoch, run.optimizer
     lr = LearningRate(
@@ -361,10 +432,13 @@ def _loop(run, start, clock_offset):
     progress = StepProgress(total, start, enabled=run.comm.rank == 0 and not args.no_progress)
     # Without a checkpoint to stop at, SIGTERM keeps its default (end the job).
     stop = _StopRequest() if args.checkpoint_dir else None
-    channels = _Channels(run, evaluate, stop is not None)
+    joining = channels is not None  # a replacement, which the others are waiting for already
+    if not joining:
+        channels = _Channels(run, evaluate, stop is not None)
     with progress.redirect():
         update = _UpdateTimer(optimizer)
-        run.comm.control.Barrier()
+        if not joining:
+            run.comm.control.Barrier()
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
         data = _TrainingData(
@@ -391,8 +465,12 @@ def _loop(run, start, clock_offset):
         clocks, evaluated = {}, set()
         try:
             while step < total:
-                phase = "step"
+                phase = "between steps"
                 try:
+                    if run.replacements_left and len(algo.membership.original_ranks) < recorder.ranks:
+                        channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock())
+                        last = clock()
+                    phase = "step"
                     algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
                     samples = algo.samples_per_step
                     batch = data.take(step, samples)
@@ -501,6 +579,53 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
     run.adjustments += [{"step": change.step, "adjustment": a} for a in change.adjustments]
     _share_rows_left(run, data)
     return channels
+
+
+def _take_replacements(run, channels, data, evaluate, stop, now):
+    """The survivors' side of ``--replace``: start a replacement for each
+    row that left, up to the run's budget (:func:`wagma.healing.replace`;
+    each runs :func:`join_training`), then, with them, build the loop's
+    channels on the members' communicator, follow with the run file and
+    record the change, and share the rows still vacant.  A refused or late
+    attempt ends the replacements for the run: the survivors go on without."""
+    algo = run.algo
+    count = min(run.replacements_left, run.recorder.ranks - len(algo.membership.original_ranks))
+    channels.close()
+    change = replace(algo, count, run.command, wait_s=run.args.replace_wait)
+    run.world, run.comm = algo.membership.comm, algo.comm
+    run.replacements_left = run.replacements_left - len(change.joined) if not change.refused else 0
+    channels = _Channels(run, evaluate, stop)
+    if change.joined:
+        run.recorder.rebuild(run.world)
+    _record_join(run, change, now)
+    if run.comm.rank == 0:
+        if change.refused:
+            logger.warning(
+                "replacements not admitted at step %d (%s): going on with %d ranks, no more replacements",
+                change.step,
+                ", ".join(change.refused),
+                run.comm.size,
+            )
+        else:
+            logger.info(
+                "replacements took rows %s at step %d after %.2f s; %d ranks",
+                change.joined,
+                change.step,
+                change.recovery_s,
+                run.comm.size,
+            )
+    _share_rows_left(run, data)
+    return channels
+
+
+def _record_join(run, change, now):
+    """Every member, newcomers included: the change into the run file, at
+    rank 0's training clock ``now`` (the newcomers pass None and take it,
+    and the budget of replacements left, from rank 0); returns the clock."""
+    now, run.replacements_left = run.world.bcast((now, run.replacements_left), root=0)
+    run.recorder.record_join(step=change.step, clock=now, joined=change.joined, recovery_s=change.recovery_s)
+    run.adjustments += [{"step": change.step, "adjustment": a} for a in change.adjustments]
+    return now
 
 
 def _share_rows_left(run, data):

@@ -22,12 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from launcher import mpiexec, mpiexec_command
 
 from collectives.admission import SECRET_VARIABLE, new_secret
 from experiments import mpirun
 from experiments.mpirun import launcher_library
+from wagma.results import NOTICED, load_run
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "healing.py"
 RANKS, KILL_AT, JOIN_AT, STEPS = 4, 5, 10, 20
@@ -160,3 +162,45 @@ def test_the_launcher_gives_each_fault_tolerant_job_its_own_secret():
         int(printed[0], 16)  # hex
         secrets.append(printed[0])
     assert secrets[0] != secrets[1]
+
+
+TRAIN = [sys.executable, "-m", "experiments.train", "--algo", "allreduce_sgd", "--epochs", "1", "--no-progress"]
+
+
+def test_a_replacement_leaves_allreduce_sgds_training_as_without_the_failure(tmp_path):
+    """experiments.train --replace 1: rank 2 is SIGKILLed at step 10, the
+    survivors go on from the start of step 10 and start a replacement there,
+    which takes row 2 (its data shard) with rank 0's state.  Allreduce-SGD's
+    replicas are equal and every sample of the step is read once, so the run
+    is bitwise the failure-free one: the same loss on every row at every
+    step, the same evaluation; the run file records the death and the join."""
+    healed, free = tmp_path / "healed.h5", tmp_path / "free.h5"
+    for out, extra in ((healed, ["--fault", "kill:rank=2,step=10", "--replace", "1"]), (free, [])):
+        job = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "experiments.mpirun",
+                "--fault-tolerant",
+                "-n",
+                str(RANKS),
+                "--",
+                *TRAIN,
+                "--out",
+                str(out),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert job.returncode == 0, job.stderr[-3000:]
+    a, b = load_run(str(healed)), load_run(str(free))
+    assert a.attrs["status"] == "complete"
+    membership = {k: v.tolist() for k, v in a.membership.items()}
+    assert membership["left"] == [2, 2] and membership["step"] == [10, 10], membership
+    assert membership["noticed"][1] == NOTICED["joined"] and membership["ranks_after"] == [RANKS - 1, RANKS]
+    assert a.summary["ranks_joined"] == 1 and a.summary["ranks_left"] == 1
+    assert (a.steps["samples"] == b.steps["samples"]).all()  # every row's batch at every step: none lost
+    assert np.array_equal(a.steps["loss"], b.steps["loss"]), np.nanmax(np.abs(a.steps["loss"] - b.steps["loss"]))
+    assert np.array_equal(a.eval["accuracy"], b.eval["accuracy"]) and np.array_equal(a.eval["loss"], b.eval["loss"])

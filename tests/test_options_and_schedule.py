@@ -198,10 +198,29 @@ def test_algorithm_options_follow_the_paper_by_default():
         (["sgp", "--fixed-groups"], "--fixed-groups is an option of wagma, not of sgp"),
         (["ensemble_sync", "--checkpoint-dir", "c"], "--checkpoint-dir is not available with --algo ensemble_sync"),
         (["ensemble_sync", "--eval-replicas"], "--eval-replicas is not available with --algo ensemble_sync"),
+        (["local_sgd", "--replace", "-1"], "--replace must be >= 0, got -1"),
+        (["local_sgd", "--replace-wait", "0"], "--replace-wait must be > 0 seconds, got 0.0"),
     ],
 )
 def test_usage_problems_name_the_option(argv, words):
     assert words in usage_problem(_args(*argv), 8)
+
+
+def test_replacements_need_fault_tolerance_a_secret_and_ranks_in_step(monkeypatch):
+    """--replace is refused, naming what is missing, where the job was not
+    started fault tolerant, where it has no secret, and for ensemble_sync."""
+    monkeypatch.delenv("OMPI_MCA_mpi_ft_enable", raising=False)
+    monkeypatch.delenv("WAGMA_JOB_SECRET", raising=False)
+    assert "--replace 2: replacements join through MPI fault tolerance" in usage_problem(
+        _args("wagma", "--replace", "2"), 8
+    )
+    monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "1")
+    assert "--replace 2: the job has no secret" in usage_problem(_args("wagma", "--replace", "2"), 8)
+    monkeypatch.setenv("WAGMA_JOB_SECRET", "0" * 64)
+    assert usage_problem(_args("wagma", "--replace", "2"), 8) is None
+    assert "--replace is not available with --algo ensemble_sync" in usage_problem(
+        _args("ensemble_sync", "--replace", "1"), 8
+    )
 
 
 @pytest.mark.parametrize(

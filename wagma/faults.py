@@ -118,9 +118,14 @@ def parse_faults(specs: Iterable[str] | None, ranks: int, steps: int) -> list[Fa
 class FaultInjector:
     """Carries out this rank's share of a fault plan, step by step."""
 
-    def __init__(self, faults: Iterable[Fault], rank: int) -> None:
+    def __init__(self, faults: Iterable[Fault], rank: int, *, after: int = -1) -> None:
+        """``after``: for a replacement that takes row ``rank`` over at step
+        ``after + 1`` (:mod:`wagma.healing`): a stop or a kill at or before
+        that step was the dead rank's and does not strike again (the
+        survivors went on from the start of the step it died in); a slow
+        stretch goes on where it lasts beyond it (the row's device is slow)."""
         self.faults = list(faults)
-        self._mine = [f for f in self.faults if f.rank == rank]
+        self._mine = [f for f in self.faults if f.rank == rank and (f.kind == "slow" or f.first > after)]
         self._exit_at: int | None = None
 
     def arm(self, optimizer: "torch.optim.Optimizer", steps: "Callable[[], int]") -> None:

@@ -144,6 +144,16 @@ class Journal:
             RowLog(self.membership_file(rank), len(MEMBERSHIP_FIELDS)),
         )
 
+    def continued_logs(self, rank: int) -> tuple[RowLog, RowLog, RowLog]:
+        """Rank ``rank``'s logs for a process that takes its row over (a
+        replacement, :mod:`wagma.healing`): each cut to its whole rows first
+        (the row the dead rank was writing when it was killed goes), then
+        opened to append, after the rows the dead rank wrote."""
+        widths = (STEP_WIDTH, self.eval_width, len(MEMBERSHIP_FIELDS))
+        for path, width in zip((self.rows_file(rank), self.eval_file(rank), self.membership_file(rank)), widths):
+            truncate_rows(path, width, lambda rows: np.ones(len(rows), dtype=bool))
+        return self.logs(rank)
+
     def rows(self, rank: int, offset: int = 0) -> tuple[np.ndarray, int]:
         """Rank ``rank``'s step rows from byte ``offset`` on (:func:`read_rows`)."""
         return read_rows(self.rows_file(rank), STEP_WIDTH, offset)

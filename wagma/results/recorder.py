@@ -170,6 +170,27 @@ class RunRecorder:
         self._dead_members: set[int] = set()  # the root's record_dead_member rows
         self._last_flush = time.monotonic()
 
+    @classmethod
+    def joining(
+        cls, comm: MPI.Intracomm, path: str, ranks: int, row: int, *, flush_seconds: float = 2.0
+    ) -> RunRecorder:
+        """The recorder of a replacement that took row ``row`` of the run
+        file ``path`` (of ``ranks`` rows), on ``comm``, the members'
+        communicator after the join: collective over it, the counterpart of
+        the other members' :meth:`rebuild` (the root stays theirs).  Its
+        rows go on in the row's logs, after those of the rank it replaces."""
+        recorder = cls.__new__(cls)
+        recorder.ranks, recorder.rank, recorder.flush_seconds = ranks, row, flush_seconds
+        recorder.journal, recorder.writer = Journal(path, ranks), None
+        recorder._logs = recorder.journal.continued_logs(row)
+        recorder.members = comm.allgather(row)
+        recorder.comm = track(comm.Dup())
+        recorder._offsets, recorder._evaluated = [0] * ranks, set()
+        recorder._membership = np.zeros((0, len(MEMBERSHIP_FIELDS)))
+        recorder._tables, recorder._changes, recorder._dead_members = {}, 0, set()
+        recorder._last_flush = time.monotonic()
+        return recorder
+
     def _open(self, path, attrs, resume_step):
         """Rank 0: the file (created, or brought up to date and reopened to
         resume), the logs' folder and head; the old logs cut at the step."""
@@ -274,6 +295,29 @@ class RunRecorder:
                 f"(members: {self.members}; call rebuild() with the survivors' communicator first), got {left}"
             )
         self._add_membership([[step, clock, r, code, recovery_s, len(self.members)] for r in left])
+
+    def record_join(self, *, step: int, clock: float, joined: Collection[int], recovery_s: float) -> None:
+        """Replacements took rows ``joined`` (:mod:`wagma.healing`), after
+        :meth:`rebuild` (:meth:`joining` on the newcomers), on every member
+        with the same values: one ``joined`` row per row taken; ``joined``
+        empty: processes started as replacements were refused, one
+        ``refused`` row (``left`` -1).  ``step``: the first step every
+        member runs together; ``recovery_s``: from the spawn to every
+        member ready.
+
+        Raises:
+            ValueError: a row out of range or not a member now.
+        """
+        joined = sorted(int(r) for r in joined)
+        if any(not 0 <= r < self.ranks or r not in self.members for r in joined):
+            raise ValueError(
+                f"joined must name rows in [0, {self.ranks - 1}] that are members now "
+                f"(members: {self.members}), got {joined}"
+            )
+        if not joined:
+            self._add_membership([[step, clock, -1, NOTICED["refused"], recovery_s, len(self.members)]])
+            return
+        self._add_membership([[step, clock, r, NOTICED["joined"], recovery_s, len(self.members)] for r in joined])
 
     def record_dead_member(self, *, step: int, clock: float, rank: int, noticed: str, recovery_s: float) -> None:
         """On the root: member ``rank`` (its row) died and the others went on

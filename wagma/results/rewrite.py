@@ -22,7 +22,7 @@ import numpy as np
 
 from .journal import Journal
 from .reader import load_run
-from .schema import EVAL_FIELDS, MEMBERSHIP_FIELDS, is_partial, partial_path
+from .schema import EVAL_FIELDS, MEMBERSHIP_FIELDS, gone_rows, is_partial, partial_path
 from .summary import summarize
 from .writer import FileWriter
 
@@ -134,7 +134,7 @@ def update_from_logs(path: str, *, gone: bool = False) -> FileWriter | None:
         membership = np.concatenate([file_membership, membership])
         membership = np.unique(membership, axis=0) if len(membership) else membership
         writer.clear_evals()
-    left = set(membership[:, MEMBERSHIP_FIELDS.index("left")].astype(int))
+    left = gone_rows(membership)
     writer.members = [] if gone else [r for r in range(journal.ranks) if r not in left]
     _write_logs(writer, journal)
     _evaluations(writer, evals)

@@ -97,7 +97,13 @@ Root attributes
     from noticing it to going on; for a ``relaunch``, from the death to the
     relaunched survivors' first step) and ``ranks_after`` (the ranks the run
     had after it).  A change that loses two ranks is two rows with the
-    same step and clock.
+    same step and clock.  Replacements that join (:mod:`wagma.healing`)
+    are rows too: ``noticed`` ``joined``, ``left`` the row the replacement
+    took (it is a member again), ``step`` the first step it ran, and
+    ``recovery_s`` from the spawn to every member ready; an attempt whose
+    processes were refused (no proof of the job's secret, or none in time)
+    is a ``refused`` row with ``left`` -1.  :func:`gone_rows` reads who is
+    gone at the end.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
@@ -108,8 +114,8 @@ Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``final_accuracy``, ``best_accuracy``, ``last_epoch_accuracy`` (the
     mean of the last epoch's evaluations), ``mean_wait_time``,
     ``stale_fraction`` (and the straggler predictor's two, above; with
-    membership changes ``membership_changes``, ``ranks_left`` and
-    ``recovery_s``, summed over the changes);
+    membership changes ``membership_changes``, ``ranks_left``,
+    ``ranks_joined`` and ``recovery_s``, summed over the changes);
     :func:`~wagma.results.summary.summarize` recomputes them from the datasets
     for any file, a partial one included.
 
@@ -131,6 +137,7 @@ __all__ = [
     "NOTICED",
     "SCHEMA",
     "STEP_FIELDS",
+    "gone_rows",
     "is_partial",
     "partial_path",
     "rows_path",
@@ -171,8 +178,36 @@ MEMBERSHIP_FIELDS = ("step", "clock", "left", "noticed", "recovery_s", "ranks_af
 #: ``request_failed``, a multiple completion (``MPI_Waitall``) one of whose
 #: transfers failed (``MPI_ERR_IN_STATUS``); ``relaunch``, without fault
 #: tolerance: the job ended when the rank died and was started again on the
-#: ranks left, from the last checkpoint (``experiments.checkpoint``).
-NOTICED = {"proc_failed": 0, "revoked": 1, "progress_thread": 2, "timeout": 3, "request_failed": 4, "relaunch": 5}
+#: ranks left, from the last checkpoint (``experiments.checkpoint``);
+#: ``joined``, a replacement took the row (``left``); ``refused``, processes
+#: started as replacements were not admitted (``left`` -1).
+NOTICED = {
+    "proc_failed": 0,
+    "revoked": 1,
+    "progress_thread": 2,
+    "timeout": 3,
+    "request_failed": 4,
+    "relaunch": 5,
+    "joined": 6,
+    "refused": 7,
+}
+
+
+def gone_rows(membership: np.ndarray) -> set[int]:
+    """The rows not members at the end of ``membership/``'s rows (an
+    ``(n, len(MEMBERSHIP_FIELDS))`` array): those that left and were not
+    taken by a replacement later, in the order of step and clock."""
+    step, clock, row, noticed = (MEMBERSHIP_FIELDS.index(k) for k in ("step", "clock", "left", "noticed"))
+    gone: set[int] = set()
+    for entry in sorted(
+        np.asarray(membership).tolist(), key=lambda e: (e[step], e[clock], e[noticed] == NOTICED["joined"])
+    ):
+        if entry[noticed] == NOTICED["joined"]:
+            gone.discard(int(entry[row]))
+        elif entry[noticed] != NOTICED["refused"]:
+            gone.add(int(entry[row]))
+    return gone
+
 
 _PARTIAL = ".partial.h5"
 _ROWS = ".partial.rows"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .schema import LATER_STEP_FIELDS
+from .schema import LATER_STEP_FIELDS, NOTICED
 
 if TYPE_CHECKING:
     from .reader import Run
@@ -37,13 +37,18 @@ def straggler_summary(rows: ArrayLike) -> dict[str, float | int]:
 
 def membership_summary(membership: Mapping[str, ArrayLike]) -> dict[str, float | int]:
     """The membership changes of ``membership/`` (one row per rank that
-    left; a change is the rows of one step and clock): ``membership_changes``,
-    ``ranks_left`` and ``recovery_s``, the seconds from noticing a change to
-    going on, summed over the changes."""
+    left or joined; a change is the rows of one step and clock):
+    ``membership_changes``, ``ranks_left`` (the rows that left, counting
+    each once), ``ranks_joined`` (the replacements admitted) and
+    ``recovery_s``, the seconds from noticing a change to going on, summed
+    over the changes."""
     events = np.unique(np.column_stack([membership["step"], membership["clock"], membership["recovery_s"]]), axis=0)
+    noticed, left = np.asarray(membership["noticed"]), np.asarray(membership["left"])
+    departures = ~np.isin(noticed, [NOTICED["joined"], NOTICED["refused"]])
     return {
         "membership_changes": int(len(events)),
-        "ranks_left": int(len(np.unique(membership["left"]))),
+        "ranks_left": int(len(np.unique(left[departures]))),
+        "ranks_joined": int((noticed == NOTICED["joined"]).sum()),
         "recovery_s": float(events[:, 2].sum()),
     }
 
