@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from mpi4py import MPI
 
-__all__ = ["SECRET_VARIABLE", "Verdict", "admit", "job_secret", "new_secret", "present"]
+__all__ = ["SECRET_VARIABLE", "Verdict", "admit", "job_secret", "new_secret", "present", "receive_within"]
 
 #: The environment variable that holds the job's secret.
 SECRET_VARIABLE = "WAGMA_JOB_SECRET"
@@ -45,6 +45,12 @@ SECRET_VARIABLE = "WAGMA_JOB_SECRET"
 Verdict = Literal["admitted", "refused", "late"]
 
 _TAG_CHALLENGE, _TAG_ANSWER, _TAG_VERDICT = 4240, 4241, 4243
+#: The most seconds a candidate waits for its challenge: the job sends it as soon as the spawn returns.
+CHALLENGE_WAIT_S = 60.0
+#: The seconds a candidate waits for its verdict beyond the job's wait for the answers.
+VERDICT_GRACE_S = 30.0
+#: The most seconds the job waits for a candidate that answered to take its verdict.
+VERDICT_DELIVERY_S = 5.0
 
 
 def new_secret() -> str:
@@ -77,7 +83,7 @@ def admit(inter: MPI.Intercomm, members: MPI.Intracomm, secret: str, wait_s: flo
     if inter.Get_rank() == 0:
         challenges = [secrets.token_bytes(32) for _ in range(candidates)]
         for i, challenge in enumerate(challenges):
-            inter.send(challenge, dest=i, tag=_TAG_CHALLENGE)
+            inter.send((challenge, wait_s), dest=i, tag=_TAG_CHALLENGE)
         answers = [inter.irecv(source=i, tag=_TAG_ANSWER) for i in range(candidates)]
         received: dict[int, Any] = {}
         deadline = time.monotonic() + wait_s
@@ -96,25 +102,33 @@ def admit(inter: MPI.Intercomm, members: MPI.Intracomm, secret: str, wait_s: flo
                 good = hmac.compare_digest(received[i], _answer(secret, challenge))
                 verdicts.append("admitted" if good else "refused")
         merge = all(v == "admitted" for v in verdicts)
-        for i, verdict in enumerate(verdicts):
-            if verdict != "late":
-                inter.send((verdict, merge), dest=i, tag=_TAG_VERDICT)
+        # Synchronous sends, so that a candidate refused has its verdict before the caller revokes
+        # the link (a revocation overtakes a message not yet received); one that does not take it
+        # within VERDICT_DELIVERY_S is not waited for.
+        deliveries = [inter.issend((v, merge), dest=i, tag=_TAG_VERDICT) for i, v in enumerate(verdicts) if v != "late"]
+        deadline = time.monotonic() + VERDICT_DELIVERY_S
+        while not MPI.Request.Testall(deliveries) and time.monotonic() < deadline:
+            time.sleep(0.001)
     return members.bcast(verdicts, root=0)
 
 
 def present(inter: MPI.Intercomm, secret: str | None) -> None:
     """On a candidate's side of ``inter``: answer the job's challenge with
-    ``secret`` (None: with nothing) and take the verdict.
+    ``secret`` (None: with nothing) and take the verdict.  A candidate waits
+    for its challenge at most :data:`CHALLENGE_WAIT_S` and for its verdict
+    the job's wait plus :data:`VERDICT_GRACE_S`: a job whose members failed
+    while admitting it (and could not revoke ``inter``) does not keep it
+    for ever.
 
     Raises:
-        PermissionError: the job refused this process, or gave up waiting
-            for it (the job revoked ``inter``).
+        PermissionError: the job refused this process, or gave up on it
+            (revoked ``inter``, or said nothing in time).
     """
     try:
-        challenge = inter.recv(source=0, tag=_TAG_CHALLENGE)
+        challenge, wait_s = receive_within(inter, 0, _TAG_CHALLENGE, CHALLENGE_WAIT_S)
         inter.send(_answer(secret, challenge), dest=0, tag=_TAG_ANSWER)
-        verdict, merge = inter.recv(source=0, tag=_TAG_VERDICT)
-    except MPI.Exception as error:
+        verdict, merge = receive_within(inter, 0, _TAG_VERDICT, wait_s + VERDICT_GRACE_S)
+    except (MPI.Exception, TimeoutError) as error:
         raise PermissionError(f"the job gave up on this process before admitting it ({error})") from None
     if verdict != "admitted":
         why = "is not set here" if not secret else "differs from the job's"
@@ -126,3 +140,16 @@ def present(inter: MPI.Intercomm, secret: str | None) -> None:
             "the job admitted this process but refused or gave up on another candidate "
             "started with it, and goes on without any of them"
         )
+
+
+def receive_within(comm: MPI.Comm, source: int, tag: int, seconds: float) -> Any:
+    """``comm.recv(source=source, tag=tag)``, but raise :class:`TimeoutError`
+    where no such message has arrived within ``seconds`` (a probe every
+    millisecond; the message is received whole once it is there, whatever
+    its size)."""
+    deadline = time.monotonic() + seconds
+    while not comm.Iprobe(source=source, tag=tag):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no message from rank {source} (tag {tag}) within {seconds:g} s")
+        time.sleep(0.001)
+    return comm.recv(source=source, tag=tag)

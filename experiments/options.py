@@ -4,6 +4,7 @@ import argparse
 import os
 import re
 
+from wagma.chaos import CHAOS_FORM
 from wagma.faults import FAULT_FORMS
 from wagma.imbalance import FORMS
 from wagma.options import ALGORITHM_NAMES
@@ -123,6 +124,12 @@ def build_parser(parser_class=argparse.ArgumentParser):
         metavar="N",
         help="start a replacement for each rank that dies, at most N over the run: it joins at the survivors' "
         "next step with a living rank's state (wagma.healing)",
+    )
+    g.add_argument(
+        "--chaos",
+        default=None,
+        metavar="SPEC",
+        help=f"failures at random times, seeded (wagma.chaos): {CHAOS_FORM}",
     )
     g.add_argument(
         "--replace-wait",

@@ -19,6 +19,7 @@ from collectives.collect import LaggedVote
 from collectives.failures import hold
 from collectives.provenance import run_attributes
 from wagma.algorithms import Algorithm, create
+from wagma.chaos import ChaosMonkey, parse_chaos
 from wagma.clock import TrainingClock
 from wagma.datasets import Dataset, load_dataset
 from wagma.faults import FaultInjector, parse_faults
@@ -123,6 +124,12 @@ def _setup(args, comm):
             faults = parse_faults(args.fault, rows.rows, _planned_steps(args, dataset))
         except ValueError as exc:
             problem = str(exc)
+    chaos = None
+    if problem is None and args.chaos is not None:
+        try:
+            chaos = parse_chaos(args.chaos, rows.rows, args.seed)
+        except ValueError as exc:
+            problem = str(exc)
     if problem is None and args.algo == "ensemble_sync":
         for spec, fault in zip(args.fault or (), faults):
             if fault.rank == 0 and fault.kind == "stop":
@@ -137,7 +144,7 @@ def _setup(args, comm):
         agree(comm, "experiments.train", problem, step=rows.latest.step if rows.latest else -1)
     except ValueError as exc:
         raise UsageError(str(exc).removeprefix("experiments.train: ")) from None
-    return rows, dataset, model, imbalance, FaultInjector(faults, row)
+    return rows, dataset, model, imbalance, FaultInjector(faults, row), chaos
 
 
 def _options(args, rows, ranks):
@@ -233,6 +240,9 @@ class _Run:
     #: What a replacement runs (``[python, -m, experiments.train, *argv]``), and how many may still join.
     command: list = field(default_factory=list)
     replacements_left: int = 0
+    #: This process's share of ``--chaos``, started with the steps, and the plan's time zero.
+    chaos: ChaosMonkey | None = None
+    chaos_start: float | None = None
 
     def checkpoint(self, step: int, clock: float):
         """Collective: the model, optimizer, algorithm and RNG state after ``step`` steps."""
@@ -259,7 +269,7 @@ def train(args, world, comm, command=()):
             files, found before the model is built and before any training
             message is sent.
     """
-    rows, dataset, model, imbalance, faults = _setup(args, comm)
+    rows, dataset, model, imbalance, faults, chaos = _setup(args, comm)
     device = _device(args, world)
     model.to(device)
     torch.set_num_threads(args.threads)
@@ -298,6 +308,7 @@ def train(args, world, comm, command=()):
             **_attributes(args, comm, options, model, dataset, total, steps_per_epoch),
             "ranks": rows.rows,
             "faults": faults.record(),
+            **({"chaos": chaos.record()} if chaos else {}),
         },
         resume_step=start if args.resume else None,
         members=rows.members,
@@ -305,6 +316,7 @@ def train(args, world, comm, command=()):
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     run.latest, run.adjustments = rows.latest, [{"step": start, "adjustment": a} for a in adjustments]
     run.command, run.replacements_left = list(command), args.replace
+    run.chaos = ChaosMonkey(chaos, rows.members[comm.rank], lambda: run.comm.size) if chaos else None
     return _run_to_end(run, start, clock_offset)
 
 
@@ -358,6 +370,9 @@ def join_training(args, command=()):
     channels = _Channels(run, args.compute == "real", bool(args.checkpoint_dir))
     run.recorder = RunRecorder.joining(world, args.out or default_out(args, rows), rows, row)
     clock_offset = _record_join(run, algo.membership.changes[-1], None)
+    if args.chaos is not None:  # the row's failures still to come, on the plan's clock
+        plan = parse_chaos(args.chaos, rows, args.seed)
+        run.chaos = ChaosMonkey(plan, row, lambda: run.comm.size)
     return _run_to_end(run, algo.steps, clock_offset, channels)
 
 
@@ -370,6 +385,9 @@ def _run_to_end(run, start, clock_offset, channels=None):
     except BaseException:
         run.recorder.abandon("failed")
         raise
+    finally:
+        if run.chaos is not None:
+            run.chaos.stop()
     algo, recorder = run.algo, run.recorder
     algo.close()  # AD-PSGD's last exchanges land in the model here
     if run.args.checkpoint_dir and status == "complete":
@@ -439,6 +457,10 @@ def _loop(run, start, clock_offset, channels=None):
         update = _UpdateTimer(optimizer)
         if not joining:
             run.comm.control.Barrier()
+            # The chaos plan's time zero: rank 0's wall clock as the first step starts, the same on every rank.
+            run.chaos_start = run.comm.control.bcast(time.time(), root=0) if run.chaos is not None else None
+        if run.chaos is not None:
+            run.chaos.start(optimizer, run.chaos_start)
         clock = TrainingClock(clock_offset)
         status, step = "complete", start
         data = _TrainingData(
@@ -468,7 +490,7 @@ def _loop(run, start, clock_offset, channels=None):
                 phase = "between steps"
                 try:
                     if run.replacements_left and len(algo.membership.original_ranks) < recorder.ranks:
-                        channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock())
+                        channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock)
                         last = clock()
                     phase = "step"
                     algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
@@ -581,7 +603,7 @@ def _go_on_without(run, change, channels, data, evaluate, stop, now):
     return channels
 
 
-def _take_replacements(run, channels, data, evaluate, stop, now):
+def _take_replacements(run, channels, data, evaluate, stop, clock):
     """The survivors' side of ``--replace``: start a replacement for each
     row that left, up to the run's budget (:func:`wagma.healing.replace`;
     each runs :func:`join_training`), then, with them, build the loop's
@@ -590,14 +612,20 @@ def _take_replacements(run, channels, data, evaluate, stop, now):
     attempt ends the replacements for the run: the survivors go on without."""
     algo = run.algo
     count = min(run.replacements_left, run.recorder.ranks - len(algo.membership.original_ranks))
-    channels.close()
-    change = replace(algo, count, run.command, wait_s=run.args.replace_wait)
+    try:
+        change = replace(algo, count, run.command, wait_s=run.args.replace_wait)
+    except ValueError as exc:  # found before anything was started, the same on every member
+        run.replacements_left = 0
+        if run.comm.rank == 0:
+            logger.warning("no more replacements: %s", exc)
+        return channels
+    channels.close()  # the survivors' (collective over them; the newcomers wait in the new ones)
     run.world, run.comm = algo.membership.comm, algo.comm
     run.replacements_left = run.replacements_left - len(change.joined) if not change.refused else 0
     channels = _Channels(run, evaluate, stop)
     if change.joined:
         run.recorder.rebuild(run.world)
-    _record_join(run, change, now)
+    _record_join(run, change, clock())
     if run.comm.rank == 0:
         if change.refused:
             logger.warning(
@@ -620,9 +648,10 @@ def _take_replacements(run, channels, data, evaluate, stop, now):
 
 def _record_join(run, change, now):
     """Every member, newcomers included: the change into the run file, at
-    rank 0's training clock ``now`` (the newcomers pass None and take it,
-    and the budget of replacements left, from rank 0); returns the clock."""
-    now, run.replacements_left = run.world.bcast((now, run.replacements_left), root=0)
+    rank 0's training clock ``now`` as the members go on (the newcomers pass None and take it,
+    the budget of replacements left and the chaos plan's time zero from
+    rank 0); returns the clock."""
+    now, run.replacements_left, run.chaos_start = run.world.bcast((now, run.replacements_left, run.chaos_start), root=0)
     run.recorder.record_join(step=change.step, clock=now, joined=change.joined, recovery_s=change.recovery_s)
     run.adjustments += [{"step": change.step, "adjustment": a} for a in change.adjustments]
     return now

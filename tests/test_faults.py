@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from wagma.faults import Fault, FaultInjector, _continue_after_stop, parse_fault, parse_faults
+from wagma.faults import Fault, FaultInjector, parse_fault, parse_faults, signal_after_stop
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def _state(pid):
 def test_the_stop_helper_continues_the_process_once_it_has_stopped_for_the_seconds():
     target = subprocess.Popen(["sleep", "60"])
     try:
-        helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
+        helper = signal_after_stop(target.pid, 0.2, signal.SIGCONT)
         stopped = time.monotonic()
         target.send_signal(signal.SIGSTOP)
         assert helper.wait(timeout=30) == 0  # it sent SIGCONT
@@ -81,11 +81,25 @@ def test_the_stop_helper_continues_the_process_once_it_has_stopped_for_the_secon
         target.wait()
 
 
+def test_the_fencing_helper_kills_the_process_once_it_has_stopped_for_the_seconds():
+    """Chaos's ``stop``: a stopped process is killed after the seconds, not continued."""
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        helper = signal_after_stop(target.pid, 0.2, signal.SIGKILL)
+        stopped = time.monotonic()
+        target.send_signal(signal.SIGSTOP)
+        assert target.wait(timeout=30) == -signal.SIGKILL
+        assert time.monotonic() - stopped >= 0.2 and helper.wait(timeout=30) == 0
+    finally:
+        target.kill()
+        target.wait()
+
+
 def test_the_stop_helper_ends_when_its_process_is_gone_before_it_stopped():
     """A rank killed between starting the helper and its SIGSTOP (its job
     ended) must not leave the helper polling for it for ever."""
     target = subprocess.Popen(["sleep", "60"])
-    helper = subprocess.Popen(_continue_after_stop(target.pid, 0.2), start_new_session=True)
+    helper = signal_after_stop(target.pid, 0.2, signal.SIGCONT)
     target.kill()
     target.wait()  # reaped: /proc/PID is gone
     try:

@@ -162,8 +162,10 @@ def test_run_file_is_complete_and_consistent(algo, extra, shared_dir):
         (["--model", "resnet50", "--dataset", "digits"], ["resnet50", "accepted models for it: mlp"]),
         (["--dataset", "cifar10", "--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder", "data_batch_1"]),
         (["--imbalance", "random:k=2"], ["--imbalance", "missing ms"]),
+        (["--chaos", "mtbf=0"], ["--chaos 'mtbf=0'", "mtbf must be above zero", "accepted form: mtbf=SEC"]),
+        (["--chaos", "mtbf=10,kinds=sigkill+bite"], ["--chaos", "kinds must be distinct names of sigkill"]),
     ],
-    ids=["model", "data-path", "imbalance"],
+    ids=["model", "data-path", "imbalance", "chaos-mtbf", "chaos-kind"],
 )
 def test_bad_options_fail_on_every_rank_before_training(argv, words, shared_dir, capsys):
     out = os.path.join(shared_dir, "never.h5")

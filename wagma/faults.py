@@ -163,25 +163,29 @@ class FaultInjector:
 
 
 def _stop_for(seconds: float):
-    """Stop this process (``SIGSTOP``) for ``seconds``: a helper in a
-    session of its own waits until the process is stopped (its state in
-    ``/proc``, so that a short stop cannot race ahead of the ``SIGSTOP``),
-    then ``seconds`` more, and sends ``SIGCONT``; it is waited for afterwards
-    so that no zombie is left.  A process killed before it stopped (its job
-    ended) ends the helper too, instead of leaving it polling."""
+    """Stop this process (``SIGSTOP``) for ``seconds``, then it is continued
+    (:func:`signal_after_stop` with ``SIGCONT``); the helper is waited for
+    afterwards so that no zombie is left."""
     pid = os.getpid()
-    helper = subprocess.Popen(_continue_after_stop(pid, seconds), start_new_session=True)
+    helper = signal_after_stop(pid, seconds, signal.SIGCONT)
     os.kill(pid, signal.SIGSTOP)
     helper.wait()
 
 
-def _continue_after_stop(pid: int, seconds: float) -> list:
-    """The helper of :func:`_stop_for`: once process ``pid`` is stopped, wait
-    ``seconds`` and continue it; end at once if it is gone before it stopped."""
-    return [
-        "sh",
-        "-c",
-        f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do "
-        f"[ -e /proc/{pid} ] || exit 0; sleep 0.005; done; "
-        f"sleep {seconds:.3f}; kill -CONT {pid}",
-    ]
+def signal_after_stop(pid: int, seconds: float, sig: signal.Signals) -> subprocess.Popen:
+    """Start a helper, in a session of its own, that waits until process
+    ``pid`` is stopped (its state in ``/proc``, so that a short stop cannot
+    race ahead of the ``SIGSTOP`` the caller sends next), then ``seconds``
+    more, and sends it ``sig`` (``SIGCONT``: a stop; ``SIGKILL``: a stopped
+    process fenced, :mod:`wagma.chaos`).  A process gone before it stopped
+    (its job ended) ends the helper too, instead of leaving it polling."""
+    return subprocess.Popen(
+        [
+            "sh",
+            "-c",
+            f"until grep -q '^State:[[:space:]]*T' /proc/{pid}/status; do "
+            f"[ -e /proc/{pid} ] || exit 0; sleep 0.005; done; "
+            f"sleep {seconds:.3f}; kill -{sig.name.removeprefix('SIG')} {pid}",
+        ],
+        start_new_session=True,
+    )

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from mpi4py import MPI
 
-from collectives.admission import SECRET_VARIABLE, admit, job_secret, present
+from collectives.admission import SECRET_VARIABLE, admit, job_secret, present, receive_within
 from collectives.comm import Communicator
 from collectives.failures import hold, track
 
@@ -64,6 +64,14 @@ if TYPE_CHECKING:
 __all__ = ["join", "replace"]
 
 _TAG_STATE = 4242  # the survivors' rank 0 to each newcomer, on the merged communicator
+#: The most seconds a newcomer waits for the state once admitted (a model of GBs over TCP included).
+STATE_WAIT_S = 600.0
+#: Whether this process joined a running job (:func:`join`).  With the
+#: Open MPI 5.0.11 wheel a spawn over a communicator that holds such a
+#: process fails: rooted at it, PRRTE answers "LAUNCHER JOB OBJECT NOT
+#: FOUND"; rooted at a process of the first launch, the new process cannot
+#: reach the first launch's ("host: unknown") and aborts the job.
+_joined_a_job = False
 
 
 def replace(
@@ -88,7 +96,8 @@ def replace(
     Raises:
         ValueError: on every member, before anything is started: ``count``
             is not between 1 and the rows that left and were not replaced,
-            ``wait_s`` is not a positive number, or the job has no secret.
+            ``wait_s`` is not a positive number, the job has no secret, or
+            a member is itself a replacement (see :data:`_joined_a_job`).
     """
     membership = algo.membership
     secret = secret or job_secret()
@@ -109,6 +118,12 @@ def replace(
     vacant = sorted({r for r in range(membership.rows) if r not in membership.original_ranks} | set(dead))
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
         raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")
+    if any(membership.comm.allgather(_joined_a_job)):
+        raise ValueError(
+            "a member is a replacement itself: with Open MPI 5.0.11 a process spawned from a communicator "
+            "that holds a spawned one cannot reach the job's first processes ('host: unknown' in its TCP "
+            "transport) and aborts the job, so replacements join once, while every member is of the first launch"
+        )
     started = membership.comm.allreduce(time.time(), op=MPI.MIN)
     # The algorithm as it runs on the survivors ends first, as at the end of a run (its threads, hooks
     # and collectives drained: AD-PSGD's last exchanges land in the model), so that what the newcomers
@@ -117,7 +132,9 @@ def replace(
     if dead:
         membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
         membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
-    inter = membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0)
+    # Tracked: where a member dies from here on, the recovery (survive) revokes it, which releases
+    # the newcomers from their wait for a verdict or for the state.
+    inter = track(membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0))
     verdicts = admit(inter, membership.comm, secret, wait_s)
     if any(v != "admitted" for v in verdicts):
         inter.Revoke()  # a candidate still waiting for its verdict is released with an error
@@ -156,17 +173,23 @@ def join(
     Raises:
         RuntimeError: this process was not started by :func:`replace`.
         PermissionError: the job refused this process (its secret did not
-            match) or gave up waiting for it; nothing was received.
+            match) or gave up on it (its members failed on the way, or said
+            nothing in time); no state was received.
     """
     from .algorithms import ALGORITHMS
 
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         raise RuntimeError("join: this process was not spawned by the survivors of a job (wagma.healing.replace)")
+    global _joined_a_job
     present(parent, secret or job_secret())
+    _joined_a_job = True
     merged: MPI.Intracomm = track(parent.Merge(high=True))
     parent.Free()
-    state = merged.recv(source=0, tag=_TAG_STATE)
+    try:
+        state = receive_within(merged, 0, _TAG_STATE, STATE_WAIT_S)
+    except (MPI.Exception, TimeoutError) as error:  # the members failed before sending it
+        raise PermissionError(f"the job gave up on this process after admitting it ({error})") from None
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     comm = Communicator(merged)

@@ -104,6 +104,10 @@ Root attributes
     processes were refused (no proof of the job's secret, or none in time)
     is a ``refused`` row with ``left`` -1.  :func:`gone_rows` reads who is
     gone at the end.
+Root attribute ``chaos`` (runs with ``--chaos``, :mod:`wagma.chaos`): the
+    plan as JSON (``mtbf``, ``kinds``, ``seed``, ``hang``, ``keep``,
+    ``rows``) and its first ``events`` (wall-clock seconds from the start
+    of the first step, row, kind); the deaths are ``membership/`` rows.
 Root attribute ``dead_ranks``: the ranks that died during the run (JSON list);
     ``fault_events`` (ensemble_sync): the outages the rounds show, as JSON
     (:func:`wagma.ensemble_coordinator.fault_events`: rank, late or dead,
