@@ -45,7 +45,7 @@ SECRET_VARIABLE = "WAGMA_JOB_SECRET"
 Verdict = Literal["admitted", "refused", "late"]
 
 _TAG_CHALLENGE, _TAG_ANSWER, _TAG_VERDICT = 4240, 4241, 4243
-#: The most seconds a candidate waits for its challenge: the job sends it as soon as the spawn returns.
+#: The most seconds a candidate waits for its challenge (the job sends it as soon as the spawn returns).
 CHALLENGE_WAIT_S = 60.0
 #: The seconds a candidate waits for its verdict beyond the job's wait for the answers.
 VERDICT_GRACE_S = 30.0

@@ -97,7 +97,8 @@ def replace(
         ValueError: on every member, before anything is started: ``count``
             is not between 1 and the rows that left and were not replaced,
             ``wait_s`` is not a positive number, the job has no secret, or
-            a member is itself a replacement (see :data:`_joined_a_job`).
+            a member is itself a replacement (with Open MPI 5.0.11 a second
+            generation of spawned processes aborts the job; docs/healing.md).
     """
     membership = algo.membership
     secret = secret or job_secret()

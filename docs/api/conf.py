@@ -59,7 +59,8 @@ html_theme = "alabaster"
 # ``from mpi4py import MPI``, and a standard-library class imported by its own name.
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|mpi4py|MPI|h5py|pandas)(\..*)?"),
-    (r"py:.*", r"(argparse|collections|contextlib|dataclasses|inspect|os|threading)\..*"),
+    (r"py:.*", r"(argparse|collections|contextlib|dataclasses|hmac|inspect|os|secrets|signal)\..*"),
+    (r"py:.*", r"(subprocess|threading)\..*"),
     (r"py:.*", r"AbstractContextManager"),
 ]
 
