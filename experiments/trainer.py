@@ -89,6 +89,19 @@ def _rows_of(args, comm):
     return (unchanged if latest is None else _Rows(latest.members, latest.rows, latest)), None
 
 
+def _dataset(args, row, rows):
+    """Row ``row``'s share of ``--dataset`` in a run of ``rows`` ranks."""
+    return load_dataset(
+        args.dataset,
+        model=args.model,
+        root=args.data_dir,
+        seed=args.seed,
+        rank=row,
+        ranks=rows,
+        synthetic_size=args.synthetic_size,
+    )
+
+
 def _setup(args, comm):
     """Everything that can fail because of the command line or the files, agreed
     on by all ranks before any training message is sent."""
@@ -101,15 +114,7 @@ def _setup(args, comm):
     if problem is None:
         try:
             imbalance = parse_imbalance(args.imbalance, rows.rows, args.seed)
-            dataset = load_dataset(
-                args.dataset,
-                model=args.model,
-                root=args.data_dir,
-                seed=args.seed,
-                rank=row,
-                ranks=rows.rows,
-                synthetic_size=args.synthetic_size,
-            )
+            dataset = _dataset(args, row, rows.rows)
             torch.manual_seed(args.seed)
             model = build_model(args.model, dataset.spec)
         except (ValueError, FileNotFoundError) as exc:
@@ -332,15 +337,7 @@ def join_training(args, command=()):
     Raises:
         PermissionError: the job refused this process (no proof of its secret).
     """
-    probe = load_dataset(
-        args.dataset,
-        model=args.model,
-        root=args.data_dir,
-        seed=args.seed,
-        rank=0,
-        ranks=1,
-        synthetic_size=args.synthetic_size,
-    )
+    probe = _dataset(args, 0, 1)  # for the model's shapes; the row's own data comes after the join
     torch.manual_seed(args.seed)
     model = build_model(args.model, probe.spec)  # the architecture: join replaces the values
     device = _device(args, MPI.COMM_SELF)
@@ -349,15 +346,7 @@ def join_training(args, command=()):
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     algo, row = join(model, optimizer)
     rows = algo.membership.rows
-    dataset = load_dataset(
-        args.dataset,
-        model=args.model,
-        root=args.data_dir,
-        seed=args.seed,
-        rank=row,
-        ranks=rows,
-        synthetic_size=args.synthetic_size,
-    )
+    dataset = _dataset(args, row, rows)
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
     algo.plan(total, args.batch_size)

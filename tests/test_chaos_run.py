@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 import pytest
-from launcher import mpiexec
+from launcher import fault_tolerant_job, mpiexec
 
 from experiments.mpirun import launcher_library
 from wagma.chaos import CHAOS_KINDS
@@ -46,35 +46,12 @@ RANKS, STEPS, CHAOS = 8, 400, "mtbf=5,seed=23,keep=2,hang=3"
 def test_a_chaos_run_survives_every_kind_of_failure_and_completes_its_file(tmp_path):
     out = tmp_path / "chaos.h5"
     job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "experiments.mpirun",
-            "--fault-tolerant",
-            "-n",
-            str(RANKS),
-            "--",
-            sys.executable,
-            "-m",
-            "experiments.train",
-            "--algo",
-            "wagma",
-            "--epochs",
-            "100",
-            "--max-steps",
-            str(STEPS),
-            "--compute-ms",
-            "20",
-            "--eval-every",
-            "0",
-            "--no-progress",
-            "--chaos",
-            CHAOS,
-            "--replace",
-            "1",
-            "--out",
-            str(out),
-        ],
+        fault_tolerant_job(
+            RANKS,
+            *[sys.executable, "-m", "experiments.train", "--algo", "wagma", "--epochs", "100"],
+            *["--max-steps", str(STEPS), "--compute-ms", "20", "--eval-every", "0", "--no-progress"],
+            *["--chaos", CHAOS, "--replace", "1", "--out", str(out)],
+        ),
         capture_output=True,
         text=True,
         timeout=240,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from launcher import mpiexec, mpiexec_command
+from launcher import fault_tolerant_job, mpiexec, mpiexec_command
 
 from collectives.admission import SECRET_VARIABLE, new_secret
 from experiments import mpirun
@@ -139,18 +139,7 @@ def test_the_launcher_gives_each_fault_tolerant_job_its_own_secret():
     secrets = []
     for _ in range(2):
         job = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.mpirun",
-                "--fault-tolerant",
-                "-n",
-                "2",
-                "--",
-                sys.executable,
-                "-c",
-                show,
-            ],
+            fault_tolerant_job(2, sys.executable, "-c", show),
             capture_output=True,
             text=True,
             timeout=120,
@@ -177,19 +166,7 @@ def test_a_replacement_leaves_allreduce_sgds_training_as_without_the_failure(tmp
     healed, free = tmp_path / "healed.h5", tmp_path / "free.h5"
     for out, extra in ((healed, ["--fault", "kill:rank=2,step=10", "--replace", "1"]), (free, [])):
         job = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "experiments.mpirun",
-                "--fault-tolerant",
-                "-n",
-                str(RANKS),
-                "--",
-                *TRAIN,
-                "--out",
-                str(out),
-                *extra,
-            ],
+            fault_tolerant_job(RANKS, *TRAIN, "--out", str(out), *extra),
             capture_output=True,
             text=True,
             timeout=180,
