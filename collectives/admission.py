@@ -5,9 +5,9 @@ rank) is handed a model, an optimizer state and a place in every
 collective.  Only a process of this job may have them, so the join begins
 with a proof: the launcher puts a secret in the job's environment
 (:data:`SECRET_VARIABLE`, a random value that ``python -m experiments.mpirun
---fault-tolerant`` and ``slurm/train-job.sh`` create; never a guessable one
-such as the job id), and over the intercommunicator that links the job and
-the candidates, before they merge:
+--fault-tolerant`` creates for each job, or one the user sets; never a
+guessable one such as the job id), and over the intercommunicator that
+links the job and the candidates, before they merge:
 
 1. the job's rank 0 sends each candidate a fresh random challenge (32
    bytes, :func:`secrets.token_bytes`);

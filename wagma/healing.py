@@ -105,7 +105,7 @@ def replace(
     if not secret:
         raise ValueError(
             f"replace needs the job's secret: the launcher puts it in ${SECRET_VARIABLE} "
-            "(python -m experiments.mpirun --fault-tolerant and slurm/train-job.sh do), or pass secret="
+            "(python -m experiments.mpirun --fault-tolerant does), or pass secret="
         )
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
         raise ValueError(f"wait_s must be a positive number of seconds, got {wait_s!r}")
