@@ -137,24 +137,23 @@ def replace(
     # the newcomers from their wait for a verdict or for the state.
     inter = track(membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0))
     verdicts = admit(inter, membership.comm, secret, wait_s)
-    if any(v != "admitted" for v in verdicts):
+    refused = [v for v in verdicts if v != "admitted"]
+    joined = [] if refused else vacant[:count]
+    options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size() + len(joined))
+    if refused:
         inter.Revoke()  # a candidate still waiting for its verdict is released with an error
         hold(inter)  # revoked: let go without a collective free
-        options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size())
-        algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
-        return _joined(algo, started, [], adjustments, refused=[v for v in verdicts if v != "admitted"])
-    merged: MPI.Intracomm = track(inter.Merge(high=False))
-    inter.Free()
-    joined = vacant[:count]
-    rows = membership.original_ranks + joined
-    options, adjustments = _options_for(algo.name, membership.options, merged.Get_size())
-    if merged.Get_rank() == 0:
-        state = {**_state_of(algo, rows, options), "joined": joined, "adjustments": adjustments, "started": started}
-        for index, row in enumerate(joined):
-            merged.send({**state, "row": row}, dest=len(membership.original_ranks) + index, tag=_TAG_STATE)
-    membership.comm, membership.original_ranks = merged, rows
-    algo.rebuild(Communicator(merged), options, algo.steps, source=0)
-    return _joined(algo, started, joined, adjustments)
+    else:
+        merged: MPI.Intracomm = track(inter.Merge(high=False))
+        inter.Free()
+        rows = membership.original_ranks + joined
+        if merged.Get_rank() == 0:
+            state = {**_state_of(algo, rows, options), "joined": joined, "adjustments": adjustments, "started": started}
+            for index, row in enumerate(joined):
+                merged.send({**state, "row": row}, dest=len(membership.original_ranks) + index, tag=_TAG_STATE)
+        membership.comm, membership.original_ranks = merged, rows
+    algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
+    return _joined(algo, started, joined, adjustments, refused)
 
 
 def join(
