@@ -155,9 +155,13 @@ class RunRecorder:
             )
         if errors:
             raise RuntimeError("; ".join(errors) + ": the run file's folder must be one file system every rank sees")
-        # The root's: bytes of each rank's step log in the file; the
-        # evaluated steps and membership rows in it (a rank may log one before
-        # a new root has read the logs: each is written once).
+        self._start_bookkeeping()
+
+    def _start_bookkeeping(self) -> None:
+        """What the recorder tracks from its start: on the root, the bytes of
+        each rank's step log in the file, and the evaluated steps and
+        membership rows in it (a rank may log one before a new root has read
+        the logs: each is written once); the tables, the changes so far."""
         self._offsets = [0] * self.ranks
         self._evaluated: set[float] = set()
         self._membership = np.zeros((0, len(MEMBERSHIP_FIELDS)))
@@ -185,10 +189,7 @@ class RunRecorder:
         recorder._logs = recorder.journal.continued_logs(row)
         recorder.members = comm.allgather(row)
         recorder.comm = track(comm.Dup())
-        recorder._offsets, recorder._evaluated = [0] * ranks, set()
-        recorder._membership = np.zeros((0, len(MEMBERSHIP_FIELDS)))
-        recorder._tables, recorder._changes, recorder._dead_members = {}, 0, set()
-        recorder._last_flush = time.monotonic()
+        recorder._start_bookkeeping()
         return recorder
 
     def _open(self, path, attrs, resume_step):
