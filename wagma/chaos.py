@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .faults import signal_after_stop
+from .faults import DEATHS, die, signal_after_stop
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +62,7 @@ __all__ = ["CHAOS_FORM", "CHAOS_KINDS", "ChaosMonkey", "ChaosPlan", "parse_chaos
 logger = logging.getLogger(__name__)
 
 #: The kinds of failure, in the order a spec's ``kinds`` defaults to.
-CHAOS_KINDS = ("sigkill", "sigsegv", "exit", "stop", "hang")
+CHAOS_KINDS = (*DEATHS, "stop", "hang")
 #: The spec's form, for error messages and ``--help``.
 CHAOS_FORM = "mtbf=SEC[,kinds=K+K...][,seed=N][,hang=SEC][,keep=N] (kinds: " + ", ".join(CHAOS_KINDS) + ")"
 _RECORDED_EVENTS = 1000  # the plan's first events, in the run file
@@ -164,7 +164,6 @@ class ChaosMonkey:
         self._hang, self._stopped = threading.Event(), threading.Event()
         #: This row's failures that came while only ``keep`` members were left, and struck nobody.
         self.spared = 0
-        self._thread: threading.Thread | None = None
 
     def start(self, optimizer: torch.optim.Optimizer, zero: float) -> None:
         """Strike from now on, on the plan's clock from ``zero`` (seconds
@@ -172,8 +171,7 @@ class ChaosMonkey:
         step pre-hook."""
         self.start_time = zero
         optimizer.register_step_pre_hook(self._stop_here_if_hung)
-        self._thread = threading.Thread(target=self._run, name=f"chaos-row-{self.row}", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name=f"chaos-row-{self.row}", daemon=True).start()
 
     def stop(self) -> None:
         """No more failures: the run's steps are over (its file is being closed)."""
@@ -191,20 +189,17 @@ class ChaosMonkey:
             if self._stopped.wait(at - time.time()):
                 return
             if self.members() > self.plan.keep:
-                self._strike(kind)
-            self.spared += 1
+                self._strike(kind)  # does not return
+            else:
+                self.spared += 1
 
     def _strike(self, kind: str) -> None:
         logger.warning("striking row %d: %s, %.2f s into the run", self.row, kind, time.time() - self.start_time)
         for handler in logging.getLogger().handlers:
             handler.flush()
         pid = os.getpid()
-        if kind == "sigkill":
-            os.kill(pid, signal.SIGKILL)
-        elif kind == "sigsegv":
-            os.kill(pid, signal.SIGSEGV)
-        elif kind == "exit":
-            os._exit(0)  # as --fault's exit: the launcher's status stays the survivors'
+        if kind in DEATHS:
+            die(kind)
         elif kind == "stop":
             signal_after_stop(pid, self.plan.hang, signal.SIGKILL)
             os.kill(pid, signal.SIGSTOP)

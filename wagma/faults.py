@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEATHS", "FAULT_FORMS", "Fault", "FaultInjector", "parse_fault", "parse_faults"]
+__all__ = ["DEATHS", "FAULT_FORMS", "Fault", "FaultInjector", "die", "parse_fault", "parse_faults", "signal_after_stop"]
 
 FAULT_FORMS = (
     "slow:rank=R,steps=A-B,ms=MS",
@@ -135,7 +135,7 @@ class FaultInjector:
         for fault in self._mine:
             if fault.kind == "kill" and fault.how == "exit":
                 at = fault.first
-                optimizer.register_step_post_hook(lambda *_: os._exit(0) if steps() == at else None)
+                optimizer.register_step_post_hook(lambda *_: die("exit") if steps() == at else None)
 
     def before_step(self, step: int) -> float:
         """Inject this rank's faults for ``step``; returns the seconds a slow
@@ -151,7 +151,7 @@ class FaultInjector:
             elif fault.kind == "stop":
                 _stop_for(fault.seconds)
             elif fault.how != "exit":  # an exit comes from inside the step (arm)
-                os.kill(os.getpid(), signal.SIGKILL if fault.how == "sigkill" else signal.SIGSEGV)
+                die(fault.how)
         return slept
 
     def record(self) -> str:
@@ -160,6 +160,16 @@ class FaultInjector:
         return json.dumps(
             [{k: v for k, v in f._asdict().items() if k != "how" or f.kind == "kill"} for f in self.faults]
         )
+
+
+def die(how: str) -> None:
+    """End this process as ``how`` (one of :data:`DEATHS`) says, at once:
+    ``sigkill`` and ``sigsegv`` by sending itself the signal, ``exit`` by
+    ``os._exit(0)``, without MPI's knowledge (status 0, so that the
+    launcher's exit status stays the survivors')."""
+    if how == "exit":
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL if how == "sigkill" else signal.SIGSEGV)
 
 
 def _stop_for(seconds: float):
