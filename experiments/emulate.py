@@ -162,32 +162,19 @@ class _Task:
     def __init__(self, args, ranks):
         import torch
 
-        from wagma.datasets import load_dataset
         from wagma.models import build_model
 
+        from .build import dataset_of, optimizer_of
+
         self.args = args
-        self.datasets = [
-            load_dataset(
-                args.dataset,
-                model=args.model,
-                root=args.data_dir,
-                seed=args.seed,
-                rank=r,
-                ranks=ranks,
-                synthetic_size=args.synthetic_size,
-            )
-            for r in range(ranks)
-        ]
+        self.datasets = [dataset_of(args, r, ranks) for r in range(ranks)]
         self.spec = self.datasets[0].spec
         torch.manual_seed(args.seed)
         model = build_model(args.model, self.spec)
         state = torch.get_rng_state()  # each rank's, after the same seed and the same model
         self.models = [model] + [_copy(model) for _ in range(ranks - 1)]
         self.rng = [state.clone() for _ in range(ranks)]
-        self.optimizers = [
-            torch.optim.SGD(m.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-            for m in self.models
-        ]
+        self.optimizers = [optimizer_of(args, m) for m in self.models]
         self.steps_per_epoch = self.datasets[0].steps_per_epoch(args.batch_size)
         self._batches = [None] * ranks
 

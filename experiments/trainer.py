@@ -21,7 +21,7 @@ from collectives.provenance import run_attributes
 from wagma.algorithms import Algorithm, create
 from wagma.chaos import ChaosMonkey, parse_chaos
 from wagma.clock import TrainingClock
-from wagma.datasets import Dataset, load_dataset
+from wagma.datasets import Dataset
 from wagma.faults import FaultInjector, parse_faults
 from wagma.healing import join, replace
 from wagma.imbalance import parse_imbalance
@@ -32,6 +32,7 @@ from wagma.options.cli import options_from_args
 from wagma.options.fit import fit_options
 from wagma.results import STEP_FIELDS, RunRecorder
 
+from .build import dataset_of, optimizer_of
 from .checkpoint import Latest, load_checkpoint, read_latest, save_checkpoint
 from .compute import StepCompute
 from .evaluate import Evaluator
@@ -89,19 +90,6 @@ def _rows_of(args, comm):
     return (unchanged if latest is None else _Rows(latest.members, latest.rows, latest)), None
 
 
-def _dataset(args, row, rows):
-    """Row ``row``'s share of ``--dataset`` in a run of ``rows`` ranks."""
-    return load_dataset(
-        args.dataset,
-        model=args.model,
-        root=args.data_dir,
-        seed=args.seed,
-        rank=row,
-        ranks=rows,
-        synthetic_size=args.synthetic_size,
-    )
-
-
 def _setup(args, comm):
     """Everything that can fail because of the command line or the files, agreed
     on by all ranks before any training message is sent."""
@@ -114,7 +102,7 @@ def _setup(args, comm):
     if problem is None:
         try:
             imbalance = parse_imbalance(args.imbalance, rows.rows, args.seed)
-            dataset = _dataset(args, row, rows.rows)
+            dataset = dataset_of(args, row, rows.rows)
             torch.manual_seed(args.seed)
             model = build_model(args.model, dataset.spec)
         except (ValueError, FileNotFoundError) as exc:
@@ -279,7 +267,7 @@ def train(args, world, comm, command=()):
     model.to(device)
     torch.set_num_threads(args.threads)
     first_options, options, adjustments = _options(args, rows, comm.size)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = optimizer_of(args, model)
     try:
         algo = create(args.algo, model, optimizer, comm, **options)
     except ValueError as exc:
@@ -337,16 +325,16 @@ def join_training(args, command=()):
     Raises:
         PermissionError: the job refused this process (no proof of its secret).
     """
-    probe = _dataset(args, 0, 1)  # for the model's shapes; the row's own data comes after the join
+    probe = dataset_of(args, 0, 1)  # for the model's shapes; the row's own data comes after the join
     torch.manual_seed(args.seed)
     model = build_model(args.model, probe.spec)  # the architecture: join replaces the values
     device = _device(args, MPI.COMM_SELF)
     model.to(device)
     torch.set_num_threads(args.threads)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = optimizer_of(args, model)
     algo, row = join(model, optimizer)
     rows = algo.membership.rows
-    dataset = _dataset(args, row, rows)
+    dataset = dataset_of(args, row, rows)
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
     total = _planned_steps(args, dataset)
     algo.plan(total, args.batch_size)
