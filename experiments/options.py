@@ -126,6 +126,14 @@ def build_parser(parser_class=argparse.ArgumentParser):
         "next step with a living rank's state (wagma.healing)",
     )
     g.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the job's last K ranks wait, idle, and each replaces a rank that dies (up to K, or --replace N if "
+        "fewer), as often as there are spares (collectives.spares); without it replacements are spawned",
+    )
+    g.add_argument(
         "--chaos",
         default=None,
         metavar="SPEC",
@@ -178,24 +186,26 @@ def default_out(args, ranks):
 
 
 def _replace_problem(args):
-    """Why ``--replace`` cannot work in this job, or None: replacements join
-    through MPI fault tolerance, with the secret the launcher gave the job."""
+    """Why ``--replace`` or ``--spares`` cannot work in this job, or None:
+    replacements join through MPI fault tolerance, spawned ones with the
+    secret the launcher gave the job."""
     from collectives.admission import SECRET_VARIABLE, job_secret
     from collectives.failures import fault_tolerant
 
+    flag = f"--replace {args.replace}" if args.replace else f"--spares {args.spares}"
     if not fault_tolerant():
         return (
-            f"--replace {args.replace}: replacements join through MPI fault tolerance; start the job with "
+            f"{flag}: replacements join through MPI fault tolerance; start the job with "
             f"python -m experiments.mpirun --fault-tolerant (Open MPI's ULFM)"
         )
-    if not job_secret():
+    if not job_secret() and not args.spares:  # spares are the job's own ranks: no secret to prove
         return (
             f"--replace {args.replace}: the job has no secret for replacements to prove (${SECRET_VARIABLE}); "
             f"python -m experiments.mpirun --fault-tolerant gives it one"
         )
     if args.algo == "ensemble_sync":
         return (
-            "--replace is not available with --algo ensemble_sync: replacements join at a step every rank "
+            f"{flag.split()[0]} is not available with --algo ensemble_sync: replacements join at a step every rank "
             "reaches together, and ensemble_sync's ranks are not at the same step"
         )
     return None
@@ -230,9 +240,13 @@ def usage_problem(args, ranks):
             return f"{name} must be >= 0, got {value}"
     if args.replace < 0:
         return f"--replace must be >= 0, got {args.replace}"
+    if args.spares < 0:
+        return f"--spares must be >= 0, got {args.spares}"
     if not args.replace_wait > 0:
         return f"--replace-wait must be > 0 seconds, got {args.replace_wait}"
-    if args.replace:
+    if args.spares and args.replace > args.spares:
+        return f"--replace {args.replace} is more than the --spares {args.spares} that replace dead ranks"
+    if args.replace or args.spares:
         problem = _replace_problem(args)
         if problem:
             return problem

@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     args = build_parser(_RankZeroParser).parse_args(argv)
     from collectives import Communicator  # after parsing: --help imports neither MPI nor torch
     from collectives.logs import configure_logging
+    from collectives.spares import SparePool
 
     configure_logging()
 
@@ -60,11 +61,21 @@ def main(argv=None) -> int:
     if MPI.Comm.Get_parent() != MPI.COMM_NULL:  # a replacement the survivors started
         return _replacement(args, command)
     try:
-        with Communicator(world) as comm:
-            status = train(args, world, comm, command)
-    except UsageError as exc:
+        pool = SparePool(world, args.spares)  # every rank finds the same problem, before any message
+    except ValueError as exc:
         if world.Get_rank() == 0:
+            print(f"experiments.train: error: --spares: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if pool.is_spare:
+        return _replacement(args, command, pool)
+    members = pool.members
+    try:
+        with Communicator(members) as comm:
+            status = train(args, members, comm, command, pool if pool.ranks else None)
+    except UsageError as exc:
+        if members.Get_rank() == 0:
             print(f"experiments.train: error: {exc}", file=sys.stderr)
+            pool.release()  # no rank has died yet: rank 0 is the first one's
         return EXIT_USAGE
     except Exception:
         lines = traceback.format_exc().rstrip().splitlines()
@@ -74,14 +85,18 @@ def main(argv=None) -> int:
     return EXIT_STOPPED if status == "stopped" else 0
 
 
-def _replacement(args, command) -> int:
-    """A replacement's run (:func:`experiments.trainer.join_training`):
-    exit status 0 when it completed with the others, 1 when the job
-    refused it (its error says why) or it failed."""
+def _replacement(args, command, spares=None) -> int:
+    """A replacement's run (:func:`experiments.trainer.join_training`), or
+    with ``spares`` a spare's, which waits first, torch not imported yet:
+    exit status 0 when it completed with the others or was let go unused,
+    1 when the job refused it (its error says why) or it failed."""
+    activation = spares.wait() if spares is not None else None
+    if spares is not None and activation is None:
+        return 0
     from .trainer import join_training
 
     try:
-        status = join_training(args, command)
+        status = join_training(args, command, spares, activation)
     except PermissionError as exc:
         print(f"experiments.train: replacement refused: {exc}", file=sys.stderr)
         return 1

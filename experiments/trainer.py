@@ -18,6 +18,7 @@ from collectives.agreement import agree
 from collectives.collect import LaggedVote
 from collectives.failures import hold
 from collectives.provenance import run_attributes
+from collectives.spares import SparePool
 from wagma.algorithms import Algorithm, create
 from wagma.chaos import ChaosMonkey, parse_chaos
 from wagma.clock import TrainingClock
@@ -233,6 +234,8 @@ class _Run:
     #: What a replacement runs (``[python, -m, experiments.train, *argv]``), and how many may still join.
     command: list = field(default_factory=list)
     replacements_left: int = 0
+    #: The job's spares (``--spares``), which replace dead ranks in place of spawned processes.
+    spares: SparePool | None = None
     #: This process's share of ``--chaos``, started with the steps, and the plan's time zero.
     chaos: ChaosMonkey | None = None
     chaos_start: float | None = None
@@ -250,12 +253,13 @@ class _Run:
         save_checkpoint(self.comm, self.args.checkpoint_dir, step, state, members, self.recorder.ranks)
 
 
-def train(args, world, comm, command=()):
+def train(args, world, comm, command=(), spares=None):
     """Runs the training that ``args`` describe on ``comm`` (a duplicate of
-    ``world``); returns ``"complete"``, ``"stopped"`` (at a checkpoint, by a
-    signal) or ``"nothing to do"`` (the checkpoint is at the end already).
-    ``command``: what a replacement for a dead rank runs (``--replace``),
-    this program with this command line.
+    ``world``, the job's ranks that are not spares); returns ``"complete"``,
+    ``"stopped"`` (at a checkpoint, by a signal) or ``"nothing to do"`` (the
+    checkpoint is at the end already).  ``command``: what a replacement for
+    a dead rank runs (``--replace``), this program with this command line;
+    ``spares``: the job's :class:`~collectives.spares.SparePool` (``--spares``).
 
     Raises:
         UsageError: on every rank, for a problem with the command line or the
@@ -308,13 +312,14 @@ def train(args, world, comm, command=()):
     )
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     run.latest, run.adjustments = rows.latest, [{"step": start, "adjustment": a} for a in adjustments]
-    run.command, run.replacements_left = list(command), args.replace
+    run.command, run.replacements_left, run.spares = list(command), args.replace or args.spares, spares
     run.chaos = ChaosMonkey(chaos, rows.members[comm.rank], lambda: run.comm.size) if chaos else None
     return _run_to_end(run, start, clock_offset)
 
 
-def join_training(args, command=()):
-    """The run of a replacement the survivors started (``--replace``):
+def join_training(args, command=(), spares=None, activation=None):
+    """The run of a replacement the survivors started (``--replace``), or
+    of a spare they called (``--spares``: its ``activation``):
     build the model and optimizer as every rank did, join the job with a
     living rank's state (:func:`wagma.healing.join`: the step, the model,
     the optimizer and the algorithm's state; the row of a rank that died),
@@ -332,7 +337,7 @@ def join_training(args, command=()):
     model.to(device)
     torch.set_num_threads(args.threads)
     optimizer = optimizer_of(args, model)
-    algo, row = join(model, optimizer)
+    algo, row = join(model, optimizer, spare=activation)
     rows = algo.membership.rows
     dataset = dataset_of(args, row, rows)
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)
@@ -343,7 +348,7 @@ def join_training(args, command=()):
     imbalance = parse_imbalance(args.imbalance, rows, args.seed)
     world = algo.membership.comm
     run = _Run(args, world, algo.comm, dataset, model, optimizer, algo, imbalance, faults, None, steps_per_epoch, total)
-    run.command = list(command)
+    run.command, run.spares = list(command), spares
     channels = _Channels(run, args.compute == "real", bool(args.checkpoint_dir))
     run.recorder = RunRecorder.joining(world, args.out or default_out(args, rows), rows, row)
     clock_offset = _record_join(run, algo.membership.changes[-1], None)
@@ -375,6 +380,8 @@ def _run_to_end(run, start, clock_offset, channels=None):
     if run.adjustments:
         attrs["option_adjustments"] = json.dumps(run.adjustments)
     path = recorder.close(status, dead=algo.dead_ranks, attrs=attrs)
+    if run.spares is not None and run.comm.rank == 0:
+        run.spares.release()  # those never called: the run is over
     if path:
         logger.info("%s %s", "wrote" if status == "complete" else "stopped; wrote", path)
     return status
@@ -590,7 +597,8 @@ def _take_replacements(run, channels, data, evaluate, stop, clock):
     algo = run.algo
     count = min(run.replacements_left, run.recorder.ranks - len(algo.membership.original_ranks))
     try:
-        change = replace(algo, count, run.command, wait_s=run.args.replace_wait)
+        command = None if run.spares else run.command
+        change = replace(algo, count, command, spares=run.spares, wait_s=run.args.replace_wait)
     except ValueError as exc:  # found before anything was started, the same on every member
         run.replacements_left = 0
         if run.comm.rank == 0:

@@ -59,6 +59,8 @@ from .membership import Membership, MembershipChange
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from collectives.spares import Activation, SparePool
+
     from .algorithms.base import Algorithm
 
 __all__ = ["join", "replace"]
@@ -75,18 +77,29 @@ _joined_a_job = False
 
 
 def replace(
-    algo: Algorithm, count: int, command: Sequence[str], *, secret: str | None = None, wait_s: float = 60.0
+    algo: Algorithm,
+    count: int,
+    command: Sequence[str] | None = None,
+    *,
+    spares: SparePool | None = None,
+    secret: str | None = None,
+    wait_s: float = 60.0,
 ) -> MembershipChange:
-    """Start ``count`` processes of ``command`` (``[program, *args]``, each
-    of which calls :func:`join`) and rebuild ``algo`` with them (see the
-    module docstring); collective over the algorithm's members.
+    """Bring ``count`` processes into the job and rebuild ``algo`` with them
+    (see the module docstring); collective over the algorithm's members.
+    The processes are either started, ``count`` of ``command``
+    (``[program, *args]``, each of which calls :func:`join`), or called
+    from the job's ``spares`` (the next ones of the pool not known dead,
+    each of which waits in :meth:`~collectives.spares.SparePool.wait` and
+    then calls :func:`join` with its activation): one of the two.
 
     Every process started must prove the job's ``secret`` (by default the
     launcher's, :func:`collectives.admission.job_secret`) within ``wait_s``
     seconds of the challenge (:func:`collectives.admission.admit`); where
     one does not, none joins: the members revoke the link to them, rebuild
     the algorithm among themselves and go on, and the change records the
-    verdicts (``refused``).
+    verdicts (``refused``).  Spares, ranks of the job's own world, prove
+    nothing (:mod:`collectives.spares`).
 
     Returns:
         MembershipChange: the same on every member, with ``joined`` the
@@ -94,15 +107,20 @@ def replace(
         spawn to the moment the last member was ready to go on.
 
     Raises:
-        ValueError: on every member, before anything is started: ``count``
-            is not between 1 and the rows that left and were not replaced,
-            ``wait_s`` is not a positive number, the job has no secret, or
-            a member is itself a replacement (with Open MPI 5.0.11 a second
-            generation of spawned processes aborts the job; docs/healing.md).
+        ValueError: on every member, before anything is started: neither or
+            both of ``command`` and ``spares`` were given, ``count`` is not
+            between 1 and the rows that left and were not replaced (nor,
+            with spares, the spares left), ``wait_s`` is not a positive
+            number, or, to start processes: the job has no secret, or a
+            member is itself a spawned replacement (with Open MPI 5.0.11 a
+            second generation of spawned processes aborts the job;
+            docs/healing.md).
     """
     membership = algo.membership
+    if (command is None) == (spares is None):
+        raise ValueError("replace takes either a command to start or the job's spares, not both, not neither")
     secret = secret or job_secret()
-    if not secret:
+    if spares is None and not secret:
         raise ValueError(
             f"replace needs the job's secret: the launcher puts it in ${SECRET_VARIABLE} "
             "(python -m experiments.mpirun --fault-tolerant does), or pass secret="
@@ -114,12 +132,18 @@ def replace(
     # every member, and not a broadcast, which its root leaves at once: a member that has not yet
     # noticed a death (AD-PSGD's ranks notice at their next exchange with the dead one) fails here,
     # recovers with the others, and calls again on their communicator.
-    views = membership.comm.allgather(sorted(algo.dead_ranks & set(membership.original_ranks)))
-    dead = sorted(set().union(*views))
+    # With the views of the spares: those every member knows alive, in the pool's order.
+    views = membership.comm.allgather(
+        (sorted(algo.dead_ranks & set(membership.original_ranks)), spares.available() if spares else [], _joined_a_job)
+    )
+    dead = sorted(set().union(*(view[0] for view in views)))
     vacant = sorted({r for r in range(membership.rows) if r not in membership.original_ranks} | set(dead))
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
         raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")
-    if any(membership.comm.allgather(_joined_a_job)):
+    alive_spares = [r for r in views[0][1] if all(r in view[1] for view in views)]
+    if spares is not None and count > len(alive_spares):
+        raise ValueError(f"count {count} is more than the {len(alive_spares)} spares left (alive, to every member)")
+    if spares is None and any(view[2] for view in views):
         raise ValueError(
             "a member is a replacement itself: with Open MPI 5.0.11 a process spawned from a communicator "
             "that holds a spawned one cannot reach the job's first processes ('host: unknown' in its TCP "
@@ -133,19 +157,14 @@ def replace(
     if dead:
         membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
         membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
-    # Tracked: where a member dies from here on, the recovery (survive) revokes it, which releases
-    # the newcomers from their wait for a verdict or for the state.
-    inter = track(membership.comm.Spawn(command[0], list(command[1:]), maxprocs=count, root=0))
-    verdicts = admit(inter, membership.comm, secret, wait_s)
-    refused = [v for v in verdicts if v != "admitted"]
+    if spares is not None:
+        merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])
+        refused: list[str] = []
+    else:
+        merged, refused = _start(membership.comm, count, command, secret, wait_s)
     joined = [] if refused else vacant[:count]
     options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size() + len(joined))
-    if refused:
-        inter.Revoke()  # a candidate still waiting for its verdict is released with an error
-        hold(inter)  # revoked: let go without a collective free
-    else:
-        merged: MPI.Intracomm = track(inter.Merge(high=False))
-        inter.Free()
+    if merged is not None:
         rows = membership.original_ranks + joined
         if merged.Get_rank() == 0:
             state = {**_state_of(algo, rows, options), "joined": joined, "adjustments": adjustments, "started": started}
@@ -153,18 +172,45 @@ def replace(
                 merged.send({**state, "row": row}, dest=len(membership.original_ranks) + index, tag=_TAG_STATE)
         membership.comm, membership.original_ranks = merged, rows
     algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
-    return _joined(algo, started, joined, adjustments, refused)
+    return _joined(algo, started, joined, adjustments, "spare" if spares is not None else "spawned", refused)
+
+
+def _start(
+    members: MPI.Intracomm, count: int, command: Sequence[str], secret: str, wait_s: float
+) -> tuple[MPI.Intracomm | None, list[str]]:
+    """Spawn ``count`` processes of ``command``, admit them on the job's
+    secret and merge with them (the members first): returns the merged
+    communicator and no verdicts, or None and the verdicts where one was
+    not admitted (the link to them revoked)."""
+    # Tracked: where a member dies from here on, the recovery (survive) revokes it, which releases
+    # the newcomers from their wait for a verdict or for the state.
+    inter = track(members.Spawn(command[0], list(command[1:]), maxprocs=count, root=0))
+    verdicts = admit(inter, members, secret, wait_s)
+    refused = [v for v in verdicts if v != "admitted"]
+    if refused:
+        inter.Revoke()  # a candidate still waiting for its verdict is released with an error
+        hold(inter)  # revoked: let go without a collective free
+        return None, refused
+    merged: MPI.Intracomm = track(inter.Merge(high=False))
+    inter.Free()
+    return merged, []
 
 
 def join(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, secret: str | None = None
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    secret: str | None = None,
+    spare: Activation | None = None,
 ) -> tuple[Algorithm, int]:
-    """In a process :func:`replace` started: prove the job's ``secret`` (by
-    default the one the launcher put in this process's environment), merge
-    with the survivors, take the state rank 0 sends (model, buffers,
-    optimizer and algorithm state, step, membership) and build the
-    algorithm with them.  ``model`` and ``optimizer`` must be built as every
-    rank builds them (same architecture; the values are replaced).
+    """In a process :func:`replace` started (or, with ``spare``, a spare it
+    called, on the communicator of its activation): prove the job's
+    ``secret`` (by default the one the launcher put in this process's
+    environment; a spare proves nothing), merge with the survivors, take
+    the state rank 0 sends (model, buffers, optimizer and algorithm state,
+    step, membership) and build the algorithm with them.  ``model`` and
+    ``optimizer`` must be built as every rank builds them (same
+    architecture; the values are replaced).
 
     Returns:
         ``(algo, row)``: the algorithm, at the survivors' step, and the row
@@ -178,14 +224,7 @@ def join(
     """
     from .algorithms import ALGORITHMS
 
-    parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL:
-        raise RuntimeError("join: this process was not spawned by the survivors of a job (wagma.healing.replace)")
-    global _joined_a_job
-    present(parent, secret or job_secret())
-    _joined_a_job = True
-    merged: MPI.Intracomm = track(parent.Merge(high=True))
-    parent.Free()
+    merged = spare.comm if spare is not None else _merge_with_parent(secret or job_secret())
     try:
         state = receive_within(merged, 0, _TAG_STATE, STATE_WAIT_S)
     except (MPI.Exception, TimeoutError) as error:  # the members failed before sending it
@@ -201,8 +240,21 @@ def join(
         merged, state["rows"], list(state["changes"]), rows=state["first_rows"], options=state["first_options"]
     )
     algo.own_communicator(comm)
-    _joined(algo, state["started"], state["joined"], state["adjustments"])
+    _joined(algo, state["started"], state["joined"], state["adjustments"], "spare" if spare is not None else "spawned")
     return algo, state["row"]
+
+
+def _merge_with_parent(secret: str | None) -> MPI.Intracomm:
+    """A spawned process's side of :func:`_start`: prove ``secret``, merge (last)."""
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        raise RuntimeError("join: this process was not spawned by the survivors of a job (wagma.healing.replace)")
+    global _joined_a_job
+    present(parent, secret)
+    _joined_a_job = True
+    merged: MPI.Intracomm = track(parent.Merge(high=True))
+    parent.Free()
+    return merged
 
 
 def _options_for(name: str, first: dict[str, Any], ranks: int) -> tuple[dict[str, Any], list[str]]:
@@ -230,7 +282,7 @@ def _state_of(algo: Algorithm, rows: list[int], options: dict[str, Any]) -> dict
     return state
 
 
-def _joined(algo, started, joined, adjustments, refused=()):
+def _joined(algo, started, joined, adjustments, noticed, refused=()):
     """The change every member records once the algorithm is rebuilt."""
     comm = algo.membership.comm
     ready = comm.allreduce(time.time(), op=MPI.MAX)
@@ -239,7 +291,7 @@ def _joined(algo, started, joined, adjustments, refused=()):
         step=algo.steps,
         left=[],
         joined=list(joined),
-        noticed="spawned",
+        noticed=noticed,
         where="between steps",
         noticed_at=started,
         recovery_s=ready - started,

@@ -74,8 +74,9 @@ logger = logging.getLogger(__name__)
 #: needed the dead rank failed), ``request_failed`` (a multiple completion,
 #: ``MPI_Waitall``, one of whose transfers failed) or ``revoked`` (a
 #: survivor revoked a communicator it was using); a change that brought
-#: replacements in (:func:`wagma.healing.replace`) is ``spawned``.
-Noticed = Literal["proc_failed", "request_failed", "revoked", "spawned"]
+#: replacements in (:func:`wagma.healing.replace`) is ``spawned`` (started
+#: for it) or ``spare`` (called from the job's spares).
+Noticed = Literal["proc_failed", "request_failed", "revoked", "spawned", "spare"]
 #: Where the first survivor to notice was, ``step`` (the training step's
 #: collectives, or the backward hooks' communication), ``thread`` (a
 #: progress or communication thread, which hands it to the main thread at

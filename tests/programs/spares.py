@@ -1,0 +1,79 @@
+"""A training loop of one's own that heals again and again: members die one after another, spares take their rows.
+
+Run by tests/test_healing.py as
+``mpiexec --with-ft ulfm -n P+K python spares.py OUT_DIR ALGORITHM OPTIONS_JSON SPARES STEPS KILLS_JSON``.
+The last SPARES ranks wait (``collectives.spares.SparePool``); the others
+train an MLP (16 inputs, 32 hidden units, 4 outputs) on random batches
+drawn from their row.  KILLS_JSON lists ``[row, step]``: whoever holds that
+row at that step SIGKILLs itself (a spare that took it, too: a second
+generation), the survivors go on (``wagma.membership.survive``) and, at
+their next step, call a spare for each row that left (``wagma.healing.replace``), which joins
+(``wagma.healing.join``).  Every member at the end writes
+OUT_DIR/row-R.json (row, steps, rows, changes, parameter digest); every
+spare never called writes OUT_DIR/spare-W.json (its world rank) once let go.
+"""
+
+import json
+import os
+import signal
+import sys
+import zlib
+
+from mpi4py import MPI
+
+from collectives.spares import SparePool
+
+out_dir, algorithm, options, spare_count, steps, kills = sys.argv[1:7]
+options, spare_count, steps, kills = json.loads(options), int(spare_count), int(steps), json.loads(kills)
+pool = SparePool(MPI.COMM_WORLD, spare_count)
+activation = pool.wait() if pool.is_spare else None
+if pool.is_spare and activation is None:  # let go at the end of the run: it never imported torch
+    with open(os.path.join(out_dir, f"spare-{MPI.COMM_WORLD.rank}.json"), "w") as f:
+        json.dump({"world_rank": MPI.COMM_WORLD.rank, "torch": "torch" in sys.modules}, f)
+    sys.exit(0)
+
+import torch  # noqa: E402  (a spare imports it only once called)
+
+from collectives import Communicator  # noqa: E402
+from wagma.algorithms import create  # noqa: E402
+from wagma.healing import join, replace  # noqa: E402
+from wagma.membership import survive  # noqa: E402
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+if activation is not None:
+    algo, row = join(model, optimizer, spare=activation)
+else:
+    algo = create(algorithm, model, optimizer, Communicator(pool.members), **options)
+    row = pool.members.rank
+algo.plan(steps, 8)
+data = torch.Generator().manual_seed(row)
+step = first = algo.steps
+while step < steps:
+    if [row, step] in kills and (activation is None or step > first):  # a newcomer starts past its row's death
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        vacant = algo.membership.rows - len(algo.membership.original_ranks)
+        if vacant:  # every row at once: a newcomer starts its loop here, at the survivors' step
+            replace(algo, vacant, spares=pool)
+        x = torch.randn(8, 16, generator=data)
+        y = torch.randint(0, 4, (8,), generator=data)
+        algo.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        algo.step()
+        step = algo.steps
+    except Exception as error:
+        step = survive(algo, error, "step").step
+algo.close()
+if algo.comm.rank == 0:
+    pool.release()
+report = {
+    "row": row,
+    "steps": algo.steps,
+    "rows": algo.membership.original_ranks,
+    "changes": [c.as_dict() for c in algo.membership.changes],
+    "digest": zlib.crc32(b"".join(p.detach().numpy().tobytes() for p in model.parameters())),
+}
+with open(os.path.join(out_dir, f"row-{row}.json"), "w") as f:
+    json.dump(report, f)
