@@ -3,14 +3,17 @@
 A job started with P + K ranks keeps its last K ranks of ``MPI_COMM_WORLD``
 as spares (:class:`SparePool`): the first P train on their own
 communicator (:attr:`SparePool.members`), the spares wait.  When members
-died and the survivors call for replacements, the survivors' rank 0 tells
-the next spares, point to point on the world, which processes the new
-communicator holds (the survivors in their order, then the spares in the
-pool's order), and all of them build it with
-``MPI_Comm_create_from_group`` (MPI-4): a call collective over the new
-group alone, so the world's dead ranks take no part in it, where
+died and the survivors call for replacements, the survivors' rank 0 calls
+the next spares, point to point on the world, and the survivors and those
+spares build their communicator by ``MPI_Comm_shrink`` (ULFM) of
+communicators the pool built at the start (:meth:`SparePool.call`): a
+rank that dies meanwhile is left out, not waited for.  What does not work
+with the Open MPI 5.0.11 wheel once a rank of the world has died:
 ``MPI_Comm_create_group`` and ``MPI_Intercomm_create`` over the world fail
-(``MPI_ERR_PROC_FAILED``, ``MPI_ERR_INTERN``) once a rank of it has died.
+(``MPI_ERR_PROC_FAILED``, ``MPI_ERR_INTERN``), and
+``MPI_Comm_create_from_group`` (MPI-4), which needs no parent
+communicator, waits for ever (spinning) where one of the group dies
+during the call.
 
 Why spares and not only ``MPI_Comm_spawn`` (:func:`wagma.healing.replace`
 does both): with the Open MPI 5.0.11 wheel a second generation of spawned
@@ -20,8 +23,8 @@ And a batch system starts them inside the allocation like any task
 (``srun -n P+K``), with no support for spawning needed.
 
 Who may join: only ranks of this job's ``MPI_COMM_WORLD``, which the
-job's launcher started; the new communicator is built from the world's
-group, which no process outside the job belongs to, so no secret is
+job's launcher started; the new communicator is built from the world's,
+which no process outside the job belongs to, so no secret is
 checked (the spawned path proves the job's secret,
 :mod:`collectives.admission`).
 
@@ -95,6 +98,13 @@ class SparePool:
             world.Set_errhandler(MPI.ERRORS_RETURN)
             comm = world.Split(MPI.UNDEFINED if self.is_spare else 0, world.Get_rank())
             self.members = track(comm) if comm != MPI.COMM_NULL else comm
+        #: Per spare, the world's ranks up to it (:meth:`call`); built now, while no rank has died.
+        self._bridges: dict[int, MPI.Intracomm] = {}
+        for spare in self.ranks:
+            bridge = world.Split(0 if world.Get_rank() <= spare else MPI.UNDEFINED, world.Get_rank())
+            if bridge != MPI.COMM_NULL:
+                bridge.Set_errhandler(MPI.ERRORS_RETURN)
+                self._bridges[spare] = track(bridge)
 
     @property
     def is_spare(self) -> bool:
@@ -109,7 +119,12 @@ class SparePool:
     def wait(self, poll_s: float = POLL_S) -> Activation | None:
         """On a spare: wait to be called; returns the :class:`Activation`,
         or None where the run ended without it (the members let it go, or
-        every rank that could call it has died: the world ranks below it)."""
+        every rank that could call it has died: the world ranks below it).
+
+        Raises:
+            RuntimeError: a member died while the communicator was built
+                (see :meth:`call`); this spare is of no more use.
+        """
         me = self.world.Get_rank()
         status = MPI.Status()
         callers = set(range(me))  # the members, and the spares called before this one
@@ -121,26 +136,57 @@ class SparePool:
         if call is None:
             return None
         self.used = call["used"]
-        return Activation(self._communicator(call["ranks"], call["used"]), call["members"], call["used"])
+        spares = call["spares"]
+        comm = self._bring_in(spares[spares.index(me) :], call["size"])
+        return Activation(comm, call["size"] - len(spares), call["used"])
 
     def call(self, comm: MPI.Intracomm, spares: list[int]) -> MPI.Intracomm:
         """On the members (collective over ``comm``, whose processes are all
-        of the world): call the ``spares`` (world ranks, from
-        :meth:`available`, the same on every member) and return the
-        communicator of the members, in their order, then the spares."""
-        everyone = comm.Get_group()
-        world_group = self.world.Get_group()
+        of the world, in the world's order, as every communicator this pool
+        builds is): call the ``spares`` (world ranks, from :meth:`available`,
+        the same on every member) and return the communicator of the
+        members, in their order, then the spares.
+
+        How, without a collective over the world, which a dead rank fails:
+        the pool built, for each spare ``s``, a communicator of the world's
+        ranks up to ``s`` (the first members, the spares before ``s``, and
+        ``s``) when the job started; every rank alive in it now is a member
+        or ``s``, since spares are called in order, so its
+        ``MPI_Comm_shrink`` (fault tolerant: a rank that dies during it is
+        left out) is the members and ``s``.  Each spare called shrinks its
+        own and the later ones'.
+
+        Raises:
+            RuntimeError: a member or a spare died while the communicator
+                was built (it holds fewer ranks than it should); the caller
+                cannot tell which rows it holds.
+        """
+        world_group, everyone = self.world.Get_group(), comm.Get_group()
         try:
             ranks = list(MPI.Group.Translate_ranks(everyone, list(range(comm.Get_size())), world_group))
         finally:
             everyone.Free()
             world_group.Free()
+        if ranks != sorted(ranks) or ranks[-1] >= spares[0]:
+            raise RuntimeError(f"the members' world ranks {ranks} are not in order before the spares {spares}")
         self.used = self.ranks.index(spares[-1]) + 1
+        size = comm.Get_size() + len(spares)
         if comm.Get_rank() == 0:
-            call = {"ranks": ranks + list(spares), "members": len(ranks), "used": self.used}
             for spare in spares:
-                self.world.send(call, dest=spare, tag=_TAG_CALL)
-        return self._communicator(ranks + list(spares), self.used)
+                self.world.send({"spares": spares, "size": size, "used": self.used}, dest=spare, tag=_TAG_CALL)
+        return self._bring_in(spares, size)
+
+    def _bring_in(self, spares: list[int], size: int) -> MPI.Intracomm:
+        """Shrink the communicators of ``spares`` in turn (see :meth:`call`); the last one."""
+        comm = MPI.COMM_NULL
+        for spare in spares:
+            comm = track(self._bridges[spare].Shrink())
+        if comm.Get_size() != size:
+            comm.Revoke()
+            raise RuntimeError(
+                f"a rank died while spares {spares} were brought in: {comm.Get_size()} ranks of the {size} expected"
+            )
+        return comm
 
     def release(self) -> None:
         """At the end of the run, on the members' rank 0: let the spares
@@ -151,14 +197,3 @@ class SparePool:
                 self.world.send(None, dest=spare, tag=_TAG_CALL)
             except MPI.Exception:
                 continue
-
-    def _communicator(self, ranks: list[int], used: int) -> MPI.Intracomm:
-        world_group = self.world.Get_group()
-        group = world_group.Incl(ranks)
-        try:
-            # The tag names this call among all the job's (one per number of spares used so far).
-            comm = MPI.Intracomm.Create_from_group(group, f"wagma-spares-{used}", errhandler=MPI.ERRORS_RETURN)
-        finally:
-            group.Free()
-            world_group.Free()
-        return track(comm)

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.agreement import agree
 from collectives.collect import LaggedVote
-from collectives.failures import hold
+from collectives.failures import hold, mpi_failure
 from collectives.provenance import run_attributes
 from collectives.spares import SparePool
 from wagma.algorithms import Algorithm, create
@@ -550,8 +550,7 @@ def _loop(run, start, clock_offset, channels=None):
                 except BaseException as error:
                     if clock.paused:  # a failure during an evaluation or a checkpoint
                         clock.resume()
-                    change = survive(algo, error, phase)  # re-raised where it is not a rank's failure
-                    channels = _go_on_without(run, change, channels, data, evaluate, stop is not None, clock())
+                    change, channels = _recover(run, error, phase, channels, data, evaluate, stop is not None, clock)
                     now = clock()
                     if change.step > step:  # steps this rank did not complete, taken by another survivor
                         _record_skipped(recorder, range(step, change.step), now, clocks)
@@ -564,25 +563,46 @@ def _loop(run, start, clock_offset, channels=None):
     return status, clock()
 
 
-def _go_on_without(run, change, channels, data, evaluate, stop, now):
-    """After :func:`~wagma.membership.survive`: the loop's side of a
-    membership change.  The run follows the algorithm onto the survivors'
+def _recover(run, error, phase, channels, data, evaluate, stop, clock):
+    """The survivors' recovery from ``error`` (:func:`~wagma.membership.survive`,
+    which raises it again where it is not a rank's failure), then the loop's
+    side of it (:func:`_go_on_without`); a rank that fails during the latter
+    is recovered from in turn, and every change goes into the run file.
+    Returns the last change and the loop's channels."""
+    changes = []
+    while True:
+        changes.append(survive(run.algo, error, phase))
+        try:
+            return changes[-1], _go_on_without(run, changes, channels, data, evaluate, stop, clock())
+        except BaseException as again:
+            if mpi_failure(again) is None:
+                raise
+            logger.warning("another rank failed while the survivors went on: %s", again)
+            error, phase = again, "between steps"
+
+
+def _go_on_without(run, changes, channels, data, evaluate, stop, now):
+    """After :func:`~wagma.membership.survive`: the loop's side of the
+    membership ``changes`` (one, or more where ranks failed while the
+    survivors recorded the first).  The run follows the algorithm onto the survivors'
     communicator, the loop's channels are built there (the old ones are
     revoked, let go without communicating), the run file gets its new writer
-    and the change, and the survivors take over the dead ranks' data."""
+    and the changes, and the survivors take over the dead ranks' data."""
     algo = run.algo
     run.world, run.comm = algo.membership.comm, algo.comm
     hold(channels)  # a vote may be in flight on the revoked channel: never freed under it
     channels = _Channels(run, evaluate, stop)
     run.recorder.rebuild(run.world)
-    run.recorder.record_membership(
-        step=change.step,
-        clock=run.comm.control.allreduce(now, op=MPI.MAX),  # one value on every member: one row
-        left=change.left,
-        noticed="progress_thread" if change.where == "thread" else change.noticed,
-        recovery_s=change.recovery_s,
-    )
-    run.adjustments += [{"step": change.step, "adjustment": a} for a in change.adjustments]
+    clock = run.comm.control.allreduce(now, op=MPI.MAX)  # one value on every member: one row per change
+    for change in changes:
+        run.recorder.record_membership(
+            step=change.step,
+            clock=clock,
+            left=change.left,
+            noticed="progress_thread" if change.where == "thread" else change.noticed,
+            recovery_s=change.recovery_s,
+        )
+    run.adjustments += [{"step": c.step, "adjustment": a} for c in changes for a in c.adjustments]
     _share_rows_left(run, data)
     return channels
 

@@ -184,6 +184,37 @@ def test_every_algorithm_takes_replacements_from_spares(tmp_path, algorithm):
     _heal_from_spares(tmp_path, algorithm)
 
 
+def test_a_spare_that_dies_while_it_is_brought_in_is_passed_over(tmp_path):
+    """Row 2 dies at step 3; the first spare called (world rank RANKS)
+    SIGKILLs itself as soon as it is called, while the members build their
+    communicator with it: they agree that the attempt failed, go on among
+    themselves, and call the next spare, which takes row 2; rank 0 dies at
+    step 25 and the third spare takes its row; the fourth is let go."""
+    spares, deaths = 4, [[2, 3], [0, 25]]
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS + spares, fault_tolerant=True),
+            *[sys.executable, str(SPARES_PROGRAM), str(tmp_path), "wagma", "{}", str(spares), str(SPARE_STEPS)],
+            *[json.dumps(deaths), str(RANKS)],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    context = job.stdout[-2000:] + job.stderr[-3000:]
+    assert job.returncode == 0, context
+    reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
+    assert sorted(reports) == list(range(RANKS)) and all(r["steps"] == SPARE_STEPS for r in reports.values()), context
+    changes = reports[0]["changes"]
+    assert all(r["changes"] == changes for r in reports.values()), context
+    joins = [c["joined"] for c in changes if c["joined"]]
+    assert joins == [[2], [0]], changes
+    assert any(not c["left"] and not c["joined"] for c in changes), changes  # the attempt that failed
+    assert len({r["digest"] for r in reports.values()}) == 1, context  # t = 39 is a global average
+    unused = [json.loads(p.read_text()) for p in tmp_path.glob("spare-*.json")]
+    assert unused == [{"world_rank": RANKS + spares - 1, "torch": False}], context
+
+
 def test_a_process_without_the_jobs_secret_cannot_join(tmp_path):
     """From step 7 the survivors start a process that dropped the secret
     from its environment: it is refused before anything is sent to it (it

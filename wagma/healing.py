@@ -52,9 +52,9 @@ from mpi4py import MPI
 
 from collectives.admission import SECRET_VARIABLE, admit, job_secret, present, receive_within
 from collectives.comm import Communicator
-from collectives.failures import hold, track
+from collectives.failures import hold, mpi_failure, revoke_tracked, track
 
-from .membership import Membership, MembershipChange
+from .membership import Membership, MembershipChange, Noticed
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -109,8 +109,9 @@ def replace(
     Raises:
         ValueError: on every member, before anything is started: neither or
             both of ``command`` and ``spares`` were given, ``count`` is not
-            between 1 and the rows that left and were not replaced (nor,
-            with spares, the spares left), ``wait_s`` is not a positive
+            between 1 and the rows that left and were not replaced (with
+            spares: none is left; fewer than ``count`` bring in as many),
+            ``wait_s`` is not a positive
             number, or, to start processes: the job has no secret, or a
             member is itself a spawned replacement (with Open MPI 5.0.11 a
             second generation of spawned processes aborts the job;
@@ -141,8 +142,10 @@ def replace(
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
         raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")
     alive_spares = [r for r in views[0][1] if all(r in view[1] for view in views)]
-    if spares is not None and count > len(alive_spares):
-        raise ValueError(f"count {count} is more than the {len(alive_spares)} spares left (alive, to every member)")
+    if spares is not None and not alive_spares:
+        raise ValueError("no spare is left (alive, to every member)")
+    if spares is not None:
+        count = min(count, len(alive_spares))  # as many as are left
     if spares is None and any(view[2] for view in views):
         raise ValueError(
             "a member is a replacement itself: with Open MPI 5.0.11 a process spawned from a communicator "
@@ -164,15 +167,48 @@ def replace(
         merged, refused = _start(membership.comm, count, command, secret, wait_s)
     joined = [] if refused else vacant[:count]
     options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size() + len(joined))
-    if merged is not None:
-        rows = membership.original_ranks + joined
+    how: Noticed = "spare" if spares is not None else "spawned"
+    if merged is None:  # refused: the members go on among themselves
+        algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
+        ready = membership.comm.allreduce(time.time(), op=MPI.MAX)
+        return _joined(algo, started, ready, joined, adjustments, how, refused)
+    before = membership.comm, membership.original_ranks
+    rows = membership.original_ranks + joined
+    failure = None
+    try:
         if merged.Get_rank() == 0:
             state = {**_state_of(algo, rows, options), "joined": joined, "adjustments": adjustments, "started": started}
             for index, row in enumerate(joined):
                 merged.send({**state, "row": row}, dest=len(membership.original_ranks) + index, tag=_TAG_STATE)
         membership.comm, membership.original_ranks = merged, rows
-    algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
-    return _joined(algo, started, joined, adjustments, "spare" if spares is not None else "spawned", refused)
+        algo.rebuild(Communicator(merged), options, algo.steps, source=0)
+        ready = merged.allreduce(time.time(), op=MPI.MAX)
+    except BaseException as error:
+        failure = mpi_failure(error)
+        if failure is None:
+            raise
+        revoke_tracked()  # a member blocked on a peer that gave up is released
+    if not _every_one_done(merged, failure is None):
+        # Nobody joins: the newcomers leave (join raises), and the members' failure is recovered from
+        # their communicator before the call, as any (wagma.membership.survive), by the caller.
+        membership.comm, membership.original_ranks = before
+        raise failure or MPI.Exception(MPI.ERR_PROC_FAILED)
+    return _joined(algo, started, ready, joined, adjustments, how, refused)
+
+
+def _every_one_done(comm: MPI.Intracomm, done: bool) -> bool:
+    """Whether every process of ``comm`` alive now says ``done``: the
+    fault-tolerant agreement of ULFM (``MPIX_Comm_agree``), which works on
+    a revoked communicator and gives every process the same answer.  Where
+    it reports a failure (``MPI_ERR_PROC_FAILED``: a process of ``comm``
+    died, and the answer is lost in mpi4py's exception), the answer is no,
+    on every process, as the error of the agreement is the same on all."""
+    try:
+        return bool(comm.Agree(int(done)))
+    except MPI.Exception as error:
+        if mpi_failure(error) is None:
+            raise
+        return False
 
 
 def _start(
@@ -225,22 +261,30 @@ def join(
     from .algorithms import ALGORITHMS
 
     merged = spare.comm if spare is not None else _merge_with_parent(secret or job_secret())
+    failure: BaseException | None = None
     try:
         state = receive_within(merged, 0, _TAG_STATE, STATE_WAIT_S)
-    except (MPI.Exception, TimeoutError) as error:  # the members failed before sending it
-        raise PermissionError(f"the job gave up on this process after admitting it ({error})") from None
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    comm = Communicator(merged)
-    # The class itself, as the survivors' rebuild constructs it again: the same collective calls.
-    algo = ALGORITHMS[state["algorithm"]](model, optimizer, comm, init_sync=False, **state["options"])
-    algo.adopt_source(0)
-    algo.load_state_dict(state["algorithm_state"])
-    algo.membership = Membership(
-        merged, state["rows"], list(state["changes"]), rows=state["first_rows"], options=state["first_options"]
-    )
-    algo.own_communicator(comm)
-    _joined(algo, state["started"], state["joined"], state["adjustments"], "spare" if spare is not None else "spawned")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        comm = Communicator(merged)
+        # The class itself, as the survivors' rebuild constructs it again: the same collective calls.
+        algo = ALGORITHMS[state["algorithm"]](model, optimizer, comm, init_sync=False, **state["options"])
+        algo.adopt_source(0)
+        algo.load_state_dict(state["algorithm_state"])
+        algo.membership = Membership(
+            merged, state["rows"], list(state["changes"]), rows=state["first_rows"], options=state["first_options"]
+        )
+        algo.own_communicator(comm)
+        ready = merged.allreduce(time.time(), op=MPI.MAX)
+    except (MPI.Exception, TimeoutError) as error:  # a member failed on the way
+        if isinstance(error, MPI.Exception) and mpi_failure(error) is None:
+            raise
+        failure = error
+        revoke_tracked()
+    if not _every_one_done(merged, failure is None):
+        raise PermissionError(f"the job gave up on this process: a rank failed while it joined ({failure or 'a peer'})")
+    how: Noticed = "spare" if spare is not None else "spawned"
+    _joined(algo, state["started"], ready, state["joined"], state["adjustments"], how)
     return algo, state["row"]
 
 
@@ -282,11 +326,11 @@ def _state_of(algo: Algorithm, rows: list[int], options: dict[str, Any]) -> dict
     return state
 
 
-def _joined(algo, started, joined, adjustments, noticed, refused=()):
-    """The change every member records once the algorithm is rebuilt."""
+def _joined(algo, started, ready, joined, adjustments, noticed, refused=()):
+    """The change every member records once the algorithm is rebuilt
+    (``started``: the members' start, ``ready``: the last one ready; the
+    same on every member)."""
     comm = algo.membership.comm
-    ready = comm.allreduce(time.time(), op=MPI.MAX)
-    started = comm.bcast(started, root=0)
     change = MembershipChange(
         step=algo.steps,
         left=[],

@@ -1,7 +1,8 @@
 """A training loop of one's own that heals again and again: members die one after another, spares take their rows.
 
 Run by tests/test_healing.py as
-``mpiexec --with-ft ulfm -n P+K python spares.py OUT_DIR ALGORITHM OPTIONS_JSON SPARES STEPS KILLS_JSON``.
+``mpiexec --with-ft ulfm -n P+K python spares.py OUT_DIR ALGORITHM OPTIONS_JSON SPARES STEPS KILLS_JSON``
+(then, optionally, DIES_WHEN_CALLED).
 The last SPARES ranks wait (``collectives.spares.SparePool``); the others
 train an MLP (16 inputs, 32 hidden units, 4 outputs) on random batches
 drawn from their row.  KILLS_JSON lists ``[row, step]``: whoever holds that
@@ -11,6 +12,8 @@ their next step, call a spare for each row that left (``wagma.healing.replace``)
 (``wagma.healing.join``).  Every member at the end writes
 OUT_DIR/row-R.json (row, steps, rows, changes, parameter digest); every
 spare never called writes OUT_DIR/spare-W.json (its world rank) once let go.
+The spare of world rank DIES_WHEN_CALLED SIGKILLs itself as soon as it is
+called: the members must give up on it and call the next.
 """
 
 import json
@@ -25,8 +28,11 @@ from collectives.spares import SparePool
 
 out_dir, algorithm, options, spare_count, steps, kills = sys.argv[1:7]
 options, spare_count, steps, kills = json.loads(options), int(spare_count), int(steps), json.loads(kills)
+dies_when_called = int(sys.argv[7]) if len(sys.argv) > 7 else None  # a spare's world rank
 pool = SparePool(MPI.COMM_WORLD, spare_count)
 activation = pool.wait() if pool.is_spare else None
+if activation is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
+    os.kill(os.getpid(), signal.SIGKILL)
 if pool.is_spare and activation is None:  # let go at the end of the run: it never imported torch
     with open(os.path.join(out_dir, f"spare-{MPI.COMM_WORLD.rank}.json"), "w") as f:
         json.dump({"world_rank": MPI.COMM_WORLD.rank, "torch": "torch" in sys.modules}, f)
