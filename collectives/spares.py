@@ -53,10 +53,12 @@ _TAG_CALL = 4250  # the survivors' rank 0 to a spare, on the world: its call, or
 
 @dataclass
 class Activation:
-    """What a spare receives when it is called: the communicator it now
-    belongs to, with the survivors (ranks ``0 .. members - 1``) and the
-    spares called with it, and how many of the pool's spares have been
-    called so far (this one included)."""
+    """What a spare receives when it is called.
+
+    The communicator it now belongs to, ``comm``, holds the survivors (its
+    first ``members`` ranks) and then the spares called with it; ``used``
+    says how many of the pool's spares have been called so far, this one
+    included."""
 
     comm: MPI.Intracomm
     members: int
@@ -64,10 +66,12 @@ class Activation:
 
 
 class SparePool:
-    """The last ``count`` ranks of ``world`` (collective over ``world``):
-    on a member, :attr:`members` is the first ranks' communicator and
-    :meth:`call` brings in spares; on a spare, :meth:`wait` blocks until
-    the spare is called or let go.
+    """The job's spares, the last ``count`` ranks of ``world``.
+
+    Built collectively over ``world``.  On a member,
+    :attr:`SparePool.members` is the first ranks' communicator and
+    :meth:`SparePool.call` brings in spares; on a spare,
+    :meth:`SparePool.wait` blocks until the spare is called or let go.
 
     Raises:
         ValueError: on every rank, before any communication: ``count`` is not
@@ -89,7 +93,7 @@ class SparePool:
             )
         self.world = world
         self.ranks = list(range(world.Get_size() - count, world.Get_size()))
-        #: How many spares were called, in the pool's order: the same on every member.
+        #: How many spares were called so far, in the pool's order (the same on every member).
         self.used = 0
         #: The members' communicator (the first ranks of ``world``; ``world``
         #: itself where there are no spares), ``MPI_COMM_NULL`` on a spare.
@@ -99,12 +103,14 @@ class SparePool:
             comm = world.Split(MPI.UNDEFINED if self.is_spare else 0, world.Get_rank())
             self.members = track(comm) if comm != MPI.COMM_NULL else comm
         #: Per spare, the world's ranks up to it (:meth:`call`); built now, while no rank has died.
+        #: Not tracked (collectives.failures.track): a recovery does not revoke them, which would
+        #: cost a message to every rank of each per failure, and a shrink needs none.
         self._bridges: dict[int, MPI.Intracomm] = {}
         for spare in self.ranks:
             bridge = world.Split(0 if world.Get_rank() <= spare else MPI.UNDEFINED, world.Get_rank())
             if bridge != MPI.COMM_NULL:
                 bridge.Set_errhandler(MPI.ERRORS_RETURN)
-                self._bridges[spare] = track(bridge)
+                self._bridges[spare] = bridge
 
     @property
     def is_spare(self) -> bool:

@@ -85,6 +85,8 @@ import time
 
 from collectives.logs import configure_logging
 
+from .chaos_campaign import ALGORITHMS as CHAOS_ALGORITHMS
+from .chaos_campaign import run_chaos, run_long, tabulate_chaos
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .jobs import shown as _shown
@@ -370,6 +372,37 @@ def _parser():
         help="run files and table.md [a fresh runs/survival-YYYYmmdd-HHMMSS]; "
         "results/survival refreshes the committed reference results",
     )
+    c = sub.add_parser(
+        "chaos",
+        help="every algorithm under a stream of failures of every kind, without and with spares that replace "
+        "the dead (ULFM); or one long run with --long-failures",
+        formatter_class=HelpFormatter,
+    )
+    c.add_argument("--ranks", type=int, default=8, help="training ranks of every run (spares come on top)")
+    c.add_argument("--steps", type=int, default=2400, help="steps of every run (about 3 minutes on 2 cores)")
+    c.add_argument("--epochs", type=int, default=1000, help="epochs, a bound above --steps")
+    c.add_argument("--compute-ms", type=float, default=20.0, help="each step's compute, padded to this")
+    c.add_argument("--mtbf", type=float, default=20.0, help="mean seconds between failures")
+    c.add_argument("--seed", type=int, default=23, help="the failures' seed")
+    c.add_argument("--keep", type=int, default=2, help="no failure strikes while this many ranks or fewer are left")
+    c.add_argument("--hang", type=float, default=5.0, help="seconds a stopped or hung rank is left before it is killed")
+    c.add_argument("--spares", type=int, default=16, help="spare ranks of the runs with replacements")
+    c.add_argument("--algos", default=",".join(CHAOS_ALGORITHMS), help="comma-separated algorithms")
+    c.add_argument("--long-failures", type=int, default=0, help="run, instead, one long run with this many failures")
+    c.add_argument("--long-algo", default="wagma", help="the long run's algorithm")
+    c.add_argument("--long-mtbf", type=float, default=3.0, help="the long run's mean seconds between failures")
+    c.add_argument("--long-seeds", default="0,1,2", help="seeds of the failure-free runs beside the long run")
+    c.add_argument(
+        "--tabulate",
+        action="store_true",
+        help="run nothing: table.md and loss.png from the run files already in --out-dir",
+    )
+    c.add_argument(
+        "--out-dir",
+        default=None,
+        help="run files, table.md and figures [a fresh runs/chaos-YYYYmmdd-HHMMSS]; "
+        "results/chaos refreshes the committed reference results",
+    )
     r = sub.add_parser(
         "relaunch",
         help="every algorithm that checkpoints with a rank killed mid-run without fault tolerance: "
@@ -480,6 +513,25 @@ def main(argv=None):
     from wagma.algorithms import ALGORITHMS  # after parsing: --help needs no torch
 
     algos = [a for a in args.algos.split(",") if a]
+    if args.campaign == "chaos":
+        for flag, value in {"--steps": args.steps, "--ranks": args.ranks - 1, "--spares": args.spares}.items():
+            if value < 1:
+                parser.error(f"{flag} must be >= {2 if flag == '--ranks' else 1}, got {getattr(args, flag[2:])}")
+        for flag, value in {"--mtbf": args.mtbf, "--hang": args.hang, "--long-mtbf": args.long_mtbf}.items():
+            if not value > 0:
+                parser.error(f"{flag} must be > 0 seconds, got {value}")
+        if not 1 <= args.keep < args.ranks:
+            parser.error(f"--keep must be from 1 to --ranks - 1 ({args.ranks - 1}), got {args.keep}")
+        if args.long_failures < 0:
+            parser.error(f"--long-failures must be >= 0, got {args.long_failures}")
+        if args.long_failures:
+            algos = [args.long_algo]  # checked below, as --algos is
+            try:
+                seeds = [int(s) for s in args.long_seeds.split(",")]
+            except ValueError:
+                seeds = []
+            if len(seeds) < 2:
+                parser.error(f"--long-seeds: two seeds at least, comma-separated (a spread); got {args.long_seeds!r}")
     if args.campaign in ("seeds", "survival", "relaunch") and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.campaign == "relaunch":
@@ -519,8 +571,8 @@ def main(argv=None):
     mpiexec = find_mpiexec()
     if not mpiexec:
         parser.error("no mpiexec found next to this Python or on PATH; set MPIEXEC")
-    if args.campaign == "survival" and kill_runs_refused(mpiexec):
-        parser.error(f"the survival campaign's kill runs: {kill_runs_refused(mpiexec)}")
+    if args.campaign in ("survival", "chaos") and kill_runs_refused(mpiexec):
+        parser.error(f"the {args.campaign} campaign's failures: {kill_runs_refused(mpiexec)}")
     out_dir = args.out_dir or default_out_dir(args.campaign)
     os.makedirs(out_dir, exist_ok=True)
     if args.campaign == "main":
@@ -535,6 +587,12 @@ def main(argv=None):
         tabulate_survival(out_dir, algos)
     elif args.campaign == "survival":
         run_survival(args, mpiexec, out_dir, algos)
+    elif args.campaign == "chaos" and args.long_failures:
+        run_long(args, mpiexec, out_dir)
+    elif args.campaign == "chaos" and args.tabulate:
+        tabulate_chaos(out_dir, algos)
+    elif args.campaign == "chaos":
+        run_chaos(args, mpiexec, out_dir, algos)
     elif args.campaign == "relaunch" and args.tabulate:
         tabulate_relaunch(out_dir, algos)
     elif args.campaign == "relaunch":
@@ -545,6 +603,9 @@ def main(argv=None):
     else:
         _sweep(args, mpiexec, out_dir, variants)
     figures = "" if args.campaign in ("stragglersync", "seeds", "survival", "relaunch") else " and the figures"
+    if args.campaign == "chaos" and args.long_failures:
+        print(f"\nwrote the run files, long.md and long.png to {_shown(out_dir)}", flush=True)
+        return 0
     print(f"\nwrote the run files, table.md{figures} to {_shown(out_dir)}", flush=True)
     return 0
 

@@ -292,3 +292,18 @@ def test_seeds_campaign_refuses_bad_seeds_and_repeats(capsys):
         with pytest.raises(SystemExit):
             main(["seeds", *argv])
         assert words in capsys.readouterr().err
+
+
+def test_chaos_campaign_refuses_bad_options_before_any_job(capsys):
+    from experiments.campaign import main
+
+    for argv, words in (
+        (["--mtbf", "0"], "--mtbf must be > 0 seconds, got 0.0"),
+        (["--keep", "8"], "--keep must be from 1 to --ranks - 1 (7), got 8"),
+        (["--spares", "0"], "--spares must be >= 1, got 0"),
+        (["--long-failures", "100", "--long-seeds", "3"], "--long-seeds: two seeds at least"),
+        (["--algos", "wagma,nope"], "--algos: unknown nope"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["chaos", *argv])
+        assert words in capsys.readouterr().err

@@ -44,6 +44,7 @@ a segmentation fault of ``mpiexec``.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from .algorithms.base import Algorithm
 
 __all__ = ["join", "replace"]
+
+logger = logging.getLogger(__name__)
 
 _TAG_STATE = 4242  # the survivors' rank 0 to each newcomer, on the merged communicator
 #: The most seconds a newcomer waits for the state once admitted (a model of GBs over TCP included).
@@ -187,6 +190,7 @@ def replace(
         failure = mpi_failure(error)
         if failure is None:
             raise
+        logger.warning("a rank failed while rows %s were taken: %s", joined, error, exc_info=True)
         revoke_tracked()  # a member blocked on a peer that gave up is released
     if not _every_one_done(merged, failure is None):
         # Nobody joins: the newcomers leave (join raises), and the members' failure is recovered from

@@ -1,0 +1,352 @@
+"""The chaos campaign: every algorithm under a stream of failures, without and with replacements, and one long run.
+
+``.venv-openmpi/bin/python -m experiments.campaign chaos`` trains the MLP on
+digits on ``--ranks`` ranks (each step padded to ``--compute-ms``) with
+each algorithm three ways, under ``experiments.mpirun --fault-tolerant``
+(Open MPI's ULFM):
+
+``free``
+    no failure;
+``chaos``
+    ``--chaos mtbf=MTBF,seed=SEED,keep=KEEP,hang=HANG`` (every kind: SIGKILL,
+    SIGSEGV, ``os._exit``, SIGSTOP, a rank stuck in its step): the
+    survivors go on with fewer ranks;
+``healed``
+    the same failures, and ``--spares SPARES`` ranks started with the job
+    that take the dead ranks' rows (:mod:`collectives.spares`).
+    ``ensemble_sync`` takes no replacements in ``experiments.train`` (its
+    ranks are not at one step); its row says so.
+
+``table.md`` gives per algorithm and way: the failures that struck, the
+goodput (samples trained per second of the run against the failure-free
+run's: every run trains the same steps of the same global batch), the
+seconds from each failure to the survivors' next completed step and to the
+replacement's first completed step (median and maximum), and the final
+accuracy; ``loss.png`` the loss over time of the three runs of each
+algorithm, the failures marked.  A job that ended with an error (Open
+MPI's ULFM crashes on rare overlapping failures, docs/healing.md) is
+counted, and its row reads what its run file kept.
+
+With ``--long-failures N`` it runs, instead, one long run of ``--long-algo``
+with replacements (``N + 10`` spares) under failures every ``--long-mtbf``
+seconds, long enough for ``N`` of them, beside failure-free runs of the
+same steps over ``--long-seeds``: ``long.md`` says how many failures
+struck and whether the loss (smoothed over 20 steps) stayed within the
+failure-free seeds' spread, and ``long.png`` draws it.
+
+Times are read from the run files: a failure's time is its strike on the
+chaos plan's clock (``chaos`` attribute), whose zero is the training
+clock's give or take the start of a step; a stop or a hang counts from
+the strike, its ``hang`` seconds included, as a user waits them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+import numpy as np
+
+from .campaign_rows import final_accuracy, keep_rows
+from .jobs import clear_run, digits_mlp_args
+from .jobs import run_training as _run
+
+__all__ = ["ALGORITHMS", "WAYS", "chaos_table", "failure_times", "run_chaos", "run_long", "tabulate_chaos"]
+
+#: The campaign's algorithms, in the order of its table.
+ALGORITHMS = (
+    "allreduce_sgd",
+    "local_sgd",
+    "wagma",
+    "eager_sgd",
+    "hierarchical_sgd",
+    "dpsgd",
+    "adpsgd",
+    "sgp",
+    "ensemble_sync",
+)
+#: The three runs of each algorithm, as in its files ALGO_WAY.h5.
+WAYS = ("free", "chaos", "healed")
+_NO_REPLACEMENTS = {"ensemble_sync"}  # experiments.train refuses --spares with it
+
+
+def _chaos_spec(mtbf, seed, keep, hang):
+    return f"mtbf={mtbf:g},seed={seed},keep={keep},hang={hang:g}"
+
+
+def run_chaos(args, mpiexec, out_dir, algos):
+    """The campaign's runs, then :func:`tabulate_chaos`; returns its rows."""
+    common = [*digits_mlp_args(args.epochs, args.compute_ms), "--max-steps", str(args.steps)]
+    chaos = ["--chaos", _chaos_spec(args.mtbf, args.seed, args.keep, args.hang)]
+    for algo in algos:
+        for way in WAYS:
+            if way == "healed" and algo in _NO_REPLACEMENTS:
+                continue
+            out = os.path.join(out_dir, f"{algo}_{way}.h5")
+            clear_run(out)
+            extra = {"free": [], "chaos": chaos, "healed": [*chaos, "--spares", str(args.spares)]}[way]
+            ranks = args.ranks + (args.spares if way == "healed" else 0)
+            status = _run(mpiexec, ranks, algo, out, [*common, *extra], fault_tolerant=True, may_fail=way != "free")
+            with open(out + ".status", "w") as f:  # the job's exit status, for the table
+                f.write(f"{status}\n")
+    return tabulate_chaos(out_dir, algos)
+
+
+def failure_times(run) -> list[dict]:
+    """The failures that struck ``run`` (a :class:`wagma.results.Run` with a
+    ``chaos`` attribute), in order: per row that died (``membership/``), the
+    ``row``, its ``strike`` (seconds on the plan's clock: the plan's last
+    event on that row before the survivors went on), ``go_on`` (seconds from
+    the strike to the survivors' next completed step) and ``joined``
+    (seconds from the strike to the first completed step of the replacement
+    that took the row next, None where none did)."""
+    plan = json.loads(run.attrs["chaos"])
+    m = {k: np.asarray(v) for k, v in run.membership.items()}
+    if not len(m.get("left", ())):
+        return []
+    from wagma.results import NOTICED
+
+    clock, skipped = run.steps["clock"], run.steps["skipped"]
+    joined = m["noticed"] == NOTICED["joined"]
+    deaths: dict[tuple[int, float], list[int]] = {}
+    for row, step, at, is_join in zip(m["left"], m["step"], m["clock"], joined, strict=True):
+        if not is_join and row >= 0:
+            deaths.setdefault((int(step), float(at)), []).append(int(row))
+    joins = [(int(row), int(step)) for row, step, is_join in zip(m["left"], m["step"], joined, strict=True) if is_join]
+    out = []
+    for (step, at), rows in sorted(deaths.items(), key=lambda item: item[0][1]):
+        before = max(step - 1, 0)  # the survivors: the other rows that had completed the step before
+        alive = [r for r in range(clock.shape[0]) if r not in rows and np.isfinite(clock[r, before])]
+        firsts = [f for f in (_first_completed(clock[r], skipped[r], step) for r in alive) if f is not None]
+        for row in rows:
+            candidates = [t for t, r, _ in plan["events"] if r == row and t <= at + 0.5]
+            if not candidates:
+                continue
+            strike = max(candidates)
+            taken = next(((r, s) for r, s in joins if r == row and s >= step), None)
+            first_join = _first_completed(clock[row], skipped[row], taken[1]) if taken else None
+            if taken:
+                joins.remove(taken)
+            out.append(
+                {
+                    "row": row,
+                    "strike": strike,
+                    "go_on": max(firsts) - strike if firsts else None,
+                    "joined": None if first_join is None else first_join - strike,
+                }
+            )
+    return out
+
+
+def _first_completed(clock_row, skipped_row, step):
+    done = np.flatnonzero(np.isfinite(clock_row[step:]) & (skipped_row[step:] == 0))
+    return float(clock_row[step + done[0]]) if len(done) else None
+
+
+def _goodput(run) -> float:
+    """Samples trained per second of training clock."""
+    samples = float(np.nansum(run.steps["samples"]))
+    return samples / float(np.nanmax(run.steps["clock"]))
+
+
+def _spread(values):
+    values = [v for v in values if v is not None]
+    return (statistics.median(values), max(values)) if values else (math.nan, math.nan)
+
+
+def tabulate_chaos(out_dir, algos):
+    """The rows of ``algos`` from their run files in ``out_dir`` (merged with
+    the others kept in ``rows.json``) into ``table.md``, and ``loss.png``;
+    returns the rows of ``algos``."""
+    from wagma.results import load_run
+
+    rows = []
+    for algo in algos:
+        free = load_run(os.path.join(out_dir, f"{algo}_free.h5"))
+        for way in WAYS[1:]:
+            path = os.path.join(out_dir, f"{algo}_{way}.h5")
+            if way == "healed" and algo in _NO_REPLACEMENTS:
+                rows.append({"algorithm": algo, "way": way, "status": "not available"})
+                continue
+            run = load_run(path)
+            with open(path + ".status") as f:
+                status = int(f.read())
+            failures = failure_times(run)
+            rows.append(
+                {
+                    "algorithm": algo,
+                    "way": way,
+                    "status": "complete" if status == 0 and run.attrs["status"] == "complete" else f"exit {status}",
+                    "failures": len(failures),
+                    "seconds": float(np.nanmax(run.steps["clock"])),
+                    "goodput": _goodput(run) / _goodput(free),
+                    "go_on": _spread([f["go_on"] for f in failures]),
+                    "joined": _spread([f["joined"] for f in failures]),
+                    "final": final_accuracy(run),
+                    "free": final_accuracy(free),
+                }
+            )
+    keep_rows(out_dir, rows, algos, ALGORITHMS, chaos_table)
+    _plot_losses(out_dir, [a for a in ALGORITHMS if os.path.exists(os.path.join(out_dir, f"{a}_free.h5"))])
+    return rows
+
+
+def chaos_table(rows) -> str:
+    """The Markdown table of :func:`tabulate_chaos`'s rows."""
+    lines = [
+        "| algorithm | replacements | run | failures | run s | goodput | go on, median s | max s | "
+        "replacement in, median s | max s | final % | failure-free % |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        way = "spares" if r["way"] == "healed" else "none"
+        if r["status"] == "not available":
+            lines.append(f"| {r['algorithm']} | {way} | not available (ranks not at one step) |" + " |" * 9)
+            continue
+        joined = " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in r["joined"])
+        lines.append(
+            f"| {r['algorithm']} | {way} | {r['status']} | {r['failures']} | {r['seconds']:.0f} | "
+            f"{r['goodput']:.2f} | {r['go_on'][0]:.2f} | {r['go_on'][1]:.2f} | {joined} | "
+            f"{100 * r['final']:.1f} | {100 * r['free']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _loss_curve(run, smooth=1):
+    """(clock, mean loss over the rows) per step, the loss smoothed over ``smooth`` steps."""
+    clock = np.nanmax(run.steps["clock"], axis=0)
+    with np.errstate(all="ignore"):
+        loss = np.nanmean(run.steps["loss"], axis=0)
+    keep = np.isfinite(clock) & np.isfinite(loss)
+    clock, loss = clock[keep], loss[keep]
+    if smooth > 1 and len(loss) >= smooth:
+        loss = np.convolve(loss, np.ones(smooth) / smooth, mode="same")
+    return clock, loss
+
+
+def _plot_losses(out_dir, algos):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wagma.results import load_run
+
+    if not algos:
+        return
+    columns = min(3, len(algos))
+    fig, axes = plt.subplots(
+        math.ceil(len(algos) / columns), columns, figsize=(5 * columns, 3.2 * math.ceil(len(algos) / columns))
+    )
+    for ax, algo in zip(np.atleast_1d(axes).ravel(), algos, strict=False):
+        for way, colour in zip(WAYS, ("black", "tab:red", "tab:blue"), strict=True):
+            path = os.path.join(out_dir, f"{algo}_{way}.h5")
+            if not os.path.exists(path):
+                continue
+            run = load_run(path)
+            ax.plot(*_loss_curve(run, smooth=10), color=colour, lw=1, label=way)
+            if way != "free":
+                for failure in failure_times(run):
+                    ax.axvline(failure["strike"], color=colour, lw=0.5, alpha=0.4)
+        ax.set_title(algo)
+        ax.set_xlabel("training clock, s")
+        ax.set_ylabel("loss (10-step mean)")
+        ax.set_yscale("log")
+    np.atleast_1d(axes).ravel()[0].legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=120)
+    plt.close(fig)
+
+
+def run_long(args, mpiexec, out_dir):
+    """The long run and its failure-free seeds (module docstring); writes
+    ``long.md`` and ``long.png`` and returns the verdict's numbers."""
+    from wagma.results import load_run
+
+    common = digits_mlp_args(args.epochs, args.compute_ms)
+    algo = args.long_algo
+    # The steps: long enough for the failures at the failure-free pace (a probe of 100 steps), with a
+    # margin for the time the failures cost.
+    probe = os.path.join(out_dir, "long_probe.h5")
+    clear_run(probe)
+    _run(mpiexec, args.ranks, algo, probe, [*common, "--max-steps", "100"], fault_tolerant=True)
+    step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
+    steps = math.ceil(1.3 * args.long_failures * args.long_mtbf / step_s)
+    seeds = [int(s) for s in args.long_seeds.split(",")]
+    frees = []
+    for seed in seeds:
+        out = os.path.join(out_dir, f"long_free_s{seed}.h5")
+        clear_run(out)
+        _run(mpiexec, args.ranks, algo, out, [*common, "--max-steps", str(steps), "--seed", str(seed)], True)
+        frees.append(out)
+    out = os.path.join(out_dir, "long_healed.h5")
+    clear_run(out)
+    spares = args.long_failures + 10
+    chaos = _chaos_spec(args.long_mtbf, args.seed, args.keep, args.hang)
+    extra = ["--max-steps", str(steps), "--seed", str(seeds[0]), "--chaos", chaos, "--spares", str(spares)]
+    status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], fault_tolerant=True, may_fail=True)
+    return tabulate_long(out_dir, frees, out, status)
+
+
+def tabulate_long(out_dir, frees, healed_path, status):
+    """``long.md`` and ``long.png`` from the long run's files; returns the figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wagma.results import load_run
+
+    smooth = 20
+    healed = load_run(healed_path)
+    failures = failure_times(healed)
+    curves = [_loss_curve(load_run(p), smooth) for p in frees]
+    steps = min(len(c[1]) for c in curves)
+    low = np.min([c[1][:steps] for c in curves], axis=0)
+    high = np.max([c[1][:steps] for c in curves], axis=0)
+    clock, loss = _loss_curve(healed, smooth)
+    n = min(steps, len(loss))
+    edge = smooth // 2  # the smoothing's edges average fewer steps
+    inside = (loss[edge : n - edge] >= low[edge : n - edge]) & (loss[edge : n - edge] <= high[edge : n - edge])
+    figures = {
+        "status": "complete" if status == 0 and healed.attrs["status"] == "complete" else f"exit {status}",
+        "failures": len(failures),
+        "joins": int(healed.summary.get("ranks_joined", 0)),
+        "seconds": float(np.nanmax(healed.steps["clock"])),
+        "steps": int(n),
+        "inside": float(inside.mean()),
+        "go_on": _spread([f["go_on"] for f in failures]),
+        "joined": _spread([f["joined"] for f in failures]),
+        "final": final_accuracy(healed),
+        "free": [final_accuracy(load_run(p)) for p in frees],
+    }
+    with open(os.path.join(out_dir, "long.md"), "w") as f:
+        f.write(
+            f"| run | failures | replacements | run s | steps | loss within the seeds' spread | go on, median / max s "
+            f"| replacement in, median / max s | final % | failure-free % |\n"
+            f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+            f"| {figures['status']} | {figures['failures']} | {figures['joins']} | {figures['seconds']:.0f} | "
+            f"{n} | {100 * figures['inside']:.1f} % of steps | {figures['go_on'][0]:.2f} / {figures['go_on'][1]:.2f} "
+            f"| {figures['joined'][0]:.2f} / {figures['joined'][1]:.2f} | {100 * figures['final']:.1f} | "
+            + ", ".join(f"{100 * a:.1f}" for a in figures["free"])
+            + " |\n"
+        )
+    fig, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(steps)
+    ax.fill_between(x, low, high, color="0.8", label=f"failure-free, {len(frees)} seeds")
+    ax.plot(np.arange(len(loss)), loss, color="tab:blue", lw=1, label="with failures and replacements")
+    strikes = np.searchsorted(clock, [f["strike"] for f in failures])
+    for s in strikes:
+        ax.axvline(s, color="tab:red", lw=0.3, alpha=0.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"loss ({smooth}-step mean)")
+    ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "long.png"), dpi=120)
+    plt.close(fig)
+    with open(os.path.join(out_dir, "long.md")) as f:
+        print("\n" + f.read(), flush=True)
+    return figures
