@@ -100,14 +100,15 @@ class SparePool:
         self.members: MPI.Intracomm = world
         if count:
             world.Set_errhandler(MPI.ERRORS_RETURN)
-            comm = world.Split(MPI.UNDEFINED if self.is_spare else 0, world.Get_rank())
+            # mpi4py's stub types Split as returning a Comm; an Intracomm's gives an Intracomm.
+            comm: MPI.Intracomm = world.Split(MPI.UNDEFINED if self.is_spare else 0, world.Get_rank())  # type: ignore[assignment]
             self.members = track(comm) if comm != MPI.COMM_NULL else comm
         #: Per spare, the world's ranks up to it (:meth:`call`); built now, while no rank has died.
         #: Not tracked (collectives.failures.track): a recovery does not revoke them, which would
         #: cost a message to every rank of each per failure, and a shrink needs none.
         self._bridges: dict[int, MPI.Intracomm] = {}
         for spare in self.ranks:
-            bridge = world.Split(0 if world.Get_rank() <= spare else MPI.UNDEFINED, world.Get_rank())
+            bridge: MPI.Intracomm = world.Split(0 if world.Get_rank() <= spare else MPI.UNDEFINED, world.Get_rank())  # type: ignore[assignment]
             if bridge != MPI.COMM_NULL:
                 bridge.Set_errhandler(MPI.ERRORS_RETURN)
                 self._bridges[spare] = bridge
@@ -184,9 +185,9 @@ class SparePool:
 
     def _bring_in(self, spares: list[int], size: int) -> MPI.Intracomm:
         """Shrink the communicators of ``spares`` in turn (see :meth:`call`); the last one."""
-        comm = MPI.COMM_NULL
+        comm: MPI.Intracomm = MPI.COMM_NULL  # type: ignore[assignment]  # replaced: spares holds one at least
         for spare in spares:
-            comm = track(self._bridges[spare].Shrink())
+            comm = track(self._bridges[spare].Shrink())  # type: ignore[assignment]  # an Intracomm's is one
         if comm.Get_size() != size:
             comm.Revoke()
             raise RuntimeError(

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from mpi4py import MPI
 
-from collectives.admission import SECRET_VARIABLE, admit, job_secret, present, receive_within
+from collectives.admission import SECRET_VARIABLE, Verdict, admit, job_secret, present, receive_within
 from collectives.comm import Communicator
 from collectives.failures import hold, mpi_failure, revoke_tracked, track
 
@@ -163,11 +163,11 @@ def replace(
     if dead:
         membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
         membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
+    refused: list[Verdict] = []
     if spares is not None:
         merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])
-        refused: list[str] = []
-    else:
-        merged, refused = _start(membership.comm, count, command, secret, wait_s)
+    else:  # a command and a secret, as checked above
+        merged, refused = _start(membership.comm, count, command or [], secret or "", wait_s)
     joined = [] if refused else vacant[:count]
     options, adjustments = _options_for(algo.name, membership.options, membership.comm.Get_size() + len(joined))
     how: Noticed = "spare" if spares is not None else "spawned"
@@ -217,7 +217,7 @@ def _every_one_done(comm: MPI.Intracomm, done: bool) -> bool:
 
 def _start(
     members: MPI.Intracomm, count: int, command: Sequence[str], secret: str, wait_s: float
-) -> tuple[MPI.Intracomm | None, list[str]]:
+) -> tuple[MPI.Intracomm | None, list[Verdict]]:
     """Spawn ``count`` processes of ``command``, admit them on the job's
     secret and merge with them (the members first): returns the merged
     communicator and no verdicts, or None and the verdicts where one was
@@ -226,7 +226,7 @@ def _start(
     # the newcomers from their wait for a verdict or for the state.
     inter = track(members.Spawn(command[0], list(command[1:]), maxprocs=count, root=0))
     verdicts = admit(inter, members, secret, wait_s)
-    refused = [v for v in verdicts if v != "admitted"]
+    refused: list[Verdict] = [v for v in verdicts if v != "admitted"]
     if refused:
         inter.Revoke()  # a candidate still waiting for its verdict is released with an error
         hold(inter)  # revoked: let go without a collective free
