@@ -52,21 +52,12 @@ import numpy as np
 from .campaign_rows import final_accuracy, keep_rows
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
+from .survival import ALGORITHMS as SURVIVAL_ALGORITHMS
 
 __all__ = ["ALGORITHMS", "WAYS", "chaos_table", "failure_times", "run_chaos", "run_long", "tabulate_chaos"]
 
-#: The campaign's algorithms, in the order of its table.
-ALGORITHMS = (
-    "allreduce_sgd",
-    "local_sgd",
-    "wagma",
-    "eager_sgd",
-    "hierarchical_sgd",
-    "dpsgd",
-    "adpsgd",
-    "sgp",
-    "ensemble_sync",
-)
+#: The campaign's algorithms, in the order of its table: the survival campaign's.
+ALGORITHMS = SURVIVAL_ALGORITHMS
 #: The three runs of each algorithm, as in its files ALGO_WAY.h5.
 WAYS = ("free", "chaos", "healed")
 _NO_REPLACEMENTS = {"ensemble_sync"}  # experiments.train refuses --spares with it

@@ -119,27 +119,15 @@ SPARES_PROGRAM = Path(__file__).resolve().parent / "programs" / "spares.py"
 SPARE_DEATHS, SPARE_STEPS = [[2, 3], [2, 14], [0, 25]], 40
 
 
-def _heal_from_spares(tmp_path, algorithm):
-    """A job of RANKS members and 4 spares (tests/programs/spares.py)
-    loses a member three times, the second time the spare that replaced
-    the first; each time a spare takes the row.  Every member at the end
-    must have run every step, recorded the same six changes (a death and a
-    join each time, noticed ``spare``), hold the model its peers hold where
-    the algorithm keeps replicas equal; the spare never called must have
-    been let go without importing torch."""
-    options, _, equal = CASES[algorithm]
-    spares = len(SPARE_DEATHS) + 1
+def _spares_job(tmp_path, algorithm, spares, deaths, *extra):
+    """tests/programs/spares.py on RANKS members and ``spares`` spares, to
+    SPARE_STEPS: the members' reports by row (each must have run every
+    step, with the same changes as the others) and the job's output."""
     job = subprocess.run(
         [
             *mpiexec_command(RANKS + spares, fault_tolerant=True),
-            sys.executable,
-            str(SPARES_PROGRAM),
-            str(tmp_path),
-            algorithm,
-            json.dumps(options),
-            str(spares),
-            str(SPARE_STEPS),
-            json.dumps(SPARE_DEATHS),
+            *[sys.executable, str(SPARES_PROGRAM), str(tmp_path), algorithm, json.dumps(CASES[algorithm][0])],
+            *[str(spares), str(SPARE_STEPS), json.dumps(deaths), *extra],
         ],
         capture_output=True,
         text=True,
@@ -149,9 +137,21 @@ def _heal_from_spares(tmp_path, algorithm):
     assert job.returncode == 0, context
     reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
     assert sorted(reports) == list(range(RANKS)), context
-    assert all(r["steps"] == SPARE_STEPS for r in reports.values()), context
+    assert all(r["steps"] == SPARE_STEPS and r["changes"] == reports[0]["changes"] for r in reports.values()), context
+    return reports, context
+
+
+def _heal_from_spares(tmp_path, algorithm):
+    """A job of RANKS members and 4 spares (tests/programs/spares.py)
+    loses a member three times, the second time the spare that replaced
+    the first; each time a spare takes the row.  Every member at the end
+    must have run every step, recorded the same six changes (a death and a
+    join each time, noticed ``spare``), hold the model its peers hold where
+    the algorithm keeps replicas equal; the spare never called must have
+    been let go without importing torch."""
+    spares = len(SPARE_DEATHS) + 1
+    reports, context = _spares_job(tmp_path, algorithm, spares, SPARE_DEATHS)
     changes = [r["changes"] for r in reports.values()]
-    assert all(c == changes[0] for c in changes), context
     # A death and a join, alternating: the join fills every row the death left, at the step the
     # survivors went on from.  Deaths noticed at the same step make one change (hierarchical SGD
     # notices at its next global average, local SGD at its next average, AD-PSGD at the next exchange
@@ -164,7 +164,7 @@ def _heal_from_spares(tmp_path, algorithm):
         assert joined["joined"] == sorted(death["left"]) and joined["step"] == death["step"], (death, joined)
         assert joined["noticed"] == "spare" and joined["ranks_after"] == RANKS, joined
     assert deaths[0]["step"] >= SPARE_DEATHS[0][1], deaths[0]
-    if equal:
+    if CASES[algorithm][2]:  # the algorithm keeps its replicas equal
         assert len({r["digest"] for r in reports.values()}) == 1, context
     unused = [json.loads(p.read_text()) for p in tmp_path.glob("spare-*.json")]
     assert unused == [{"world_rank": RANKS + spares - 1, "torch": False}], context
@@ -190,23 +190,9 @@ def test_a_spare_that_dies_while_it_is_brought_in_is_passed_over(tmp_path):
     communicator with it: they agree that the attempt failed, go on among
     themselves, and call the next spare, which takes row 2; rank 0 dies at
     step 25 and the third spare takes its row; the fourth is let go."""
-    spares, deaths = 4, [[2, 3], [0, 25]]
-    job = subprocess.run(
-        [
-            *mpiexec_command(RANKS + spares, fault_tolerant=True),
-            *[sys.executable, str(SPARES_PROGRAM), str(tmp_path), "wagma", "{}", str(spares), str(SPARE_STEPS)],
-            *[json.dumps(deaths), str(RANKS)],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    context = job.stdout[-2000:] + job.stderr[-3000:]
-    assert job.returncode == 0, context
-    reports = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("row-*.json")}
-    assert sorted(reports) == list(range(RANKS)) and all(r["steps"] == SPARE_STEPS for r in reports.values()), context
+    spares = 4
+    reports, context = _spares_job(tmp_path, "wagma", spares, [[2, 3], [0, 25]], str(RANKS))
     changes = reports[0]["changes"]
-    assert all(r["changes"] == changes for r in reports.values()), context
     joins = [c["joined"] for c in changes if c["joined"]]
     assert joins == [[2], [0]], changes
     assert any(not c["left"] and not c["joined"] for c in changes), changes  # the attempt that failed
