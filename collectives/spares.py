@@ -38,31 +38,16 @@ spares would take the cores from the members.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from mpi4py import MPI
 
 from .failures import any_source, failed_ranks, fault_tolerant, track
 
-__all__ = ["POLL_S", "Activation", "SparePool"]
+__all__ = ["POLL_S", "SparePool"]
 
 #: Seconds between a waiting spare's probes for its call (the mean delay it adds to a replacement is half).
 POLL_S = 0.1
 _TAG_CALL = 4250  # the survivors' rank 0 to a spare, on the world: its call, or None at the end of the run
-
-
-@dataclass
-class Activation:
-    """What a spare receives when it is called.
-
-    The communicator it now belongs to, ``comm``, holds the survivors (its
-    first ``members`` ranks) and then the spares called with it; ``used``
-    says how many of the pool's spares have been called so far, this one
-    included."""
-
-    comm: MPI.Intracomm
-    members: int
-    used: int
 
 
 class SparePool:
@@ -123,10 +108,11 @@ class SparePool:
         dead = failed_ranks(self.world)
         return [r for r in self.ranks[self.used :] if r not in dead]
 
-    def wait(self, poll_s: float = POLL_S) -> Activation | None:
-        """On a spare: wait to be called; returns the :class:`Activation`,
-        or None where the run ended without it (the members let it go, or
-        every rank that could call it has died: the world ranks below it).
+    def wait(self, poll_s: float = POLL_S) -> MPI.Intracomm | None:
+        """On a spare: wait to be called; returns the communicator it now
+        belongs to (the members, then the spares called with it), or None
+        where the run ended without it (the members let it go, or every rank
+        that could call it has died: the world ranks below it).
 
         Raises:
             RuntimeError: a member died while the communicator was built
@@ -143,9 +129,7 @@ class SparePool:
         if call is None:
             return None
         self.used = call["used"]
-        spares = call["spares"]
-        comm = self._bring_in(spares[spares.index(me) :], call["size"])
-        return Activation(comm, call["size"] - len(spares), call["used"])
+        return self._bring_in(call["spares"][call["spares"].index(me) :], call["size"])
 
     def call(self, comm: MPI.Intracomm, spares: list[int]) -> MPI.Intracomm:
         """On the members (collective over ``comm``, whose processes are all

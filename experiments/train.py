@@ -91,15 +91,15 @@ def _replacement(args, command, spares=None) -> int:
     exit status 0 when it completed with the others or was let go unused,
     1 when the job refused it (its error says why) or it failed."""
     try:
-        activation = spares.wait() if spares is not None else None
+        called = spares.wait() if spares is not None else None
     except RuntimeError as exc:  # a rank died while it was brought in
         _leave_as_failed(f"experiments.train: spare not brought in: {exc}")
-    if spares is not None and activation is None:
+    if spares is not None and called is None:
         return 0
     from .trainer import join_training
 
     try:
-        status = join_training(args, command, spares, activation)
+        status = join_training(args, command, spares, called)
     except PermissionError as exc:
         if spares is not None:
             _leave_as_failed(f"experiments.train: spare refused: {exc}")

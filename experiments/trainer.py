@@ -317,9 +317,9 @@ def train(args, world, comm, command=(), spares=None):
     return _run_to_end(run, start, clock_offset)
 
 
-def join_training(args, command=(), spares=None, activation=None):
+def join_training(args, command=(), spares=None, called=None):
     """The run of a replacement the survivors started (``--replace``), or
-    of a spare they called (``--spares``: its ``activation``):
+    of a spare they called (``--spares``: ``called``, the communicator its wait returned):
     build the model and optimizer as every rank did, join the job with a
     living rank's state (:func:`wagma.healing.join`: the step, the model,
     the optimizer and the algorithm's state; the row of a rank that died),
@@ -337,7 +337,7 @@ def join_training(args, command=(), spares=None, activation=None):
     model.to(device)
     torch.set_num_threads(args.threads)
     optimizer = optimizer_of(args, model)
-    algo, row = join(model, optimizer, spare=activation)
+    algo, row = join(model, optimizer, spare=called)
     rows = algo.membership.rows
     dataset = dataset_of(args, row, rows)
     steps_per_epoch = dataset.steps_per_epoch(args.batch_size)

@@ -60,7 +60,7 @@ from .membership import Membership, MembershipChange, Noticed
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from collectives.spares import Activation, SparePool
+    from collectives.spares import SparePool
 
     from .algorithms.base import Algorithm
 
@@ -94,7 +94,7 @@ def replace(
     (``[program, *args]``, each of which calls :func:`join`), or called
     from the job's ``spares`` (the next ones of the pool not known dead,
     each of which waits in :meth:`~collectives.spares.SparePool.wait` and
-    then calls :func:`join` with its activation): one of the two.
+    then calls :func:`join` with the communicator it got): one of the two.
 
     Every process started must prove the job's ``secret`` (by default the
     launcher's, :func:`collectives.admission.job_secret`) within ``wait_s``
@@ -241,10 +241,10 @@ def join(
     optimizer: torch.optim.Optimizer,
     *,
     secret: str | None = None,
-    spare: Activation | None = None,
+    spare: MPI.Intracomm | None = None,
 ) -> tuple[Algorithm, int]:
     """In a process :func:`replace` started (or, with ``spare``, a spare it
-    called, on the communicator of its activation): prove the job's
+    called, on the communicator its wait returned): prove the job's
     ``secret`` (by default the one the launcher put in this process's
     environment; a spare proves nothing), merge with the survivors, take
     the state rank 0 sends (model, buffers, optimizer and algorithm state,
@@ -264,7 +264,7 @@ def join(
     """
     from .algorithms import ALGORITHMS
 
-    merged = spare.comm if spare is not None else _merge_with_parent(secret or job_secret())
+    merged = spare if spare is not None else _merge_with_parent(secret or job_secret())
     failure: BaseException | None = None
     try:
         state = receive_within(merged, 0, _TAG_STATE, STATE_WAIT_S)

@@ -30,10 +30,10 @@ out_dir, algorithm, options, spare_count, steps, kills = sys.argv[1:7]
 options, spare_count, steps, kills = json.loads(options), int(spare_count), int(steps), json.loads(kills)
 dies_when_called = int(sys.argv[7]) if len(sys.argv) > 7 else None  # a spare's world rank
 pool = SparePool(MPI.COMM_WORLD, spare_count)
-activation = pool.wait() if pool.is_spare else None
-if activation is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
+called = pool.wait() if pool.is_spare else None
+if called is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
     os.kill(os.getpid(), signal.SIGKILL)
-if pool.is_spare and activation is None:  # let go at the end of the run: it never imported torch
+if pool.is_spare and called is None:  # let go at the end of the run: it never imported torch
     with open(os.path.join(out_dir, f"spare-{MPI.COMM_WORLD.rank}.json"), "w") as f:
         json.dump({"world_rank": MPI.COMM_WORLD.rank, "torch": "torch" in sys.modules}, f)
     sys.exit(0)
@@ -48,8 +48,8 @@ from wagma.membership import survive  # noqa: E402
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-if activation is not None:
-    algo, row = join(model, optimizer, spare=activation)
+if called is not None:
+    algo, row = join(model, optimizer, spare=called)
 else:
     algo = create(algorithm, model, optimizer, Communicator(pool.members), **options)
     row = pool.members.rank
@@ -57,7 +57,7 @@ algo.plan(steps, 8)
 data = torch.Generator().manual_seed(row)
 step = first = algo.steps
 while step < steps:
-    if [row, step] in kills and (activation is None or step > first):  # a newcomer starts past its row's death
+    if [row, step] in kills and (called is None or step > first):  # a newcomer starts past its row's death
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         vacant = algo.membership.rows - len(algo.membership.original_ranks)
