@@ -114,8 +114,9 @@ def test_every_algorithm_takes_a_replacement(tmp_path, algorithm):
 
 SPARES_PROGRAM = Path(__file__).resolve().parent / "programs" / "spares.py"
 #: Deaths as [row, step]: row 2, the spare that took row 2 (a second generation), then rank 0; far
-#: enough apart that each is noticed before the next (hierarchical SGD notices at its global average,
-#: every 10 steps), and the last step a global average of local SGD (period 4) and WAGMA-SGD (tau 10).
+#: enough apart that each is noticed before the next mostly (hierarchical SGD notices at its global
+#: average, every 10 steps; AD-PSGD at a random later exchange, when the program kills the newcomer at
+#: its first step), and the last step a global average of local SGD (period 4) and WAGMA-SGD (tau 10).
 SPARE_DEATHS, SPARE_STEPS = [[2, 3], [2, 14], [0, 25]], 40
 
 

@@ -6,8 +6,9 @@ Run by tests/test_healing.py as
 The last SPARES ranks wait (``collectives.spares.SparePool``); the others
 train an MLP (16 inputs, 32 hidden units, 4 outputs) on random batches
 drawn from their row.  KILLS_JSON lists ``[row, step]``: whoever holds that
-row at that step SIGKILLs itself (a spare that took it, too: a second
-generation), the survivors go on (``wagma.membership.survive``) and, at
+row from that step on SIGKILLs itself (a spare that took it, too: a second
+generation), each planned death once and in order, a newcomer that joined
+past the step at its first step; the survivors go on (``wagma.membership.survive``) and, at
 their next step, call a spare for each row that left (``wagma.healing.replace``), which joins
 (``wagma.healing.join``).  Every member at the end writes
 OUT_DIR/row-R.json (row, steps, rows, changes, parameter digest); every
@@ -57,7 +58,12 @@ algo.plan(steps, 8)
 data = torch.Generator().manual_seed(row)
 step = first = algo.steps
 while step < steps:
-    if [row, step] in kills and (called is None or step > first):  # a newcomer starts past its row's death
+    # The row's planned deaths in order, each once: the next is due from its step on (a newcomer that
+    # joined past it dies at its first step), so that a death noticed late (AD-PSGD's ranks notice at
+    # their next exchange with the dead one) does not skip the next.
+    planned = sorted(s for r, s in kills if r == row)
+    died = sum(row in change.left for change in algo.membership.changes)
+    if died < len(planned) and step >= planned[died] and (called is None or step > first):
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         vacant = algo.membership.rows - len(algo.membership.original_ranks)
