@@ -41,7 +41,7 @@ import time
 
 from mpi4py import MPI
 
-from .failures import any_source, failed_ranks, fault_tolerant, track
+from .failures import any_source, failed_ranks, fault_tolerant, hold, track
 
 __all__ = ["POLL_S", "SparePool"]
 
@@ -115,8 +115,9 @@ class SparePool:
         that could call it has died: the world ranks below it).
 
         Raises:
-            RuntimeError: a member died while the communicator was built
-                (see :meth:`call`); this spare is of no more use.
+            MPI.Exception: ``MPI_ERR_PROC_FAILED`` where a rank died while
+                the communicator was built (see :meth:`call`); this spare
+                is of no more use.
         """
         me = self.world.Get_rank()
         status = MPI.Status()
@@ -148,9 +149,10 @@ class SparePool:
         own and the later ones'.
 
         Raises:
-            RuntimeError: a member or a spare died while the communicator
-                was built (it holds fewer ranks than it should); the caller
-                cannot tell which rows it holds.
+            MPI.Exception: ``MPI_ERR_PROC_FAILED``, on every process, where
+                a member or a spare died while the communicator was built
+                (it holds fewer ranks than it should, and none can tell
+                which rows it holds); the reason is its ``__cause__``.
         """
         world_group, everyone = self.world.Get_group(), comm.Get_group()
         try:
@@ -171,13 +173,17 @@ class SparePool:
         """Shrink the communicators of ``spares`` in turn (see :meth:`call`); the last one."""
         comm: MPI.Intracomm = MPI.COMM_NULL  # type: ignore[assignment]  # replaced: spares holds one at least
         for spare in spares:
-            comm = track(self._bridges[spare].Shrink())  # type: ignore[assignment]  # an Intracomm's is one
+            comm = self._bridges[spare].Shrink()  # type: ignore[assignment]  # an Intracomm's is one
         if comm.Get_size() != size:
-            comm.Revoke()
-            raise RuntimeError(
-                f"a rank died while spares {spares} were brought in: {comm.Get_size()} ranks of the {size} expected"
-            )
-        return comm
+            # Every process of the shrink sees the same size, so all raise: as a rank's failure, which
+            # the members recover from as from any (wagma.membership.survive) and a spare leaves on.
+            # The communicator is left as it is, neither revoked nor tracked (a recovery revokes what is
+            # tracked): with Open MPI 5.0.11 a revoke that reaches a process still inside the shrink
+            # that made the communicator crashes it (SIGSEGV in ompi_comm_revoke_local).
+            hold(comm)
+            why = f"a rank died while spares {spares} were brought in: {comm.Get_size()} ranks of the {size} expected"
+            raise MPI.Exception(MPI.ERR_PROC_FAILED) from RuntimeError(why)
+        return track(comm)
 
     def release(self) -> None:
         """At the end of the run, on the members' rank 0: let the spares

@@ -90,10 +90,12 @@ def _replacement(args, command, spares=None) -> int:
     with ``spares`` a spare's, which waits first, torch not imported yet:
     exit status 0 when it completed with the others or was let go unused,
     1 when the job refused it (its error says why) or it failed."""
+    from mpi4py import MPI
+
     try:
         called = spares.wait() if spares is not None else None
-    except RuntimeError as exc:  # a rank died while it was brought in
-        _leave_as_failed(f"experiments.train: spare not brought in: {exc}")
+    except MPI.Exception as exc:  # a rank died while it was brought in
+        _leave_as_failed(f"experiments.train: spare not brought in: {exc.__cause__ or exc}")
     if spares is not None and called is None:
         return 0
     from .trainer import join_training

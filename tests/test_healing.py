@@ -185,14 +185,17 @@ def test_every_algorithm_takes_replacements_from_spares(tmp_path, algorithm):
     _heal_from_spares(tmp_path, algorithm)
 
 
-def test_a_spare_that_dies_while_it_is_brought_in_is_passed_over(tmp_path):
+@pytest.mark.parametrize("when", ["joined", "called"])
+def test_a_spare_that_dies_while_it_is_brought_in_is_passed_over(tmp_path, when):
     """Row 2 dies at step 3; the first spare called (world rank RANKS)
-    SIGKILLs itself as soon as it is called, while the members build their
-    communicator with it: they agree that the attempt failed, go on among
-    themselves, and call the next spare, which takes row 2; rank 0 dies at
+    SIGKILLs itself when it is called: once in the members' communicator
+    (``joined``: they agree that the transfer of the state failed), or as
+    the call arrives (``called``: the communicator that brings it in holds
+    a rank too few, a failure on every member); the members go on among
+    themselves and call the next spare, which takes row 2; rank 0 dies at
     step 25 and the third spare takes its row; the fourth is let go."""
     spares = 4
-    reports, context = _spares_job(tmp_path, "wagma", spares, [[2, 3], [0, 25]], str(RANKS))
+    reports, context = _spares_job(tmp_path, "wagma", spares, [[2, 3], [0, 25]], str(RANKS), when)
     changes = reports[0]["changes"]
     joins = [c["joined"] for c in changes if c["joined"]]
     assert joins == [[2], [0]], changes

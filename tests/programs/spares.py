@@ -2,7 +2,7 @@
 
 Run by tests/test_healing.py as
 ``mpiexec --with-ft ulfm -n P+K python spares.py OUT_DIR ALGORITHM OPTIONS_JSON SPARES STEPS KILLS_JSON``
-(then, optionally, DIES_WHEN_CALLED).
+(then, optionally, DIES_WHEN_CALLED and WHEN).
 The last SPARES ranks wait (``collectives.spares.SparePool``); the others
 train an MLP (16 inputs, 32 hidden units, 4 outputs) on random batches
 drawn from their row.  KILLS_JSON lists ``[row, step]``: whoever holds that
@@ -13,24 +13,34 @@ their next step, call a spare for each row that left (``wagma.healing.replace``)
 (``wagma.healing.join``).  Every member at the end writes
 OUT_DIR/row-R.json (row, steps, rows, changes, parameter digest); every
 spare never called writes OUT_DIR/spare-W.json (its world rank) once let go.
-The spare of world rank DIES_WHEN_CALLED SIGKILLs itself as soon as it is
-called: the members must give up on it and call the next.
+The spare of world rank DIES_WHEN_CALLED SIGKILLs itself when it is
+called: once brought in (WHEN ``joined``, the default), or as the call
+arrives, before the shrink that brings it in (WHEN ``called``): the
+members must give up on it and call the next.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 import zlib
 
 from mpi4py import MPI
 
-from collectives.spares import SparePool
+from collectives.failures import any_source
+from collectives.spares import _TAG_CALL, SparePool
 
 out_dir, algorithm, options, spare_count, steps, kills = sys.argv[1:7]
 options, spare_count, steps, kills = json.loads(options), int(spare_count), int(steps), json.loads(kills)
 dies_when_called = int(sys.argv[7]) if len(sys.argv) > 7 else None  # a spare's world rank
+when = sys.argv[8] if len(sys.argv) > 8 else "joined"
 pool = SparePool(MPI.COMM_WORLD, spare_count)
+if MPI.COMM_WORLD.rank == dies_when_called and when == "called":
+    # Waits for the call as the pool does (its tag), and dies on its arrival, unanswered.
+    while not any_source(MPI.COMM_WORLD, MPI.COMM_WORLD.Iprobe, MPI.ANY_SOURCE, _TAG_CALL):
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
 called = pool.wait() if pool.is_spare else None
 if called is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
     os.kill(os.getpid(), signal.SIGKILL)
