@@ -373,7 +373,12 @@ def _run_to_end(run, start, clock_offset, channels=None):
     algo, recorder = run.algo, run.recorder
     algo.close()  # AD-PSGD's last exchanges land in the model here
     if run.args.checkpoint_dir and status == "complete":
-        run.checkpoint(run.total, ended)
+        if run.comm.closed:  # after a membership change the algorithm owned the run's communicator, and closed it
+            run.comm = Communicator(run.world)
+            run.checkpoint(run.total, ended)
+            run.comm.close()
+        else:
+            run.checkpoint(run.total, ended)
     if run.comm.rank == 0:
         recorder.record_tables(algo.sync_tables())  # as they stand after close (AD-PSGD's exchanges)
     attrs = algo.run_attributes()
