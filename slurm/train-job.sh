@@ -4,6 +4,15 @@
 # ranks died and the launcher ended the job, relaunch it inside the
 # allocation on the ranks left, from the last checkpoint (at most
 # MAX_RELAUNCHES times, default 3).
+#
+# SPARES=K: the job's last K tasks are spares that replace ranks that die.
+# Where the launcher survives a death (LAUNCHER=mpiexec FAULT_TOLERANT=1,
+# Open MPI's ULFM) they wait inside the running job and join it
+# (experiments.train --spares K); srun ends the step instead, and no process
+# can join a step that ended, so there (and where the fault-tolerant launcher
+# still ended the job) the job is requeued when ranks die (at most
+# MAX_REQUEUES times, default 3): Slurm starts it again, on nodes that are
+# up, from the last checkpoint on all its ranks.
 
 source slurm/launch.sh || exit 2
 
@@ -25,17 +34,54 @@ train=(-m experiments.train --algo "${ALGO:-wagma}" --model "${MODEL:-resnet50}"
 # shellcheck disable=SC2206
 train+=(${TRAIN_ARGS:-})
 
+SPARES=${SPARES:-0}
+if ! [[ $SPARES =~ ^[0-9]+$ ]] || (( SPARES >= SLURM_NTASKS )); then
+    echo "train-job.sh: SPARES must be a whole number of spare tasks below the job's $SLURM_NTASKS, got '$SPARES'" >&2
+    return 2
+fi
+live_spares=0
+if (( SPARES > 0 )); then
+    if [[ ${LAUNCHER:-srun} == mpiexec && ${FAULT_TOLERANT:-0} == 1 ]]; then
+        live_spares=$SPARES
+        train+=(--spares "$SPARES")
+    else
+        say "SPARES=$SPARES: srun ends the step when a rank dies, so no spare can join it; the $SPARES tasks" \
+            "stay idle, and when ranks die the job is requeued to go on from its last checkpoint on all its ranks"
+    fi
+fi
+
 # Ranks: the job's tasks, or, resuming from a checkpoint taken after ranks
 # died, that checkpoint's members.
-RANKS=$SLURM_NTASKS
-[[ ${ALGO:-wagma} != ensemble_sync ]] && RANKS=$("$PYTHON" -m experiments.checkpoint ranks "$checkpoints" --default "$SLURM_NTASKS")
-export RANKS
+# Spares are started with the ranks, on top of them.
+RANKS=$((SLURM_NTASKS - SPARES))
+[[ ${ALGO:-wagma} != ensemble_sync ]] && RANKS=$("$PYTHON" -m experiments.checkpoint ranks "$checkpoints" --default "$RANKS")
 relaunches=0
+# MPICH names a step's shared-memory segments (/dev/shm/mpich_shm_*) after the
+# job and step, and killed ranks leave theirs behind: a requeued job, whose
+# steps are numbered from 0 again, would attach to them and fail in MPI_Init
+# ("Message truncated").  On every node: those of this user made since the
+# launch (epoch seconds $1) that no process maps any more.
+remove_leftover_segments() {
+    [[ ${LAUNCHER:-srun} == srun ]] || return 0
+    # shellcheck disable=SC2016
+    srun --ntasks-per-node=1 -n "$SLURM_NNODES" bash -c '
+        for f in $(find /dev/shm -maxdepth 1 -user "$(id -u)" -name "mpich_shm_*" -newermt "@$1"); do
+            grep -qsF "$f" /proc/[0-9]*/maps || rm -f "$f"
+        done' bash "$1"
+}
+# The next free name for a failed segment's run file (relaunches and requeues number them in turn).
+failed_segment() {
+    local k=1
+    while [[ -e ${run_file%.h5}.failed-$k.h5 ]]; do k=$((k + 1)); done
+    echo "${run_file%.h5}.failed-$k.h5"
+}
 while true; do
-    say "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunches) on $SLURM_NNODES nodes, $RANKS ranks: ${train[*]}"
+    spares_said=$( (( live_spares )) && echo " and $live_spares spares")
+    say "job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}, relaunch $relaunches) on $SLURM_NNODES nodes, $RANKS ranks$spares_said: ${train[*]}"
     ledger=$RESULTS_DIR/exits/$SLURM_JOB_ID.$relaunches
     rm -rf "$ledger"
-    EXIT_LEDGER=$ledger launch "${train[@]}"
+    launched=$(date +%s)
+    EXIT_LEDGER=$ledger RANKS=$((RANKS + live_spares)) launch "${train[@]}"
     status=$?
     # Stopped at a checkpoint: every rank exits 75, but srun's --kill-on-bad-exit
     # may terminate the last ranks once the first has exited 75 and then report
@@ -68,15 +114,36 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
     done
     died_at=$(printf '%s\n' "${deaths[@]}" | sort -g | head -n 1)
     rm -rf "$ledger"
-    if [[ ${ALGO:-wagma} == ensemble_sync || ${#dead[@]} -eq 0 || $relaunches -ge ${MAX_RELAUNCHES:-3} ]]; then
+    if [[ ${ALGO:-wagma} == ensemble_sync || ${#dead[@]} -eq 0 ]]; then
         say "the ranks failed (status $status${dead:+; died: ${dead[*]}}); not relaunched"
+        break
+    fi
+    if (( SPARES > 0 )); then
+        # Replaced by a requeue (srun, or a death the fault-tolerant launcher
+        # did not survive): the same job on all its ranks and spares, from
+        # the last checkpoint, the failed segment's file kept beside the run file.
+        requeues=$(cat "$checkpoints/requeues" 2>/dev/null || echo 0)
+        if (( requeues >= ${MAX_REQUEUES:-3} )); then
+            say "ranks ${dead[*]} died; not requeued: the job was requeued for dead ranks ${requeues} times (MAX_REQUEUES)"
+            break
+        fi
+        mkdir -p "$checkpoints" && echo $((requeues + 1)) > "$checkpoints/requeues"
+        remove_leftover_segments "$launched"
+        cp "$(dirname "$run_file")/$(basename "$run_file" .h5).partial.h5" "$(failed_segment)"
+        say "ranks ${dead[*]} died (at $(date -d "@$died_at" +%T.%3N)); requeueing job $SLURM_JOB_ID to go on from" \
+            "the last checkpoint on all its ranks (requeue $((requeues + 1)) for dead ranks)"
+        scontrol requeue "$SLURM_JOB_ID"
+        return 75
+    fi
+    if (( relaunches >= ${MAX_RELAUNCHES:-3} )); then
+        say "ranks ${dead[*]} died; not relaunched: the job was relaunched $relaunches times (MAX_RELAUNCHES)"
         break
     fi
     # Relaunch on the ranks left, from the last checkpoint: the failed
     # segment's file is kept beside the run file, and the checkpoint drops
     # the dead ranks (their data shards go to the others).
     relaunches=$((relaunches + 1))
-    cp "$(dirname "$run_file")/$(basename "$run_file" .h5).partial.h5" "${run_file%.h5}.failed-$relaunches.h5"
+    cp "$(dirname "$run_file")/$(basename "$run_file" .h5).partial.h5" "$(failed_segment)"
     RANKS=$("$PYTHON" -m experiments.checkpoint without "$checkpoints" --of "$RANKS" --died-at "$died_at" "${dead[@]}") || break
     say "ranks ${dead[*]} died (at $(date -d "@$died_at" +%T.%3N)); relaunching on the $RANKS ranks left from the last checkpoint (relaunch $relaunches)"
 done

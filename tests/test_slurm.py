@@ -12,6 +12,7 @@ that library's ranks.
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,11 +61,11 @@ def slurm(tmp_path_factory):
         pytest.skip(str(exc))
 
 
-def _sbatch(env, settings, script, *options):
-    """Submit ``script`` (4 ranks on the node) from the repository root with
-    ``settings`` exported; return the job id."""
+def _sbatch(env, settings, script, *options, ranks=4):
+    """Submit ``script`` (``ranks`` tasks on the node) from the repository
+    root with ``settings`` exported; return the job id."""
     try:
-        return submit(env, settings, script, *options)
+        return submit(env, settings, script, *options, ranks=ranks)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
@@ -263,6 +264,118 @@ def test_ensemble_sync_survives_a_killed_rank_in_a_job_started_with_fault_tolera
     run = load_run(str(results / f"ensemble_sync_{job}.h5"))
     assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [3]
     assert np.all(np.isfinite(run.steps["clock"][:3])) and np.isfinite(run.steps["clock"][3]).sum() == 12
+
+
+@pytest.mark.launcher
+@pytest.mark.timing
+@pytest.mark.skipif(loaded_library()[0] != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi)")
+def test_a_spare_task_replaces_a_killed_rank_inside_a_fault_tolerant_job(slurm):
+    """SPARES=2 with LAUNCHER=mpiexec FAULT_TOLERANT=1: of the job's 6 tasks,
+    4 train and 2 wait as spares (experiments.train --spares 2); rank 3 is
+    SIGKILLed at step 12 (its --fault), a spare takes its row at the
+    survivors' next step, and the job completes on 4 ranks without a
+    relaunch or a requeue."""
+    folder, env = slurm
+    results = folder / "spares"
+    job = _sbatch(
+        env,
+        {
+            "LAUNCHER": "mpiexec",
+            "FAULT_TOLERANT": "1",
+            "SPARES": "2",
+            "ALGO": "allreduce_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "100",
+            "BATCH_SIZE": "16",
+            "TRAIN_ARGS": "--max-steps 40 --eval-every 0 --fault kill:rank=3,step=12",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/spares-%j.out",
+        ranks=6,
+    )
+    (state,) = _finished(env, job)
+    log = (folder / f"spares-{job}.out").read_text()
+    assert state["ExitCode"] == "0:0" and state["Restarts"] == "0", log
+    assert "on 1 nodes, 4 ranks and 2 spares: " in log and "--spares 2" in log, log
+    assert "relaunching" not in log and "requeueing" not in log, log
+    run = load_run(str(results / f"allreduce_sgd_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"]) == ("complete", 4)
+    changes = run.membership
+    assert changes["left"].tolist() == [3, 3] and changes["ranks_after"].tolist() == [3, 4], changes
+    # Rank 3's row: the dead rank's 12 steps, then the spare's from the step it joined at to the end.
+    joined_at = int(changes["step"][1])
+    assert 12 <= joined_at < 40 and np.isfinite(run.steps["clock"][3]).sum() == 12 + 40 - joined_at
+    assert np.all(np.isfinite(run.steps["clock"][:3]))
+
+
+@pytest.mark.launcher
+@pytest.mark.timing
+def test_a_job_with_spares_that_srun_cannot_start_is_requeued_when_a_rank_dies(slurm):
+    """SPARES=1 under srun: 4 of the 5 tasks train (the spare task idles: srun
+    ends the step when a rank dies, and nothing joins an ended step); rank 3,
+    SIGKILLed mid-run from outside, ends the step, and the job requeues
+    itself (Restarts=1) and goes on from its last checkpoint (one every 50
+    steps) on all 4 ranks: one run file, complete, every row filled, the
+    failed segment's kept."""
+    folder, env = slurm
+    results = folder / "spares-requeue"
+    job = _sbatch(
+        env,
+        {
+            "SPARES": "1",
+            "ALGO": "local_sgd",
+            "MODEL": "mlp",
+            "DATASET": "digits",
+            "EPOCHS": "100",
+            "BATCH_SIZE": "16",
+            "IMBALANCE": "straggler:rank=1,ms=20",
+            "TRAIN_ARGS": "--max-steps 300 --checkpoint-every 50 --eval-every 0",
+            "RESULTS_DIR": str(results),
+        },
+        "slurm/train.sbatch",
+        f"--output={folder}/spares-requeue-%j.out",
+        ranks=5,
+    )
+    partial = partial_path(str(results / f"local_sgd_{job}.h5"))
+    start = time.monotonic()
+    while steps_written(partial) < 60:  # killed once a checkpoint (step 50) is behind it
+        assert time.monotonic() - start < DEADLINE, f"the job never trained: {job_state(env, job)}"
+        time.sleep(0.2)
+    (victim,) = _ranks_of(f"local_sgd_{job}", rank=3)
+    os.kill(victim, signal.SIGKILL)
+    (state,) = _finished(env, job)
+    log = (folder / f"spares-requeue-{job}.out").read_text()
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
+    assert "SPARES=1: srun ends the step when a rank dies" in log, log
+    assert "ranks 3 died (at " in log and "(requeue 1 for dead ranks)" in log, log
+    assert "(restart 1, relaunch 0) on 1 nodes, 4 ranks: " in log, log
+    run = load_run(str(results / f"local_sgd_{job}.h5"))
+    assert (run.attrs["status"], run.attrs["ranks"], len(run.attrs["resumed_at"])) == ("complete", 4, 1)
+    assert run.steps["clock"].shape == (4, 300) and np.all(np.isfinite(run.steps["clock"]))
+    failed = load_run(str(results / f"local_sgd_{job}.failed-1.h5"), logs=False)
+    assert failed.attrs["status"] == "failed: a rank died"
+    died = np.isfinite(failed.steps["clock"][3]).sum()
+    # Resumed from the last checkpoint every rank saved before the death: at most one interval
+    # (50 steps) behind it (the one at the death's own step may be the dead rank's unfinished one).
+    assert 60 <= died < 300 and died - 50 <= run.attrs["resumed_at"][0] <= died and run.attrs["resumed_at"][0] % 50 == 0
+
+
+def _ranks_of(out_name, *, rank):
+    """PIDs of the Python ranks (not their record-exit.sh) whose command line
+    names ``out_name`` and whose Slurm task is ``rank``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        python = bool(argv) and Path(argv[0].decode()).name.startswith("python")
+        if python and any(out_name.encode() in a for a in argv) and f"SLURM_PROCID={rank}".encode() in environ:
+            found.append(int(entry))
+    return found
 
 
 @pytest.mark.launcher
