@@ -86,7 +86,7 @@ import time
 from collectives.logs import configure_logging
 
 from .chaos_campaign import ALGORITHMS as CHAOS_ALGORITHMS
-from .chaos_campaign import run_chaos, run_long, tabulate_chaos
+from .chaos_campaign import run_chaos, run_long, tabulate_chaos, tabulate_long
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .jobs import shown as _shown
@@ -395,7 +395,8 @@ def _parser():
     c.add_argument(
         "--tabulate",
         action="store_true",
-        help="run nothing: table.md and loss.png from the run files already in --out-dir",
+        help="run nothing: table.md and loss.png (with --long-failures: long.md and long.png) from the run files "
+        "already in --out-dir",
     )
     c.add_argument(
         "--out-dir",
@@ -587,6 +588,8 @@ def main(argv=None):
         tabulate_survival(out_dir, algos)
     elif args.campaign == "survival":
         run_survival(args, mpiexec, out_dir, algos)
+    elif args.campaign == "chaos" and args.long_failures and args.tabulate:
+        tabulate_long(out_dir)
     elif args.campaign == "chaos" and args.long_failures:
         run_long(args, mpiexec, out_dir)
     elif args.campaign == "chaos" and args.tabulate:

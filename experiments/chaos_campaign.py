@@ -25,7 +25,9 @@ replacement's first completed step (median and maximum), and the final
 accuracy; ``loss.png`` the loss over time of the three runs of each
 algorithm, the failures marked.  A job that ended with an error (Open
 MPI's ULFM crashes on rare overlapping failures, docs/healing.md) is
-counted, and its row reads what its run file kept.
+counted, and its row reads what its run file kept; one still running
+after :data:`HUNG_AFTER` times its failure-free run's time has hung and is
+killed with every rank (status -9).
 
 With ``--long-failures N`` it runs, instead, one long run of ``--long-algo``
 with replacements (``N + 10`` spares) under failures every ``--long-mtbf``
@@ -42,10 +44,12 @@ the strike, its ``hang`` seconds included, as a user waits them.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import statistics
+import time
 
 import numpy as np
 
@@ -54,12 +58,25 @@ from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .survival import ALGORITHMS as SURVIVAL_ALGORITHMS
 
-__all__ = ["ALGORITHMS", "WAYS", "chaos_table", "failure_times", "run_chaos", "run_long", "tabulate_chaos"]
+__all__ = [
+    "ALGORITHMS",
+    "WAYS",
+    "chaos_table",
+    "failure_times",
+    "run_chaos",
+    "run_long",
+    "tabulate_chaos",
+    "tabulate_long",
+]
 
 #: The campaign's algorithms, in the order of its table: the survival campaign's.
 ALGORITHMS = SURVIVAL_ALGORITHMS
 #: The three runs of each algorithm, as in its files ALGO_WAY.h5.
 WAYS = ("free", "chaos", "healed")
+#: A run with failures still running after this many times its failure-free run's time (plus a
+#: margin for the start) has hung, and is killed with every rank: at the campaign's defaults the
+#: runs with failures took less than twice as long as their failure-free run.
+HUNG_AFTER = 6
 _NO_REPLACEMENTS = {"ensemble_sync"}  # experiments.train refuses --spares with it
 
 
@@ -72,6 +89,7 @@ def run_chaos(args, mpiexec, out_dir, algos):
     common = [*digits_mlp_args(args.epochs, args.compute_ms), "--max-steps", str(args.steps)]
     chaos = ["--chaos", _chaos_spec(args.mtbf, args.seed, args.keep, args.hang)]
     for algo in algos:
+        deadline = None
         for way in WAYS:
             if way == "healed" and algo in _NO_REPLACEMENTS:
                 continue
@@ -79,7 +97,12 @@ def run_chaos(args, mpiexec, out_dir, algos):
             clear_run(out)
             extra = {"free": [], "chaos": chaos, "healed": [*chaos, "--spares", str(args.spares)]}[way]
             ranks = args.ranks + (args.spares if way == "healed" else 0)
-            status = _run(mpiexec, ranks, algo, out, [*common, *extra], fault_tolerant=True, may_fail=way != "free")
+            started = time.monotonic()
+            status = _run(
+                mpiexec, ranks, algo, out, [*common, *extra], True, may_fail=way != "free", deadline_s=deadline
+            )
+            if way == "free":  # a run with failures still going after many times as long has hung
+                deadline = HUNG_AFTER * (time.monotonic() - started) + 120
             with open(out + ".status", "w") as f:  # the job's exit status, for the table
                 f.write(f"{status}\n")
     return tabulate_chaos(out_dir, algos)
@@ -277,12 +300,16 @@ def run_long(args, mpiexec, out_dir):
     spares = args.long_failures + 10
     chaos = _chaos_spec(args.long_mtbf, args.seed, args.keep, args.hang)
     extra = ["--max-steps", str(steps), "--seed", str(seeds[0]), "--chaos", chaos, "--spares", str(spares)]
-    status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], fault_tolerant=True, may_fail=True)
-    return tabulate_long(out_dir, frees, out, status)
+    deadline = HUNG_AFTER * steps * step_s + 600
+    status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], True, may_fail=True, deadline_s=deadline)
+    with open(out + ".status", "w") as f:
+        f.write(f"{status}\n")
+    return tabulate_long(out_dir)
 
 
-def tabulate_long(out_dir, frees, healed_path, status):
-    """``long.md`` and ``long.png`` from the long run's files; returns the figures."""
+def tabulate_long(out_dir):
+    """``long.md`` and ``long.png`` from the long run's files in ``out_dir``
+    (``long_healed.h5`` and its ``.status``, ``long_free_s*.h5``); returns the figures."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -291,6 +318,10 @@ def tabulate_long(out_dir, frees, healed_path, status):
     from wagma.results import load_run
 
     smooth = 20
+    frees = sorted(glob.glob(os.path.join(out_dir, "long_free_s*.h5")))
+    healed_path = os.path.join(out_dir, "long_healed.h5")
+    with open(healed_path + ".status") as f:
+        status = int(f.read())
     healed = load_run(healed_path)
     failures = failure_times(healed)
     curves = [_loss_curve(load_run(p), smooth) for p in frees]

@@ -2,6 +2,7 @@
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -27,13 +28,48 @@ def clear_run(out):
             os.remove(path)
 
 
-def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False):
+def _kill_with_descendants(pid):
+    """SIGKILL ``pid`` and every process descended from it: a launcher and
+    its ranks (Open MPI's start in sessions of their own, out of the
+    launcher's process group), as the process tree stands when called."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, ()))
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
+def _launch(mpiexec, ranks, tail, what, fault_tolerant=False, may_fail=False, deadline_s=None):
     launch = mpiexec_command(ranks, mpiexec, fault_tolerant=fault_tolerant)
     command = [*launch, sys.executable, *tail]
     print(f"\n$ {shlex.join([shown(mpiexec), *launch[1:], shown(sys.executable), *tail])}", flush=True)
     start = time.monotonic()
-    status = subprocess.run(command, check=not may_fail).returncode
+    job = subprocess.Popen(command)
+    try:
+        status = job.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        _kill_with_descendants(job.pid)
+        status = job.wait()
+        print(f"{what} on {ranks} ranks: killed, still running after its deadline of {deadline_s:.0f} s", flush=True)
+    except BaseException:
+        _kill_with_descendants(job.pid)
+        raise
     print(f"{what} on {ranks} ranks: {time.monotonic() - start:.0f} s, exit status {status}", flush=True)
+    if status != 0 and not may_fail:
+        raise subprocess.CalledProcessError(status, command)
     return status
 
 
@@ -55,11 +91,13 @@ def digits_mlp_args(epochs, compute_ms):
     ]
 
 
-def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False):
+def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fail=False, deadline_s=None):
     """``experiments.train --algo ALGO --out OUT EXTRA --no-progress`` on
     ``ranks`` ranks (no job started here is watched in a terminal); returns
     its exit status.  ``may_fail``: a job that ends with an error (a
-    synchronous algorithm whose rank was killed) is reported, not raised."""
+    synchronous algorithm whose rank was killed) is reported, not raised.
+    ``deadline_s``: a job still running then is killed, with every rank
+    (status -9), so that one hung job cannot stall a campaign."""
     return _launch(
         mpiexec,
         ranks,
@@ -67,6 +105,7 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
         algo,
         fault_tolerant=fault_tolerant,
         may_fail=may_fail,
+        deadline_s=deadline_s,
     )
 
 

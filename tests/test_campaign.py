@@ -12,7 +12,8 @@ import pytest
 from launcher import mpiexec, mpiexec_command
 from straggler_log import replayed_predictions
 
-from experiments.mpirun import launcher_library
+from experiments.jobs import run_training
+from experiments.mpirun import find_mpiexec, launcher_library
 from experiments.options import build_parser
 from wagma.results import load_run
 
@@ -307,3 +308,25 @@ def test_chaos_campaign_refuses_bad_options_before_any_job(capsys):
         with pytest.raises(SystemExit):
             main(["chaos", *argv])
         assert words in capsys.readouterr().err
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_a_campaigns_job_past_its_deadline_is_killed_with_every_rank(tmp_path, capsys):
+    """Rank 1 stops at step 2 for 10 minutes (SIGSTOP, its --fault): the
+    job hangs until its 20 s deadline, then the launcher and both ranks are
+    killed; the campaign gets status -9 and goes on."""
+    out = tmp_path / "hung.h5"
+    args = ["--dataset", "digits", "--model", "mlp", "--max-steps", "50", "--fault", "stop:rank=1,step=2,seconds=600"]
+    status = run_training(find_mpiexec(), 2, "allreduce_sgd", str(out), args, may_fail=True, deadline_s=20)
+    assert status == -9
+    assert "killed, still running after its deadline of 20 s" in capsys.readouterr().out
+    left = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(out).encode() in argv and state != "Z":
+            left.append(int(entry))
+    assert not left, f"processes of the killed job still running: {left}"
