@@ -103,9 +103,14 @@ def run_chaos(args, mpiexec, out_dir, algos):
             )
             if way == "free":  # a run with failures still going after many times as long has hung
                 deadline = HUNG_AFTER * (time.monotonic() - started) + 120
-            with open(out + ".status", "w") as f:  # the job's exit status, for the table
-                f.write(f"{status}\n")
+            _record_status(out, status)
     return tabulate_chaos(out_dir, algos)
+
+
+def _record_status(out, status):
+    """The job's exit ``status`` beside its run file ``out`` (``OUT.status``), for the table."""
+    with open(out + ".status", "w") as f:
+        f.write(f"{status}\n")
 
 
 def failure_times(run) -> list[dict]:
@@ -302,8 +307,7 @@ def run_long(args, mpiexec, out_dir):
     extra = ["--max-steps", str(steps), "--seed", str(seeds[0]), "--chaos", chaos, "--spares", str(spares)]
     deadline = HUNG_AFTER * steps * step_s + 600
     status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], True, may_fail=True, deadline_s=deadline)
-    with open(out + ".status", "w") as f:
-        f.write(f"{status}\n")
+    _record_status(out, status)
     return tabulate_long(out_dir)
 
 

@@ -97,8 +97,10 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
     its exit status.  ``may_fail``: a job that ends with an error (a
     synchronous algorithm whose rank was killed) is reported, not raised.
     ``deadline_s``: a job still running then is killed, with every rank
-    (status -9), so that one hung job cannot stall a campaign."""
-    return _launch(
+    (status -9), so that one hung job cannot stall a campaign; its run file
+    is completed from the row logs (``complete_run``) and put under its
+    final name, marked as failed, with every step measured."""
+    status = _launch(
         mpiexec,
         ranks,
         ["-m", "experiments.train", "--algo", algo, "--out", out, *extra, "--no-progress"],
@@ -107,6 +109,12 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
         may_fail=may_fail,
         deadline_s=deadline_s,
     )
+    if deadline_s is not None and status == -signal.SIGKILL and not os.path.exists(out):
+        from wagma.results import complete_run, partial_path
+
+        if os.path.exists(partial_path(out)):
+            os.replace(complete_run(out), out)
+    return status
 
 
 def run_module(mpiexec, ranks, module, args):
