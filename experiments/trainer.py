@@ -475,9 +475,15 @@ def _loop(run, start, clock_offset, channels=None):
         last = clock_offset  # step_time: between consecutive ends of steps, pauses excluded
         clocks, evaluated = {}, set()
         try:
-            while step < total:
+            final_evaluated = not evaluate
+            while step < total or not final_evaluated:
                 phase = "between steps"
                 try:
+                    if step >= total:  # the final evaluation; again where a rank failed during it
+                        run.faults.before_step(step)  # a kill planned for after the last step
+                        _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
+                        final_evaluated = True
+                        continue
                     if run.replacements_left and len(algo.membership.original_ranks) < recorder.ranks:
                         channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock)
                         last = clock()
@@ -522,13 +528,8 @@ def _loop(run, start, clock_offset, channels=None):
                     progress.update(
                         step, loss, run.comm.size * args.batch_size * (step - start) / max(now - clock_offset, 1e-9)
                     )
-                    if evaluate and (step == total or (eval_interval and step % eval_interval == 0)):
-                        clock.pause()
-                        if algo.evaluates_ensemble:
-                            _evaluate_ensemble(algo, channels.evaluator, recorder, steps_per_epoch, clocks, evaluated)
-                        else:
-                            _evaluate(args, channels.evaluator, recorder, step, step / steps_per_epoch, now, run.comm)
-                        clock.resume()
+                    if evaluate and step < total and eval_interval and step % eval_interval == 0:
+                        _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
                     stopping = channels.vote is not None and channels.vote.vote(step, stop.requested)
                     # The final checkpoint comes after close(), which can still change the model.
                     if (
@@ -797,6 +798,18 @@ class _TrainingData:
     def skip(self, steps, count):
         """Pass over ``steps`` steps of ``count`` samples (a fast-forward)."""
         self.position += steps * count
+
+
+def _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated):
+    """The evaluation after ``step`` steps, the training clock paused: the
+    averaged model's (:func:`_evaluate`), or ensemble_sync's ensemble."""
+    clock.pause()
+    if run.algo.evaluates_ensemble:
+        _evaluate_ensemble(run.algo, channels.evaluator, run.recorder, steps_per_epoch, clocks, evaluated)
+    else:
+        now = clocks.get(step - 1, clock())
+        _evaluate(run.args, channels.evaluator, run.recorder, step, step / steps_per_epoch, now, run.comm)
+    clock.resume()
 
 
 def _evaluate(args, evaluator, recorder, step, epoch, step_clock, comm):

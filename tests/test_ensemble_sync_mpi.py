@@ -251,7 +251,10 @@ def test_reallocation_gives_each_rank_lemma_1s_share_of_the_global_batch(algorit
         (["--algo", "ensemble_sync", "--period", "0"], "--period must be an int >= 1"),
         (["--algo", "ensemble_sync", "--fault", "stop:rank=0,step=2,seconds=1"], "rank 0 runs ensemble_sync's"),
         (["--algo", "ensemble_sync", "--fault", f"kill:rank={P},step=2"], "rank must be an integer in"),
-        (["--algo", "ensemble_sync", "--fault", "kill:rank=0,step=99"], "steps must lie in [0, 9]"),
+        (
+            ["--algo", "ensemble_sync", "--fault", "kill:rank=0,step=99"],
+            "steps must lie in [0, 10] (this run has 10 steps; a kill at step 10",
+        ),
         (["--algo", "adpsgd", "--reallocate"], "--reallocate is an option of ensemble_sync and local_sgd and wagma"),
     ],
 )

@@ -204,3 +204,30 @@ def test_the_rows_of_a_killed_writer_survive_it_and_a_survivor_writes_the_file(t
     # dead writer's row, then the new writer's rebuilt table's.
     np.testing.assert_array_equal(run.eval["accuracy"], [0.25])
     np.testing.assert_array_equal(run.tables["t"], [[0.0, 1.0], [9.0, 9.0]])
+
+
+@pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
+def test_a_rank_killed_during_the_final_evaluation_leaves_the_run_its_final_accuracy(tmp_path):
+    """``--fault kill:rank=0,step=20`` in a run of 20 steps: rank 0 (the run
+    file's writer) is SIGKILLed after the last step, as the final evaluation
+    starts; the others fail in the evaluation's collectives, recover, and
+    evaluate again, so the complete run file has the final accuracy."""
+    out = tmp_path / "final.h5"
+    job = subprocess.run(
+        [
+            *mpiexec_command(RANKS, fault_tolerant=True),
+            *[sys.executable, "-m", "experiments.train", "--algo", "allreduce_sgd", "--dataset", "digits"],
+            *["--model", "mlp", "--max-steps", "20", "--eval-every", "0", "--fault", "kill:rank=0,step=20"],
+            *["--out", str(out), "--no-progress"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr[-3000:]
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete" and json.loads(run.attrs["dead_ranks"]) == [0]
+    assert np.all(np.isfinite(run.steps["clock"]))  # every rank took every step
+    assert run.membership["left"].tolist() == [0] and run.membership["step"].tolist() == [20]
+    assert run.eval["step"].tolist() == [20] and 0.2 < run.eval["accuracy"][0] <= 1.0

@@ -16,6 +16,7 @@ from wagma.faults import Fault, FaultInjector, parse_fault, parse_faults, signal
         ("slow:rank=0,steps=7,ms=20", Fault("slow", 0, 7, 7, 0.02)),
         ("stop:rank=3,step=40,seconds=6", Fault("stop", 3, 40, 40, 6.0)),
         ("kill:rank=2,step=99", Fault("kill", 2, 99, 99, 0.0)),
+        ("kill:rank=2,step=100", Fault("kill", 2, 100, 100, 0.0)),  # during the final evaluation
         ("kill:rank=0,step=3,how=sigsegv", Fault("kill", 0, 3, 3, 0.0, "sigsegv")),
         ("kill:rank=1,step=3,how=exit", Fault("kill", 1, 3, 3, 0.0, "exit")),
     ],
@@ -32,6 +33,8 @@ def test_accepted_specs(spec, fault):
         ("kill:rank=-1,step=1", r"rank must be an integer in \[0, 3\]"),
         ("stop:rank=0,step=100,seconds=1", r"steps must lie in \[0, 99\] \(this run has 100 steps\), got 100"),
         ("slow:rank=0,steps=9-3,ms=5", r"steps must lie in \[0, 99\]"),
+        ("kill:rank=0,step=101", r"steps must lie in \[0, 100\] \(this run has 100 steps; a kill at step 100 strikes"),
+        ("kill:rank=0,step=100,how=exit", r"steps must lie in \[0, 99\]"),  # exit leaves from inside a step
         ("stop:rank=0,step=1-3,seconds=1", "step must be an integer"),
         ("stop:rank=0,step=1,seconds=0", "the duration must be above zero"),
         ("slow:rank=0,steps=1-2,ms=-5", "the duration must be above zero"),

@@ -15,7 +15,8 @@ the same plan on every rank (``experiments.train --fault SPEC``, repeatable):
 ``kill:rank=R,step=S[,how=sigkill|sigsegv|exit]``
     rank R dies at step S (the paper's dead worker): ``sigkill`` (the
     default) and ``sigsegv`` send itself the signal at the start of the
-    step; ``exit`` leaves with ``os._exit`` from inside the step's
+    step (S equal to the run's step count: after the last step, as the
+    final evaluation starts); ``exit`` leaves with ``os._exit`` from inside the step's
     communication (the optimizer's post-step hook: the model-averaging
     algorithms' collectives follow at once, and the peers are inside
     them).  ``exit`` uses status 0: under ``--with-ft ulfm`` Open MPI's
@@ -97,8 +98,15 @@ def parse_fault(spec: str, ranks: int, steps: int) -> Fault:
         raise _bad(spec, f"{'steps must be A-B' if kind == 'slow' else 'step must be an integer'}, got {span!r}")
     first = int(match.group(1))
     last = int(match.group(2) or first)
-    if not first <= last < steps:
-        raise _bad(spec, f"steps must lie in [0, {steps - 1}] (this run has {steps} steps), got {span}")
+    # A kill may also come after the last step, during the final evaluation (step S = steps).
+    end = steps + 1 if kind == "kill" and how != "exit" else steps
+    if not first <= last < end:
+        raise _bad(
+            spec,
+            f"steps must lie in [0, {end - 1}] (this run has {steps} steps"
+            f"{'; a kill at step ' + str(steps) + ' strikes during the final evaluation' if end > steps else ''}), "
+            f"got {span}",
+        )
     seconds = 0.0
     if kind != "kill":
         try:
