@@ -31,6 +31,16 @@ from wagma.results import load_run, partial_path
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 200  # seconds for one test's jobs (the longest, the requeue test, takes about 40 s here)
 
+#: A job paced by a straggler (20 ms a step on rank 1), slow enough to be signalled or killed mid-run.
+PACED = {
+    "ALGO": "local_sgd",
+    "MODEL": "mlp",
+    "DATASET": "digits",
+    "EPOCHS": "100",
+    "BATCH_SIZE": "16",
+    "IMBALANCE": "straggler:rank=1,ms=20",
+}
+
 # Longer than the suite's per-test limit: jobs wait for the node, and a
 # requeued one for Slurm's requeue delay (10 s in scripts/local-slurm).
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(DEADLINE + 60)]
@@ -113,12 +123,7 @@ def test_a_job_warned_of_its_time_limit_checkpoints_requeues_and_finishes(slurm)
     job_id = _sbatch(
         env,
         {
-            "ALGO": "local_sgd",
-            "MODEL": "mlp",
-            "DATASET": "digits",
-            "EPOCHS": "100",
-            "BATCH_SIZE": "16",
-            "IMBALANCE": "straggler:rank=1,ms=20",
+            **PACED,
             "TRAIN_ARGS": "--max-steps 600 --stop-check-every 10",
             "RESULTS_DIR": str(results),
         },
@@ -324,13 +329,8 @@ def test_a_job_with_spares_that_srun_cannot_start_is_requeued_when_a_rank_dies(s
     job = _sbatch(
         env,
         {
+            **PACED,
             "SPARES": "1",
-            "ALGO": "local_sgd",
-            "MODEL": "mlp",
-            "DATASET": "digits",
-            "EPOCHS": "100",
-            "BATCH_SIZE": "16",
-            "IMBALANCE": "straggler:rank=1,ms=20",
             "TRAIN_ARGS": "--max-steps 300 --checkpoint-every 50 --eval-every 0",
             "RESULTS_DIR": str(results),
         },
