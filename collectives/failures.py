@@ -25,6 +25,7 @@ __all__ = [
     "FAILURE_CLASSES",
     "INTERRUPTION_CLASSES",
     "any_source",
+    "every_one_done",
     "failed_ranks",
     "fault_tolerant",
     "hold",
@@ -131,6 +132,27 @@ def mpi_failure(error: BaseException) -> MPI.Exception | None:
 # otherwise wait forever for a rank that went on to recover.
 _tracked: weakref.WeakValueDictionary[int, MPI.Comm] = weakref.WeakValueDictionary()  # by id: unhashable
 _tracked_lock = threading.Lock()
+
+
+def every_one_done(comm: MPI.Intracomm, done: bool) -> bool:
+    """Whether every process of ``comm`` alive now says ``done``: the
+    fault-tolerant agreement of ULFM (``MPIX_Comm_agree``), which works on
+    a revoked communicator and gives every process the same answer.  Where
+    it reports a failure (``MPI_ERR_PROC_FAILED``: a process of ``comm``
+    died, and the answer is lost in mpi4py's exception), the answer is no,
+    on every process, as the error of the agreement is the same on all.
+
+    What it is for: ULFM reports a failure to the processes whose
+    operations needed the dead one, not to all; an operation that may end
+    with some processes going on and others recovering ends with this
+    agreement, each saying whether it got through (a process that failed
+    revokes first, :func:`revoke_tracked`, so that none stays blocked)."""
+    try:
+        return bool(comm.Agree(int(done)))
+    except MPI.Exception as error:
+        if mpi_failure(error) is None:
+            raise
+        return False
 
 
 def track(comm: CommT) -> CommT:

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.agreement import agree
 from collectives.collect import LaggedVote
-from collectives.failures import hold, mpi_failure
+from collectives.failures import every_one_done, fault_tolerant, hold, mpi_failure, revoke_tracked
 from collectives.provenance import run_attributes
 from collectives.spares import SparePool
 from wagma.algorithms import Algorithm, create
@@ -415,7 +415,9 @@ class _Channels:
 
 
 def _loop(run, start, clock_offset, channels=None):
-    """The training steps ``start .. run.total - 1``; returns the run's status and its training clock then.
+    """The training steps ``start .. run.total - 1``, then the final
+    evaluation (:func:`_final_evaluation`); returns the run's status and
+    its training clock then.
 
     Under MPI fault tolerance a rank's failure, noticed anywhere in a step
     or between steps, is survived (:func:`wagma.membership.survive`): the
@@ -475,14 +477,15 @@ def _loop(run, start, clock_offset, channels=None):
         last = clock_offset  # step_time: between consecutive ends of steps, pauses excluded
         clocks, evaluated = {}, set()
         try:
-            final_evaluated = not evaluate
-            while step < total or not final_evaluated:
+            ended = False
+            while step < total or not ended:
                 phase = "between steps"
                 try:
                     if step >= total:  # the final evaluation; again where a rank failed during it
                         run.faults.before_step(step)  # a kill planned for after the last step
-                        _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
-                        final_evaluated = True
+                        if evaluate:
+                            _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
+                        ended = True
                         continue
                     if run.replacements_left and len(algo.membership.original_ranks) < recorder.ranks:
                         channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock)
@@ -798,6 +801,26 @@ class _TrainingData:
     def skip(self, steps, count):
         """Pass over ``steps`` steps of ``count`` samples (a fast-forward)."""
         self.position += steps * count
+
+
+def _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evaluated):
+    """:func:`_evaluate_now` after the last step, ended by an agreement
+    (:func:`~collectives.failures.every_one_done`): where a rank failed
+    during it, every member raises the failure, recovers, and evaluates
+    again; without the agreement a member whose last collective of the
+    evaluation completed would have left the others to recover without it.
+    A row recorded before the failure stays: the file then has two at the
+    last step, the second the survivors'."""
+    failure = None
+    try:
+        _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
+    except BaseException as error:
+        failure = mpi_failure(error)
+        if failure is None:
+            raise
+        revoke_tracked()  # a member blocked on one that failed is released
+    if fault_tolerant() and not every_one_done(run.comm.control, failure is None):
+        raise failure or MPI.Exception(MPI.ERR_PROC_FAILED)
 
 
 def _evaluate_now(run, channels, clock, step, steps_per_epoch, clocks, evaluated):

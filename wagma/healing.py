@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 from collectives.admission import SECRET_VARIABLE, Verdict, admit, job_secret, present, receive_within
 from collectives.comm import Communicator
-from collectives.failures import hold, mpi_failure, revoke_tracked, track
+from collectives.failures import every_one_done, hold, mpi_failure, revoke_tracked, track
 
 from .membership import Membership, MembershipChange, Noticed
 
@@ -192,27 +192,12 @@ def replace(
             raise
         logger.warning("a rank failed while rows %s were taken: %s", joined, error, exc_info=True)
         revoke_tracked()  # a member blocked on a peer that gave up is released
-    if not _every_one_done(merged, failure is None):
+    if not every_one_done(merged, failure is None):
         # Nobody joins: the newcomers leave (join raises), and the members' failure is recovered from
         # their communicator before the call, as any (wagma.membership.survive), by the caller.
         membership.comm, membership.original_ranks = before
         raise failure or MPI.Exception(MPI.ERR_PROC_FAILED)
     return _joined(algo, started, ready, joined, adjustments, how, refused)
-
-
-def _every_one_done(comm: MPI.Intracomm, done: bool) -> bool:
-    """Whether every process of ``comm`` alive now says ``done``: the
-    fault-tolerant agreement of ULFM (``MPIX_Comm_agree``), which works on
-    a revoked communicator and gives every process the same answer.  Where
-    it reports a failure (``MPI_ERR_PROC_FAILED``: a process of ``comm``
-    died, and the answer is lost in mpi4py's exception), the answer is no,
-    on every process, as the error of the agreement is the same on all."""
-    try:
-        return bool(comm.Agree(int(done)))
-    except MPI.Exception as error:
-        if mpi_failure(error) is None:
-            raise
-        return False
 
 
 def _start(
@@ -285,7 +270,7 @@ def join(
             raise
         failure = error
         revoke_tracked()
-    if not _every_one_done(merged, failure is None):
+    if not every_one_done(merged, failure is None):
         raise PermissionError(f"the job gave up on this process: a rank failed while it joined ({failure or 'a peer'})")
     how: Noticed = "spare" if spare is not None else "spawned"
     _joined(algo, state["started"], ready, state["joined"], state["adjustments"], how)
