@@ -12,7 +12,7 @@
 # can join a step that ended, so there (and where the fault-tolerant launcher
 # still ended the job) the job is requeued when ranks die (at most
 # MAX_REQUEUES times, default 3): Slurm starts it again, on nodes that are
-# up, from the last checkpoint on all its ranks.
+# up, from the last checkpoint.
 
 source slurm/launch.sh || exit 2
 
@@ -35,8 +35,13 @@ train=(-m experiments.train --algo "${ALGO:-wagma}" --model "${MODEL:-resnet50}"
 train+=(${TRAIN_ARGS:-})
 
 SPARES=${SPARES:-0}
-if ! [[ $SPARES =~ ^[0-9]+$ ]] || (( SPARES >= SLURM_NTASKS )); then
+if ! [[ $SPARES =~ ^(0|[1-9][0-9]*)$ ]] || (( SPARES >= SLURM_NTASKS )); then
     echo "train-job.sh: SPARES must be a whole number of spare tasks below the job's $SLURM_NTASKS, got '$SPARES'" >&2
+    return 2
+fi
+if (( SPARES > 0 )) && [[ ${ALGO:-wagma} == ensemble_sync ]]; then
+    echo "train-job.sh: SPARES=$SPARES is not available with ALGO=ensemble_sync: its ranks are never at one step" \
+         "for a replacement to join at, nor at a checkpoint to requeue from; set SPARES=0" >&2
     return 2
 fi
 live_spares=0
@@ -45,8 +50,9 @@ if (( SPARES > 0 )); then
         live_spares=$SPARES
         train+=(--spares "$SPARES")
     else
-        say "SPARES=$SPARES: srun ends the step when a rank dies, so no spare can join it; the $SPARES tasks" \
-            "stay idle, and when ranks die the job is requeued to go on from its last checkpoint on all its ranks"
+        say "SPARES=$SPARES: ${LAUNCHER:-srun} without MPI fault tolerance ends the job's ranks when one dies, so no" \
+            "spare can join them; the $SPARES tasks stay idle, and when ranks die the job is requeued to go on from its" \
+            "last checkpoint"
     fi
 fi
 
@@ -64,7 +70,7 @@ relaunches=0
 remove_leftover_segments() {
     [[ ${LAUNCHER:-srun} == srun ]] || return 0
     # shellcheck disable=SC2016
-    srun --ntasks-per-node=1 -n "$SLURM_NNODES" bash -c '
+    timeout 120 srun --ntasks-per-node=1 -n "$SLURM_NNODES" bash -c '
         for f in $(find /dev/shm -maxdepth 1 -user "$(id -u)" -name "mpich_shm_*" -newermt "@$1"); do
             grep -qsF "$f" /proc/[0-9]*/maps || rm -f "$f"
         done' bash "$1"
@@ -92,6 +98,7 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
     if [[ $status -eq 75 || $written == stopped ]]; then
         rm -rf "$ledger"
         say "stopped at a checkpoint before the time limit; requeueing job $SLURM_JOB_ID"
+        remove_leftover_segments "$launched"  # srun may have killed the last ranks as the first exited
         scontrol requeue "$SLURM_JOB_ID"
         return 75
     fi
@@ -120,8 +127,9 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
     fi
     if (( SPARES > 0 )); then
         # Replaced by a requeue (srun, or a death the fault-tolerant launcher
-        # did not survive): the same job on all its ranks and spares, from
-        # the last checkpoint, the failed segment's file kept beside the run file.
+        # did not survive): the same job, spares included, from the last
+        # checkpoint (on its members: all the ranks under srun, which never
+        # shrinks), the failed segment's file kept beside the run file.
         requeues=$(cat "$checkpoints/requeues" 2>/dev/null || echo 0)
         if (( requeues >= ${MAX_REQUEUES:-3} )); then
             say "ranks ${dead[*]} died; not requeued: the job was requeued for dead ranks ${requeues} times (MAX_REQUEUES)"
@@ -131,9 +139,10 @@ with h5py.File(partial_path(sys.argv[1]), "r") as f: print(f.attrs["status"])' "
         remove_leftover_segments "$launched"
         cp "$(dirname "$run_file")/$(basename "$run_file" .h5).partial.h5" "$(failed_segment)"
         say "ranks ${dead[*]} died (at $(date -d "@$died_at" +%T.%3N)); requeueing job $SLURM_JOB_ID to go on from" \
-            "the last checkpoint on all its ranks (requeue $((requeues + 1)) for dead ranks)"
-        scontrol requeue "$SLURM_JOB_ID"
-        return 75
+            "the last checkpoint (requeue $((requeues + 1)) for dead ranks)"
+        scontrol requeue "$SLURM_JOB_ID" && return 75
+        say "scontrol requeue failed; the job ends here"
+        break
     fi
     if (( relaunches >= ${MAX_RELAUNCHES:-3} )); then
         say "ranks ${dead[*]} died; not relaunched: the job was relaunched $relaunches times (MAX_RELAUNCHES)"

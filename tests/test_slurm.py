@@ -348,7 +348,7 @@ def test_a_job_with_spares_that_srun_cannot_start_is_requeued_when_a_rank_dies(s
     (state,) = _finished(env, job)
     log = (folder / f"spares-requeue-{job}.out").read_text()
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
-    assert "SPARES=1: srun ends the step when a rank dies" in log, log
+    assert "SPARES=1: srun without MPI fault tolerance ends the job's ranks" in log, log
     assert "ranks 3 died (at " in log and "(requeue 1 for dead ranks)" in log, log
     assert "(restart 1, relaunch 0) on 1 nodes, 4 ranks: " in log, log
     run = load_run(str(results / f"local_sgd_{job}.h5"))
