@@ -36,6 +36,9 @@ same steps over ``--long-seeds``: ``long.md`` says how many failures
 struck and whether the loss (smoothed over 20 steps) stayed within the
 failure-free seeds' spread, and ``long.png`` draws it.
 
+The committed record, at the defaults, is ``results/chaos``
+(``results/README.md`` says what each file holds).
+
 Times are read from the run files: a failure's time is its strike on the
 chaos plan's clock (``chaos`` attribute), whose zero is the training
 clock's give or take the start of a step; a stop or a hang counts from
@@ -116,9 +119,10 @@ def _record_status(out, status):
 def failure_times(run) -> list[dict]:
     """The failures that struck ``run`` (a :class:`wagma.results.Run` with a
     ``chaos`` attribute), in order: per row that died (``membership/``), the
-    ``row``, its ``strike`` (seconds on the plan's clock: the plan's last
-    event on that row before the survivors went on), ``go_on`` (seconds from
-    the strike to the survivors' next completed step) and ``joined``
+    ``row``, the ``step`` the survivors went on from, its ``strike``
+    (seconds on the plan's clock: the plan's last event on that row before
+    the survivors went on), ``go_on`` (seconds from the strike to the
+    survivors' next completed step; None after the last step) and ``joined``
     (seconds from the strike to the first completed step of the replacement
     that took the row next, None where none did)."""
     plan = json.loads(run.attrs["chaos"])
@@ -151,6 +155,7 @@ def failure_times(run) -> list[dict]:
             out.append(
                 {
                     "row": row,
+                    "step": step,
                     "strike": strike,
                     "go_on": max(firsts) - strike if firsts else None,
                     "joined": None if first_join is None else first_join - strike,
@@ -294,12 +299,11 @@ def run_long(args, mpiexec, out_dir):
     step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
     steps = math.ceil(1.3 * args.long_failures * args.long_mtbf / step_s)
     seeds = [int(s) for s in args.long_seeds.split(",")]
-    frees = []
+    for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
+        clear_run(stale)
     for seed in seeds:
         out = os.path.join(out_dir, f"long_free_s{seed}.h5")
-        clear_run(out)
         _run(mpiexec, args.ranks, algo, out, [*common, "--max-steps", str(steps), "--seed", str(seed)], True)
-        frees.append(out)
     out = os.path.join(out_dir, "long_healed.h5")
     clear_run(out)
     spares = args.long_failures + 10
@@ -319,10 +323,10 @@ def tabulate_long(out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from wagma.results import load_run
+    from wagma.results import is_partial, load_run
 
     smooth = 20
-    frees = sorted(glob.glob(os.path.join(out_dir, "long_free_s*.h5")))
+    frees = sorted(p for p in glob.glob(os.path.join(out_dir, "long_free_s*.h5")) if not is_partial(p))
     healed_path = os.path.join(out_dir, "long_healed.h5")
     with open(healed_path + ".status") as f:
         status = int(f.read())

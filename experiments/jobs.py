@@ -99,7 +99,9 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
     ``deadline_s``: a job still running then is killed, with every rank
     (status -9), so that one hung job cannot stall a campaign; its run file
     is completed from the row logs (``complete_run``) and put under its
-    final name, marked as failed, with every step measured."""
+    final name, status ``failed: killed at its deadline``, with the steps
+    its ranks had taken (a file that cannot be completed, a rank killed
+    while it wrote, is left as it is, and said so)."""
     status = _launch(
         mpiexec,
         ranks,
@@ -113,7 +115,10 @@ def run_training(mpiexec, ranks, algo, out, extra, fault_tolerant=False, may_fai
         from wagma.results import complete_run, partial_path
 
         if os.path.exists(partial_path(out)):
-            os.replace(complete_run(out), out)
+            try:
+                os.replace(complete_run(out, "failed: killed at its deadline"), out)
+            except (OSError, ValueError) as error:
+                print(f"{algo}: the killed job's run file {partial_path(out)} was not completed: {error}", flush=True)
     return status
 
 

@@ -315,7 +315,7 @@ def test_a_campaigns_job_past_its_deadline_is_killed_with_every_rank(tmp_path, c
     """Rank 1 stops at step 2 for 10 minutes (SIGSTOP, its --fault): the
     job hangs until its 30 s deadline (its start takes 5-10 s here), then
     the launcher and both ranks are killed; the campaign gets status -9, and the run file under its final
-    name, marked as failed, with the steps both ranks took."""
+    name, marked as killed, with the steps both ranks took."""
     out = tmp_path / "hung.h5"
     args = ["--dataset", "digits", "--model", "mlp", "--max-steps", "50", "--fault", "stop:rank=1,step=2,seconds=600"]
     status = run_training(find_mpiexec(), 2, "allreduce_sgd", str(out), args, may_fail=True, deadline_s=30)
@@ -332,4 +332,4 @@ def test_a_campaigns_job_past_its_deadline_is_killed_with_every_rank(tmp_path, c
             left.append(int(entry))
     assert not left, f"processes of the killed job still running: {left}"
     run = load_run(str(out))
-    assert run.attrs["status"].startswith("failed") and np.isfinite(run.steps["clock"][1]).sum() == 2
+    assert run.attrs["status"] == "failed: killed at its deadline" and np.isfinite(run.steps["clock"][1]).sum() == 2
