@@ -804,7 +804,8 @@ class _TrainingData:
 
 
 def _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evaluated):
-    """:func:`_evaluate_now` after the last step, ended by an agreement
+    """:func:`_evaluate_now` after the last step, ended, where the
+    evaluation is collective, by an agreement
     (:func:`~collectives.failures.every_one_done`): where a rank failed
     during it, every member raises the failure, recovers, and evaluates
     again; without the agreement a member whose last collective of the
@@ -819,7 +820,10 @@ def _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evalu
         if failure is None:
             raise
         revoke_tracked()  # a member blocked on one that failed is released
-    if fault_tolerant() and not every_one_done(run.comm.control, failure is None):
+    # ensemble_sync's rank 0 scores alone, and its members go on past dead ranks without a shrink: an
+    # agreement over them would fail on the dead and shrink a run that needs none.
+    collective = not run.algo.evaluates_ensemble
+    if collective and fault_tolerant() and not every_one_done(run.comm.control, failure is None):
         raise failure or MPI.Exception(MPI.ERR_PROC_FAILED)
 
 
