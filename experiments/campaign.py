@@ -86,7 +86,7 @@ import time
 from collectives.logs import configure_logging
 
 from .chaos_campaign import ALGORITHMS as CHAOS_ALGORITHMS
-from .chaos_campaign import run_chaos, run_long, tabulate_chaos, tabulate_long
+from .chaos_campaign import long_steps, run_chaos, run_long, tabulate_chaos, tabulate_long
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .jobs import shown as _shown
@@ -390,7 +390,13 @@ def _parser():
     c.add_argument("--algos", default=",".join(CHAOS_ALGORITHMS), help="comma-separated algorithms")
     c.add_argument("--long-failures", type=int, default=0, help="run, instead, one long run with this many failures")
     c.add_argument("--long-algo", default="wagma", help="the long run's algorithm")
-    c.add_argument("--long-mtbf", type=float, default=3.0, help="the long run's mean seconds between failures")
+    c.add_argument("--long-mtbf", type=float, default=8.0, help="the long run's mean seconds between failures")
+    c.add_argument(
+        "--long-recovery-s",
+        type=float,
+        default=4.5,
+        help="seconds each failure costs the long run, for its steps (wagma with spares in results/chaos: 4.4 median)",
+    )
     c.add_argument("--long-seeds", default="0,1,2", help="seeds of the failure-free runs beside the long run")
     c.add_argument(
         "--tabulate",
@@ -533,6 +539,12 @@ def main(argv=None):
                 seeds = []
             if len(seeds) < 2:
                 parser.error(f"--long-seeds: two seeds at least, comma-separated (a spread); got {args.long_seeds!r}")
+            if args.long_recovery_s < 0:
+                parser.error(f"--long-recovery-s must be >= 0 seconds, got {args.long_recovery_s}")
+            try:
+                long_steps(args.long_failures, args.long_mtbf, args.long_recovery_s, 1.0)
+            except ValueError as e:
+                parser.error(str(e))
     if args.campaign in ("seeds", "survival", "relaunch") and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.campaign == "relaunch":

@@ -31,8 +31,8 @@ killed with every rank (status -9).
 
 With ``--long-failures N`` it runs, instead, one long run of ``--long-algo``
 with replacements (``N + 10`` spares) under failures every ``--long-mtbf``
-seconds, long enough for ``N`` of them, beside failure-free runs of the
-same steps over ``--long-seeds``: ``long.md`` says how many failures
+seconds, long enough for ``N`` of them (:func:`long_steps`), beside
+failure-free runs of the same steps over ``--long-seeds``: ``long.md`` says how many failures
 struck and whether the loss (smoothed over 20 steps) stayed within the
 failure-free seeds' spread, and ``long.png`` draws it.
 
@@ -67,6 +67,7 @@ __all__ = [
     "chaos_table",
     "failure_times",
     "run_chaos",
+    "long_steps",
     "run_long",
     "tabulate_chaos",
     "tabulate_long",
@@ -80,6 +81,9 @@ WAYS = ("free", "chaos", "healed")
 #: margin for the start) has hung, and is killed with every rank: at the campaign's defaults the
 #: runs with failures took less than twice as long as their failure-free run.
 HUNG_AFTER = 6
+#: The long run lasts this many times the mean time its failures take to come: with N = 100 failures
+#: a Poisson stream brings N within 1.3 N mtbf with probability above 0.99 (its sd is 0.1 N mtbf).
+LONG_MARGIN = 1.3
 _NO_REPLACEMENTS = {"ensemble_sync"}  # experiments.train refuses --spares with it
 
 
@@ -284,6 +288,25 @@ def _plot_losses(out_dir, algos):
     plt.close(fig)
 
 
+def long_steps(failures, mtbf, recovery_s, step_s) -> int:
+    """The long run's steps: it lasts :data:`LONG_MARGIN` times the
+    ``failures * mtbf`` seconds that ``failures`` failures take to come on
+    average, of which each failure costs ``recovery_s`` and the rest trains
+    at ``step_s`` seconds a step (the failure-free pace).
+
+    Raises:
+        ValueError: ``LONG_MARGIN * mtbf <= recovery_s``: the failures would
+            leave no time to train.
+    """
+    training_s = failures * (LONG_MARGIN * mtbf - recovery_s)
+    if training_s <= 0:
+        raise ValueError(
+            f"--long-mtbf {mtbf:g} leaves no time to train when each failure costs --long-recovery-s "
+            f"{recovery_s:g}: the mtbf must exceed {recovery_s / LONG_MARGIN:g}"
+        )
+    return math.ceil(training_s / step_s)
+
+
 def run_long(args, mpiexec, out_dir):
     """The long run and its failure-free seeds (module docstring); writes
     ``long.md`` and ``long.png`` and returns the verdict's numbers."""
@@ -291,13 +314,14 @@ def run_long(args, mpiexec, out_dir):
 
     common = digits_mlp_args(args.epochs, args.compute_ms)
     algo = args.long_algo
-    # The steps: long enough for the failures at the failure-free pace (a probe of 100 steps), with a
-    # margin for the time the failures cost.
+    # The steps: the failures strike on the wall clock, so the run must last LONG_MARGIN times the time
+    # N failures take to come; of that time each failure costs about --long-recovery-s, and the rest
+    # is training at the failure-free pace (a probe of 100 steps).
     probe = os.path.join(out_dir, "long_probe.h5")
     clear_run(probe)
     _run(mpiexec, args.ranks, algo, probe, [*common, "--max-steps", "100"], fault_tolerant=True)
     step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
-    steps = math.ceil(1.3 * args.long_failures * args.long_mtbf / step_s)
+    steps = long_steps(args.long_failures, args.long_mtbf, args.long_recovery_s, step_s)
     seeds = [int(s) for s in args.long_seeds.split(",")]
     for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
         clear_run(stale)
@@ -309,7 +333,7 @@ def run_long(args, mpiexec, out_dir):
     spares = args.long_failures + 10
     chaos = _chaos_spec(args.long_mtbf, args.seed, args.keep, args.hang)
     extra = ["--max-steps", str(steps), "--seed", str(seeds[0]), "--chaos", chaos, "--spares", str(spares)]
-    deadline = HUNG_AFTER * steps * step_s + 600
+    deadline = HUNG_AFTER * LONG_MARGIN * args.long_failures * args.long_mtbf + 600
     status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], True, may_fail=True, deadline_s=deadline)
     _record_status(out, status)
     return tabulate_long(out_dir)
