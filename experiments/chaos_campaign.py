@@ -322,6 +322,7 @@ def run_long(args, mpiexec, out_dir):
     _run(mpiexec, args.ranks, algo, probe, [*common, "--max-steps", "100"], fault_tolerant=True)
     step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
     steps = long_steps(args.long_failures, args.long_mtbf, args.long_recovery_s, step_s)
+    common = digits_mlp_args(max(args.epochs, steps), args.compute_ms)  # epochs above the steps: --max-steps ends it
     seeds = [int(s) for s in args.long_seeds.split(",")]
     for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
         clear_run(stale)
