@@ -14,8 +14,6 @@ each algorithm three ways, under ``experiments.mpirun --fault-tolerant``
 ``healed``
     the same failures, and ``--spares SPARES`` ranks started with the job
     that take the dead ranks' rows (:mod:`collectives.spares`).
-    ``ensemble_sync`` takes no replacements in ``experiments.train`` (its
-    ranks are not at one step); its row says so.
 
 ``table.md`` gives per algorithm and way: the failures that struck, the
 goodput (samples trained per second of the run against the failure-free
@@ -84,7 +82,6 @@ HUNG_AFTER = 6
 #: The long run lasts this many times the mean time its failures take to come: with N = 100 failures
 #: a Poisson stream brings N within 1.3 N mtbf with probability above 0.99 (its sd is 0.1 N mtbf).
 LONG_MARGIN = 1.3
-_NO_REPLACEMENTS = {"ensemble_sync"}  # experiments.train refuses --spares with it
 
 
 def _chaos_spec(mtbf, seed, keep, hang):
@@ -98,8 +95,6 @@ def run_chaos(args, mpiexec, out_dir, algos):
     for algo in algos:
         deadline = None
         for way in WAYS:
-            if way == "healed" and algo in _NO_REPLACEMENTS:
-                continue
             out = os.path.join(out_dir, f"{algo}_{way}.h5")
             clear_run(out)
             extra = {"free": [], "chaos": chaos, "healed": [*chaos, "--spares", str(args.spares)]}[way]
@@ -195,9 +190,6 @@ def tabulate_chaos(out_dir, algos):
         free = load_run(os.path.join(out_dir, f"{algo}_free.h5"))
         for way in WAYS[1:]:
             path = os.path.join(out_dir, f"{algo}_{way}.h5")
-            if way == "healed" and algo in _NO_REPLACEMENTS:
-                rows.append({"algorithm": algo, "way": way, "status": "not available"})
-                continue
             run = load_run(path)
             with open(path + ".status") as f:
                 status = int(f.read())
@@ -230,9 +222,6 @@ def chaos_table(rows) -> str:
     ]
     for r in rows:
         way = "spares" if r["way"] == "healed" else "none"
-        if r["status"] == "not available":
-            lines.append(f"| {r['algorithm']} | {way} | not available (ranks not at one step) |" + " |" * 9)
-            continue
         joined = " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in r["joined"])
         lines.append(
             f"| {r['algorithm']} | {way} | {r['status']} | {r['failures']} | {r['seconds']:.0f} | "

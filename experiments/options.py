@@ -203,11 +203,6 @@ def _replace_problem(args):
             f"--replace {args.replace}: the job has no secret for replacements to prove (${SECRET_VARIABLE}); "
             f"python -m experiments.mpirun --fault-tolerant gives it one"
         )
-    if args.algo == "ensemble_sync":
-        return (
-            f"{flag.split()[0]} is not available with --algo ensemble_sync: replacements join at a step every rank "
-            "reaches together, and ensemble_sync's ranks are not at the same step"
-        )
     return None
 
 

@@ -487,9 +487,14 @@ def _loop(run, start, clock_offset, channels=None):
                             _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
                         ended = True
                         continue
-                    if run.replacements_left and len(algo.membership.original_ranks) < recorder.ranks:
+                    # Rows left vacant: by a shrink, or dead members still in the communicator, which
+                    # ensemble_sync's synchronization names on every member at one step once it waited for them.
+                    if run.replacements_left and (
+                        len(algo.membership.original_ranks) < recorder.ranks or algo.dead_to_replace
+                    ):
                         channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock)
                         last = clock()
+                    algo.expect_replacements(run.replacements_left > 0)
                     phase = "step"
                     algo.start_step_timer()  # the rank's work starts here, not at the last step's bookkeeping
                     samples = algo.samples_per_step
@@ -624,7 +629,8 @@ def _take_replacements(run, channels, data, evaluate, stop, clock):
     record the change, and share the rows still vacant.  A refused or late
     attempt ends the replacements for the run: the survivors go on without."""
     algo = run.algo
-    count = min(run.replacements_left, run.recorder.ranks - len(algo.membership.original_ranks))
+    vacant = run.recorder.ranks - len(algo.membership.original_ranks) + algo.dead_to_replace
+    count = min(run.replacements_left, vacant)
     try:
         command = None if run.spares else run.command
         change = replace(algo, count, command, spares=run.spares, wait_s=run.args.replace_wait)

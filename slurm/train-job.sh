@@ -39,13 +39,14 @@ if ! [[ $SPARES =~ ^(0|[1-9][0-9]*)$ ]] || (( SPARES >= SLURM_NTASKS )); then
     echo "train-job.sh: SPARES must be a whole number of spare tasks below the job's $SLURM_NTASKS, got '$SPARES'" >&2
     return 2
 fi
-if (( SPARES > 0 )) && [[ ${ALGO:-wagma} == ensemble_sync ]]; then
-    echo "train-job.sh: SPARES=$SPARES is not available with ALGO=ensemble_sync: its ranks are never at one step" \
-         "for a replacement to join at, nor at a checkpoint to requeue from; set SPARES=0" >&2
-    return 2
-fi
 live_spares=0
 if (( SPARES > 0 )); then
+    if [[ ${ALGO:-wagma} == ensemble_sync && ! ( ${LAUNCHER:-srun} == mpiexec && ${FAULT_TOLERANT:-0} == 1 ) ]]; then
+        echo "train-job.sh: SPARES=$SPARES with ALGO=ensemble_sync needs LAUNCHER=mpiexec FAULT_TOLERANT=1: its" \
+             "spares join a living job, and it has no checkpoint to requeue from (${LAUNCHER:-srun} without MPI" \
+             "fault tolerance ends the job when a rank dies); set them, or SPARES=0" >&2
+        return 2
+    fi
     if [[ ${LAUNCHER:-srun} == mpiexec && ${FAULT_TOLERANT:-0} == 1 ]]; then
         live_spares=$SPARES
         train+=(--spares "$SPARES")

@@ -159,7 +159,7 @@ def test_the_average_is_weighted_by_the_samples_each_member_processed():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     members = list(range(P - 1)) if P > 2 else list(range(P))
     weights = np.array([float(r + 1) if r in members else -1.0 for r in range(P)])
-    decision = Decision(np.concatenate([[0, 1, 0], weights, np.ones(P)]), P)
+    decision = Decision(np.concatenate([[0, 1, 0, 0], weights, np.ones(P)]), P)  # round, end, final, heal
     with (
         Communicator(WORLD) as comm,
         create("ensemble_sync", model, optimizer, comm, period=1, init_sync=False) as algo,

@@ -177,9 +177,8 @@ def test_spares_replace_members_again_and_again(tmp_path, algorithm):
 
 
 @pytest.mark.matrix
-# Not ensemble_sync: its coordinator leaves a dead rank out of its rounds and the membership changes only
-# when the coordinator dies, so a loop that calls for replacements on a change (this one, experiments.train)
-# has none to call for; its ranks are not at one step either.  It takes a spawned one (above).
+# Not ensemble_sync: its coordinator leaves a dead rank out of its rounds, with no membership change for
+# this program to count; test_ensemble_sync_replaces_the_dead_its_coordinator_left_out heals it.
 @pytest.mark.parametrize("algorithm", [a for a in CASES if a not in ("wagma", "adpsgd", "ensemble_sync")])
 def test_every_algorithm_takes_replacements_from_spares(tmp_path, algorithm):
     _heal_from_spares(tmp_path, algorithm)
@@ -290,3 +289,34 @@ def test_replacements_leave_allreduce_sgds_training_as_without_the_failures(tmp_
     assert (a.steps["samples"] == b.steps["samples"]).all()  # every row's batch at every step: none lost
     assert np.array_equal(a.steps["loss"], b.steps["loss"]), np.nanmax(np.abs(a.steps["loss"] - b.steps["loss"]))
     assert np.array_equal(a.eval["accuracy"], b.eval["accuracy"]) and np.array_equal(a.eval["loss"], b.eval["loss"])
+
+
+def test_ensemble_sync_replaces_the_dead_its_coordinator_left_out(tmp_path):
+    """experiments.train with ensemble_sync (period 4) and 2 spares.  Row 2
+    dies at step 6, inside a round: the coordinator finds it dead (ULFM)
+    and, as dead ranks are replaced, makes the next round to close wait for
+    every living rank and name the dead, so that every member stands at
+    that round's end step (8, or 12 where MPI named it dead only after its
+    round timed out) and a spare takes row 2 there, with the shrink that
+    leaves the dead member out.  Rank 0, the coordinator, dies at step 20:
+    the survivors find it at their next report (step 21's, the last
+    round's), shrink, go on from step 21 and a spare takes row 0.  Each
+    newcomer trains every step from its join to the end (its samples in
+    the run file)."""
+    out = tmp_path / "ensemble.h5"
+    faults = ["--fault", "kill:rank=2,step=6", "--fault", "kill:rank=0,step=20"]
+    command = [*TRAIN[:4], "ensemble_sync", "--period", "4", *TRAIN[5:], "--spares", "2", *faults, "--out", str(out)]
+    job = subprocess.run(fault_tolerant_job(RANKS + 2, *command), capture_output=True, text=True, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete" and run.attrs["ranks"] == RANKS
+    membership = {k: v.tolist() for k, v in run.membership.items()}
+    assert membership["left"] == [2, 2, 0, 0], membership
+    healed_at = int(membership["step"][0])
+    assert healed_at in (8, 12) and membership["step"] == [healed_at, healed_at, 21, 21], membership
+    assert [membership["noticed"][1], membership["noticed"][3]] == [NOTICED["joined"]] * 2, membership
+    assert membership["ranks_after"] == [RANKS - 1, RANKS, RANKS - 1, RANKS], membership
+    assert run.summary["ranks_joined"] == 2
+    samples = run.steps["samples"]  # (rows, steps); NaN where a row took no step
+    assert np.isnan(samples[2, 6:healed_at]).all() and (samples[2, healed_at:] > 0).all(), samples[2]
+    assert np.isnan(samples[0, 20]) and samples[0, 21] > 0, samples[0]

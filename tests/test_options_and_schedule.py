@@ -208,7 +208,7 @@ def test_usage_problems_name_the_option(argv, words):
 
 def test_replacements_need_fault_tolerance_a_secret_and_ranks_in_step(monkeypatch):
     """--replace is refused, naming what is missing, where the job was not
-    started fault tolerant, where it has no secret, and for ensemble_sync."""
+    started fault tolerant and where it has no secret; ensemble_sync takes them too."""
     monkeypatch.delenv("OMPI_MCA_mpi_ft_enable", raising=False)
     monkeypatch.delenv("WAGMA_JOB_SECRET", raising=False)
     assert "--replace 2: replacements join through MPI fault tolerance" in usage_problem(
@@ -218,9 +218,7 @@ def test_replacements_need_fault_tolerance_a_secret_and_ranks_in_step(monkeypatc
     assert "--replace 2: the job has no secret" in usage_problem(_args("wagma", "--replace", "2"), 8)
     monkeypatch.setenv("WAGMA_JOB_SECRET", "0" * 64)
     assert usage_problem(_args("wagma", "--replace", "2"), 8) is None
-    assert "--replace is not available with --algo ensemble_sync" in usage_problem(
-        _args("ensemble_sync", "--replace", "1"), 8
-    )
+    assert usage_problem(_args("ensemble_sync", "--replace", "1"), 8) is None
 
 
 @pytest.mark.parametrize(

@@ -413,7 +413,8 @@ def test_a_job_whose_ranks_fail_to_launch_fails(slurm):
     assert f"launch: the ranks ended without writing {results}/allreduce_sgd_{job}.h5" in log
 
 
-def test_spares_with_ensemble_sync_fail_the_job_before_any_rank_starts(slurm):
+def test_spares_with_ensemble_sync_under_srun_fail_the_job_before_any_rank_starts(slurm):
+    """ensemble_sync has no checkpoint to requeue from: its spares must join a living (ULFM) job."""
     folder, env = slurm
     job = _sbatch(
         env,
@@ -424,7 +425,8 @@ def test_spares_with_ensemble_sync_fail_the_job_before_any_rank_starts(slurm):
     (state,) = _finished(env, job)
     log = (folder / f"ensemble-spares-{job}.out").read_text()
     assert (state["JobState"], state["ExitCode"]) == ("FAILED", "2:0"), log
-    assert "SPARES=1 is not available with ALGO=ensemble_sync" in log and "experiments.train" not in log, log
+    assert "SPARES=1 with ALGO=ensemble_sync needs LAUNCHER=mpiexec FAULT_TOLERANT=1" in log, log
+    assert "experiments.train" not in log, log
 
 
 def test_an_unknown_launcher_fails_the_job_with_a_message(slurm):

@@ -27,7 +27,14 @@ opens at its first report and closes
   one timeout in all;
 * the last round (``final``) has no timeout: it waits for every rank that
   is not dead, so that every living rank ends the run holding the same
-  model and takes part in the run's closing messages.
+  model and takes part in the run's closing messages;
+* where dead ranks are replaced (:attr:`Coordinator.heal`), a round open
+  while the coordinator knows of a dead rank has no timeout either: it
+  waits for every living rank, absent ones included, and its decision
+  says how many are dead (``heal``).  Every living rank then stands at
+  that round's end step (a late one skips to it), the one step at which
+  the training loop can bring replacements in
+  (:func:`wagma.healing.replace`, collective over the members).
 
 A report for a round that has already closed comes from a late rank: it
 becomes a *joiner* of the round now open, takes part in its average with
@@ -35,10 +42,11 @@ weight 0 (it adopts the ensemble, as the paper's recovered worker pulls the
 server's parameters) and is expected again from then on.
 
 The decision for round r, sent to its members and joiners, holds the round,
-its end step, each rank's weight (its samples of the round; 0 for a joiner;
+its end step, whether it was the last round, the dead it waited to heal
+(0 in any other round), each rank's weight (its samples of the round; 0 for a joiner;
 -1 not taking part), each rank's samples per step for the next round (the
 reallocation, :class:`wagma.reallocation.Reallocation`, or the unchanged
-batch) and whether it was the last round.  Every closed round is logged
+batch).  Every closed round is logged
 (:attr:`Coordinator.log`) for the run file.
 """
 
@@ -108,12 +116,14 @@ class Decision:
     def __init__(self, array: np.ndarray, ranks: int) -> None:
         self.round, self.end_step = int(array[0]), int(array[1])
         self.final = bool(array[2])
-        self.weights = array[3 : 3 + ranks]
-        self.shares = array[3 + ranks : 3 + 2 * ranks].astype(np.int64)
+        #: The ranks found dead, where the round waited for every living one so that they be replaced; else 0.
+        self.heal = int(array[3])
+        self.weights = array[4 : 4 + ranks]
+        self.shares = array[4 + ranks : 4 + 2 * ranks].astype(np.int64)
 
     @staticmethod
     def width(ranks: int) -> int:
-        return 3 + 2 * ranks
+        return 4 + 2 * ranks
 
     @property
     def members(self) -> list[int]:
@@ -135,6 +145,11 @@ class Coordinator:
         policy: a :class:`wagma.reallocation.Reallocation`, or None to keep
             ``batch_size`` samples per step on every rank.
         batch_size: the per-rank batch (the shares without reallocation).
+
+    Attributes:
+        heal: whether dead ranks are replaced: a round open while a rank is
+            known dead then waits for every living rank (module docstring).
+            Set by the caller at any time; False by default.
     """
 
     def __init__(
@@ -143,6 +158,7 @@ class Coordinator:
         self.comm, self.answers, self.timeout, self.policy = comm, answers, float(timeout), policy
         self.ranks = comm.Get_size()
         self.batch_size = batch_size
+        self.heal = False
         #: One row per closed round (:data:`ROUND_FIELDS`, statuses, shares).
         self.log: list[list[float]] = []
         self._lock = threading.Lock()
@@ -249,18 +265,22 @@ class Coordinator:
     def _expected(self):
         return set(range(self.ranks)) - self._absent - self._dead
 
+    def _waits_for_all(self):
+        """The last round, and a round that heals: no timeout, every living rank."""
+        return self._final or (self.heal and bool(self._dead))
+
     def _complete(self):
         if not self._reports:
             return False  # joiners alone wait for the next round's members
         arrived = set(self._reports) | self._joiners
         with self._lock:  # the dead MPI knows of (ULFM): a round waits for none of them
             self._dead |= failed_ranks(self.comm) - arrived
-        if self._final:
+        if self._waits_for_all():
             return arrived >= set(range(self.ranks)) - self._dead
         return arrived >= self._expected()
 
     def _expired(self):
-        return not self._final and self._reports and time.monotonic() - self._opened >= self.timeout
+        return not self._waits_for_all() and self._reports and time.monotonic() - self._opened >= self.timeout
 
     def _close(self, timed_out):
         ranks, closed = self.ranks, time.monotonic()
@@ -269,6 +289,9 @@ class Coordinator:
         with self._lock:
             self._dead |= failed_ranks(self.comm) & missing
         self._absent |= missing - self._dead
+        # Healed: every living rank is here (a death found only now leaves the absent ones out: the next round heals).
+        everyone = not missing - self._dead
+        heal = len(self._dead) if self.heal and self._dead and everyone and not self._final else 0
         weights = np.full(ranks, -1.0)
         samples, seconds = np.zeros(ranks), np.zeros(ranks)
         for rank, report in self._reports.items():
@@ -307,7 +330,7 @@ class Coordinator:
                     *shares,
                 ]
             )
-        decision = np.concatenate([[self._open, self._end_step, self._final], weights, shares]).astype(float)
+        decision = np.concatenate([[self._open, self._end_step, self._final, heal], weights, shares]).astype(float)
         for rank in sorted(arrived):
             self._sending.append((self.answers.Isend(decision, dest=rank, tag=TAG_DECISION), decision))
         self._sending = [(r, b) for r, b in self._sending if not r.Test()]

@@ -131,17 +131,21 @@ def replace(
         )
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
         raise ValueError(f"wait_s must be a positive number of seconds, got {wait_s!r}")
-    # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of
-    # its rounds) leave the communicator first, so their rows can be taken.  An allgather, which needs
-    # every member, and not a broadcast, which its root leaves at once: a member that has not yet
-    # noticed a death (AD-PSGD's ranks notice at their next exchange with the dead one) fails here,
-    # recovers with the others, and calls again on their communicator.
-    # With the views of the spares: those every member knows alive, in the pool's order.
-    views = membership.comm.allgather(
-        (sorted(algo.dead_ranks & set(membership.original_ranks)), spares.available() if spares else [], _joined_a_job)
-    )
-    dead = sorted(set().union(*(view[0] for view in views)))
-    vacant = sorted({r for r in range(membership.rows) if r not in membership.original_ranks} | set(dead))
+    # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of its
+    # rounds, and the others need not know) leave the communicator first, so that no collective below
+    # waits for them and their rows can be taken: a fault-tolerant agreement, whose answer (or failure,
+    # where a member died) is the same on every member, says whether any member knows of a dead one,
+    # and then a shrink leaves out every dead member.  A death no member has noticed yet fails the
+    # allgather below on every member (it needs each one's part): they recover, as from any failure
+    # (wagma.membership.survive, by the caller), and call again on their communicator.
+    members, rows = membership.comm, membership.original_ranks
+    if not every_one_done(members, not (algo.dead_ranks & set(rows))):
+        members = track(members.Shrink())
+    # With this member's row, and its view of the spares: those every member knows alive, in the pool's order.
+    views = members.allgather((membership.original_rank, spares.available() if spares else [], _joined_a_job))
+    rows = [view[0] for view in views]
+    dead = sorted(set(membership.original_ranks) - set(rows))
+    vacant = sorted({r for r in range(membership.rows) if r not in rows})
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(vacant):
         raise ValueError(f"count must be an int from 1 to {len(vacant)} (the rows left vacant), got {count!r}")
     alive_spares = [r for r in views[0][1] if all(r in view[1] for view in views)]
@@ -155,14 +159,14 @@ def replace(
             "that holds a spawned one cannot reach the job's first processes ('host: unknown' in its TCP "
             "transport) and aborts the job, so replacements join once, while every member is of the first launch"
         )
-    started = membership.comm.allreduce(time.time(), op=MPI.MIN)
+    started = members.allreduce(time.time(), op=MPI.MIN)
     # The algorithm as it runs on the survivors ends first, as at the end of a run (its threads, hooks
     # and collectives drained: AD-PSGD's last exchanges land in the model), so that what the newcomers
     # receive is final and nothing of it runs beside the rebuilt one.
     algo.close()
     if dead:
-        membership.comm = track(membership.comm.Shrink())  # type: ignore[assignment]  # an Intracomm's is one
-        membership.original_ranks = [r for r in membership.original_ranks if r not in dead]
+        logger.warning("rows %s found dead leave before the replacements join", dead)
+    membership.comm, membership.original_ranks = members, rows
     refused: list[Verdict] = []
     if spares is not None:
         merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])

@@ -182,6 +182,13 @@ class Algorithm:
         #: True, ``(step, parameters)`` of the last average it took part in
         #: (None before the first); None elsewhere.
         self.ensemble: tuple[int, list[torch.Tensor]] | None = None
+        #: After a :meth:`step` whose synchronization waited for every living
+        #: member so that the dead still in the communicator be replaced
+        #: (ensemble_sync's coordinator, :meth:`expect_replacements`), how many
+        #: are dead, the same on every member at the same step, where the loop
+        #: calls :func:`wagma.healing.replace`; else 0.  The other algorithms'
+        #: dead leave by a shrink (:func:`wagma.membership.survive`).
+        self.dead_to_replace = 0
         problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
         config = None if problem else self.Options(**options).resolve(comm.size)
         agree(
@@ -352,6 +359,13 @@ class Algorithm:
         it dead at once); none here: a dead rank is a membership change
         (:func:`wagma.membership.survive`)."""
         return []
+
+    def expect_replacements(self, wanted: bool) -> None:
+        """Whether the caller replaces dead members (:func:`wagma.healing.replace`)
+        from now on; nothing to do here, where a dead member leaves by a
+        shrink that every survivor sees (ensemble_sync's coordinator then
+        makes a round after a death wait for every living rank:
+        :attr:`dead_to_replace`)."""
 
     def run_attributes(self) -> dict[str, Any]:
         """Root attributes of the run file this algorithm adds at the end,

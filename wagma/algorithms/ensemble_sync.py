@@ -59,7 +59,9 @@ class EnsembleSync(Algorithm):
     for again once it has missed a round, until it reports again, so a rank
     that never returns costs one timeout.  The last round waits for every
     rank that is not dead (ULFM), so every living rank ends with the final
-    average.
+    average; so does, where the caller replaces the dead
+    (:meth:`expect_replacements`), a round after a death: every living
+    rank ends it at the same step, where replacements join.
 
     Reallocation (``reallocate``, Lemma 1): after each round the
     coordinator sets each rank's samples per step for the next round from
@@ -115,7 +117,7 @@ class EnsembleSync(Algorithm):
 
     def _step(self):
         self._optimizer_step()
-        self.skipped = None
+        self.skipped, self.dead_to_replace = None, 0
         end = self.steps + 1
         if end % self.period == 0 or end == self.total_steps:
             self._synchronize(end)
@@ -132,6 +134,7 @@ class EnsembleSync(Algorithm):
         decision = Decision(buffer, self.comm.size)
         self._average(decision)
         self.samples_per_step = int(decision.shares[self.comm.rank])
+        self.dead_to_replace = decision.heal
         if decision.end_step > end:
             self.skipped = (end, decision.end_step)
             self.steps = decision.end_step - 1  # step() adds the one of this call
@@ -150,6 +153,14 @@ class EnsembleSync(Algorithm):
             member_allreduce(host, self._averages, decision.members, tag)
             if tensor.device.type != "cpu":
                 tensor.copy_(torch.from_numpy(host))
+
+    def expect_replacements(self, wanted: bool) -> None:
+        """Where ``wanted``, a round open while rank 0's coordinator knows of a
+        dead rank waits for every living rank, with no timeout, and tells
+        them how many are dead (:attr:`dead_to_replace`): all stand at its
+        end step, where they can replace the dead together."""
+        if self.coordinator is not None:
+            self.coordinator.heal = wanted
 
     def sync_tables(self) -> dict[str, tuple[np.ndarray, list[str]]]:
         """On rank 0, the coordinator's round log as table ``rounds``."""
