@@ -320,3 +320,28 @@ def test_ensemble_sync_replaces_the_dead_its_coordinator_left_out(tmp_path):
     samples = run.steps["samples"]  # (rows, steps); NaN where a row took no step
     assert np.isnan(samples[2, 6:healed_at]).all() and (samples[2, healed_at:] > 0).all(), samples[2]
     assert np.isnan(samples[0, 20]) and samples[0, 21] > 0, samples[0]
+
+
+def test_a_replacement_that_answers_after_the_wait_is_refused_and_the_run_goes_on(tmp_path):
+    """experiments.train --replace 1 --replace-wait 0.000001: no spawned
+    process answers the challenge within a microsecond of it (its answer
+    crosses the process boundary twice), so the survivors find it late,
+    revoke the link, record the attempt (``refused``, no row taken), start
+    no more and complete the run on 3 ranks.  The process not admitted
+    ends with exit status 1, the job's too: an attempt that failed shows in
+    the launcher's status; the run file is complete."""
+    out = tmp_path / "late.h5"
+    flags = ["--replace", "1", "--replace-wait", "0.000001", "--fault", "kill:rank=2,step=5"]
+    job = subprocess.run(
+        fault_tolerant_job(RANKS, *TRAIN, "--out", str(out), *flags), capture_output=True, text=True, timeout=180
+    )
+    assert job.returncode == 1, job.stderr[-3000:]
+    assert "replacements not admitted at step 5 (late): going on with 3 ranks, no more replacements" in job.stderr
+    assert "experiments.train: replacement refused: the job gave up on this process" in job.stderr
+    run = load_run(str(out))
+    assert run.attrs["status"] == "complete"
+    membership = {k: v.tolist() for k, v in run.membership.items()}
+    assert membership["left"] == [2, -1] and membership["step"] == [5, 5], membership
+    assert membership["noticed"][1] == NOTICED["refused"] and membership["ranks_after"] == [3, 3], membership
+    assert run.summary["ranks_joined"] == 0
+    assert np.isfinite(run.steps["loss"][[0, 1, 3], 5:]).all()  # the survivors trained on to the end
