@@ -140,7 +140,7 @@ def replace(
     # (wagma.membership.survive, by the caller), and call again on their communicator.
     members, rows = membership.comm, membership.original_ranks
     if not every_one_done(members, not (algo.dead_ranks & set(rows))):
-        members = track(members.Shrink())
+        members = track(members.Shrink())  # type: ignore[assignment]  # an Intracomm's shrink is one
     # With this member's row, and its view of the spares: those every member knows alive, in the pool's order.
     views = members.allgather((membership.original_rank, spares.available() if spares else [], _joined_a_job))
     rows = [view[0] for view in views]
