@@ -365,7 +365,7 @@ class Algorithm:
         from now on; nothing to do here, where a dead member leaves by a
         shrink that every survivor sees (ensemble_sync's coordinator then
         makes a round after a death wait for every living rank:
-        :attr:`dead_to_replace`)."""
+        ``dead_to_replace``)."""
 
     def run_attributes(self) -> dict[str, Any]:
         """Root attributes of the run file this algorithm adds at the end,

@@ -157,7 +157,7 @@ class EnsembleSync(Algorithm):
     def expect_replacements(self, wanted: bool) -> None:
         """Where ``wanted``, a round open while rank 0's coordinator knows of a
         dead rank waits for every living rank, with no timeout, and tells
-        them how many are dead (:attr:`dead_to_replace`): all stand at its
+        them how many are dead (``dead_to_replace``): all stand at its
         end step, where they can replace the dead together."""
         if self.coordinator is not None:
             self.coordinator.heal = wanted
