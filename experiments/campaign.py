@@ -390,14 +390,25 @@ def _parser():
     c.add_argument("--algos", default=",".join(CHAOS_ALGORITHMS), help="comma-separated algorithms")
     c.add_argument("--long-failures", type=int, default=0, help="run, instead, one long run with this many failures")
     c.add_argument("--long-algo", default="wagma", help="the long run's algorithm")
-    c.add_argument("--long-mtbf", type=float, default=8.0, help="the long run's mean seconds between failures")
+    c.add_argument("--long-mtbf", type=float, default=6.0, help="the long run's mean seconds between failures")
+    c.add_argument(
+        "--long-landing",
+        type=float,
+        default=0.75,
+        help="the share of the long run's failures that strike a rank, for its steps (the others fall on a vacant row)",
+    )
     c.add_argument(
         "--long-recovery-s",
         type=float,
-        default=4.5,
-        help="seconds each failure costs the long run, for its steps (wagma with spares in results/chaos: 4.4 median)",
+        default=3.5,
+        help="seconds each failure costs the long run, for its steps",
     )
-    c.add_argument("--long-seeds", default="0,1,2", help="seeds of the failure-free runs beside the long run")
+    c.add_argument("--long-steps", type=int, default=0, help="the long run's steps [0: from the failure-free pace]")
+    c.add_argument(
+        "--long-seeds",
+        default="0,1,2",
+        help="seeds of the failure-free runs beside the long run: its own, then two others at least (the spread)",
+    )
     c.add_argument(
         "--tabulate",
         action="store_true",
@@ -537,12 +548,19 @@ def main(argv=None):
                 seeds = [int(s) for s in args.long_seeds.split(",")]
             except ValueError:
                 seeds = []
-            if len(seeds) < 2:
-                parser.error(f"--long-seeds: two seeds at least, comma-separated (a spread); got {args.long_seeds!r}")
+            if len(set(seeds)) < 3:
+                parser.error(
+                    f"--long-seeds: three different seeds at least, comma-separated (the long run's, then a "
+                    f"spread of two others); got {args.long_seeds!r}"
+                )
             if args.long_recovery_s < 0:
                 parser.error(f"--long-recovery-s must be >= 0 seconds, got {args.long_recovery_s}")
+            if not 0 < args.long_landing <= 1:
+                parser.error(f"--long-landing must be in (0, 1], got {args.long_landing}")
+            if args.long_steps < 0:
+                parser.error(f"--long-steps must be >= 0 (0: from the failure-free pace), got {args.long_steps}")
             try:
-                long_steps(args.long_failures, args.long_mtbf, args.long_recovery_s, 1.0)
+                long_steps(args.long_failures, args.long_mtbf, args.long_landing, args.long_recovery_s, 1.0)
             except ValueError as e:
                 parser.error(str(e))
     if args.campaign in ("seeds", "survival", "relaunch") and args.repeats < 1:

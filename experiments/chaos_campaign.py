@@ -28,11 +28,12 @@ after :data:`HUNG_AFTER` times its failure-free run's time has hung and is
 killed with every rank (status -9).
 
 With ``--long-failures N`` it runs, instead, one long run of ``--long-algo``
-with replacements (``N + 10`` spares) under failures every ``--long-mtbf``
+with replacements (``2 N`` spares) under failures every ``--long-mtbf``
 seconds, long enough for ``N`` of them (:func:`long_steps`), beside
-failure-free runs of the same steps over ``--long-seeds``: ``long.md`` says how many failures
-struck and whether the loss (smoothed over 20 steps) stayed within the
-failure-free seeds' spread, and ``long.png`` draws it.
+failure-free runs of the same steps over ``--long-seeds`` (the first is
+the long run's own): ``long.md`` says how many failures struck and how the
+loss compares with the other seeds' spread (:func:`tabulate_long`), and
+``long.png`` draws it.
 
 The committed record, at the defaults, is ``results/chaos``
 (``results/README.md`` says what each file holds).
@@ -82,6 +83,8 @@ HUNG_AFTER = 6
 #: The long run lasts this many times the mean time its failures take to come: with N = 100 failures
 #: a Poisson stream brings N within 1.3 N mtbf with probability above 0.99 (its sd is 0.1 N mtbf).
 LONG_MARGIN = 1.3
+#: Steps per window of the long run's loss means, which its verdict compares (:func:`tabulate_long`).
+LONG_WINDOW = 100
 
 
 def _chaos_spec(mtbf, seed, keep, hang):
@@ -190,6 +193,9 @@ def tabulate_chaos(out_dir, algos):
         free = load_run(os.path.join(out_dir, f"{algo}_free.h5"))
         for way in WAYS[1:]:
             path = os.path.join(out_dir, f"{algo}_{way}.h5")
+            if not os.path.exists(path):  # a campaign stopped before it: its row says so
+                rows.append({"algorithm": algo, "way": way, "status": "not run"})
+                continue
             run = load_run(path)
             with open(path + ".status") as f:
                 status = int(f.read())
@@ -222,6 +228,9 @@ def chaos_table(rows) -> str:
     ]
     for r in rows:
         way = "spares" if r["way"] == "healed" else "none"
+        if r["status"] == "not run":
+            lines.append(f"| {r['algorithm']} | {way} | not run (no run file) |" + " |" * 9)
+            continue
         joined = " | ".join("-" if math.isnan(v) else f"{v:.2f}" for v in r["joined"])
         lines.append(
             f"| {r['algorithm']} | {way} | {r['status']} | {r['failures']} | {r['seconds']:.0f} | "
@@ -277,21 +286,27 @@ def _plot_losses(out_dir, algos):
     plt.close(fig)
 
 
-def long_steps(failures, mtbf, recovery_s, step_s) -> int:
-    """The long run's steps: it lasts :data:`LONG_MARGIN` times the
-    ``failures * mtbf`` seconds that ``failures`` failures take to come on
-    average, of which each failure costs ``recovery_s`` and the rest trains
-    at ``step_s`` seconds a step (the failure-free pace).
+def long_steps(failures, mtbf, landing, recovery_s, step_s) -> int:
+    """The long run's steps, for ``LONG_MARGIN * failures`` failures to
+    strike on average.
+
+    Failures come at ``1 / mtbf`` a second of wall clock, and a share
+    ``landing`` of them strike a rank (the others fall on a row left vacant
+    while its rank is stopped, hung or being replaced: they strike nobody,
+    :mod:`wagma.chaos`).  A run of W seconds therefore sees ``landing * W /
+    mtbf`` failures, and each costs ``recovery_s`` of it, so that F failures
+    need W = F mtbf / landing, of which F (mtbf / landing - recovery_s)
+    trains, at ``step_s`` seconds a step (the failure-free pace).
 
     Raises:
-        ValueError: ``LONG_MARGIN * mtbf <= recovery_s``: the failures would
-            leave no time to train.
+        ValueError: ``mtbf / landing <= recovery_s``: the failures would leave
+            no time to train.
     """
-    training_s = failures * (LONG_MARGIN * mtbf - recovery_s)
+    training_s = LONG_MARGIN * failures * (mtbf / landing - recovery_s)
     if training_s <= 0:
         raise ValueError(
-            f"--long-mtbf {mtbf:g} leaves no time to train when each failure costs --long-recovery-s "
-            f"{recovery_s:g}: the mtbf must exceed {recovery_s / LONG_MARGIN:g}"
+            f"--long-mtbf {mtbf:g} leaves no time to train when --long-landing {landing:g} of the failures land "
+            f"and each costs --long-recovery-s {recovery_s:g}: the mtbf must exceed {recovery_s * landing:g}"
         )
     return math.ceil(training_s / step_s)
 
@@ -301,16 +316,15 @@ def run_long(args, mpiexec, out_dir):
     ``long.md`` and ``long.png`` and returns the verdict's numbers."""
     from wagma.results import load_run
 
-    common = digits_mlp_args(args.epochs, args.compute_ms)
     algo = args.long_algo
-    # The steps: the failures strike on the wall clock, so the run must last LONG_MARGIN times the time
-    # N failures take to come; of that time each failure costs about --long-recovery-s, and the rest
-    # is training at the failure-free pace (a probe of 100 steps).
-    probe = os.path.join(out_dir, "long_probe.h5")
-    clear_run(probe)
-    _run(mpiexec, args.ranks, algo, probe, [*common, "--max-steps", "100"], fault_tolerant=True)
-    step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
-    steps = long_steps(args.long_failures, args.long_mtbf, args.long_recovery_s, step_s)
+    steps = args.long_steps
+    if not steps:  # from the failure-free pace: a probe of 100 steps
+        probe = os.path.join(out_dir, "long_probe.h5")
+        clear_run(probe)
+        common = digits_mlp_args(args.epochs, args.compute_ms)
+        _run(mpiexec, args.ranks, algo, probe, [*common, "--max-steps", "100"], fault_tolerant=True)
+        step_s = float(np.nanmax(load_run(probe).steps["clock"])) / 100
+        steps = long_steps(args.long_failures, args.long_mtbf, args.long_landing, args.long_recovery_s, step_s)
     common = digits_mlp_args(max(args.epochs, steps), args.compute_ms)  # epochs above the steps: --max-steps ends it
     seeds = [int(s) for s in args.long_seeds.split(",")]
     for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
@@ -320,18 +334,43 @@ def run_long(args, mpiexec, out_dir):
         _run(mpiexec, args.ranks, algo, out, [*common, "--max-steps", str(steps), "--seed", str(seed)], True)
     out = os.path.join(out_dir, "long_healed.h5")
     clear_run(out)
-    spares = args.long_failures + 10
+    # A join that another failure interrupts costs its spare too (it leaves as failed: wagma.healing):
+    # at mtbf 6 s, 21 of the first 110 spares called.
+    spares = 2 * args.long_failures
     chaos = _chaos_spec(args.long_mtbf, args.seed, args.keep, args.hang)
     extra = ["--max-steps", str(steps), "--seed", str(seeds[0]), "--chaos", chaos, "--spares", str(spares)]
-    deadline = HUNG_AFTER * LONG_MARGIN * args.long_failures * args.long_mtbf + 600
+    deadline = HUNG_AFTER * LONG_MARGIN * args.long_failures * args.long_mtbf / args.long_landing + 600
     status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], True, may_fail=True, deadline_s=deadline)
     _record_status(out, status)
     return tabulate_long(out_dir)
 
 
+def _window_means(run, window):
+    """The loss (the rows' mean at each step) averaged over consecutive windows of ``window`` steps."""
+    with np.errstate(all="ignore"):
+        loss = np.nanmean(run.steps["loss"], axis=0)
+        windows = len(loss) // window
+        return np.nanmean(loss[: windows * window].reshape(windows, window), axis=1)
+
+
 def tabulate_long(out_dir):
     """``long.md`` and ``long.png`` from the long run's files in ``out_dir``
-    (``long_healed.h5`` and its ``.status``, ``long_free_s*.h5``); returns the figures."""
+    (``long_healed.h5`` and its ``.status``, ``long_free_s*.h5``); returns the figures.
+
+    The verdict on the loss: the long run trains with the data order of the
+    first seed (its failure-free twin is ``long_free_sSEED.h5``); the other
+    seeds' failure-free runs make the spread.  Per window of
+    :data:`LONG_WINDOW` steps, the share of windows whose mean loss lies
+    within the other seeds' range, and above it, for the run with failures
+    and for its failure-free twin.  A run that trains like one more
+    failure-free seed has shares near ``(k - 1) / (k + 1)`` and
+    ``1 / (k + 1)`` with k other seeds (its rank among k + 1 exchangeable
+    runs is uniform); the twin measures the same for this seed.
+
+    Raises:
+        ValueError: the failure-free run of the long run's seed, or two
+            other seeds' at least, are missing.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -339,53 +378,81 @@ def tabulate_long(out_dir):
 
     from wagma.results import is_partial, load_run
 
-    smooth = 20
-    frees = sorted(p for p in glob.glob(os.path.join(out_dir, "long_free_s*.h5")) if not is_partial(p))
     healed_path = os.path.join(out_dir, "long_healed.h5")
     with open(healed_path + ".status") as f:
         status = int(f.read())
     healed = load_run(healed_path)
+    seed = int(healed.attrs["seed"])
+    frees = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "long_free_s*.h5"))):
+        if not is_partial(path):
+            run = load_run(path)
+            frees[int(run.attrs["seed"])] = run
+    if seed not in frees or len(frees) < 3:
+        raise ValueError(
+            f"the long run (seed {seed}) needs the failure-free run of its seed and of two others at least in "
+            f"{out_dir}; found seeds {sorted(frees)}"
+        )
+    twin = frees.pop(seed)
+    spread = [_window_means(run, LONG_WINDOW) for run in frees.values()]
+    windows = min(len(m) for m in [*spread, _window_means(healed, LONG_WINDOW), _window_means(twin, LONG_WINDOW)])
+    low = np.min([m[:windows] for m in spread], axis=0)
+    high = np.max([m[:windows] for m in spread], axis=0)
+
+    def placement(run):
+        means = _window_means(run, LONG_WINDOW)[:windows]
+        return float(np.mean((means >= low) & (means <= high))), float(np.mean(means > high))
+
     failures = failure_times(healed)
-    curves = [_loss_curve(load_run(p), smooth) for p in frees]
-    steps = min(len(c[1]) for c in curves)
-    low = np.min([c[1][:steps] for c in curves], axis=0)
-    high = np.max([c[1][:steps] for c in curves], axis=0)
-    clock, loss = _loss_curve(healed, smooth)
-    n = min(steps, len(loss))
-    edge = smooth // 2  # the smoothing's edges average fewer steps
-    inside = (loss[edge : n - edge] >= low[edge : n - edge]) & (loss[edge : n - edge] <= high[edge : n - edge])
+    k = len(frees)
     figures = {
         "status": "complete" if status == 0 and healed.attrs["status"] == "complete" else f"exit {status}",
+        "seed": seed,
+        "other_seeds": sorted(frees),
         "failures": len(failures),
         "joins": int(healed.summary.get("ranks_joined", 0)),
         "seconds": float(np.nanmax(healed.steps["clock"])),
-        "steps": int(n),
-        "inside": float(inside.mean()),
+        "free_seconds": float(np.nanmax(twin.steps["clock"])),
+        "steps": int(healed.steps["loss"].shape[1]),
+        "placement": placement(healed),
+        "twin_placement": placement(twin),
+        "one_more_seed": ((k - 1) / (k + 1), 1 / (k + 1)),
         "go_on": _spread([f["go_on"] for f in failures]),
         "joined": _spread([f["joined"] for f in failures]),
         "final": final_accuracy(healed),
-        "free": [final_accuracy(load_run(p)) for p in frees],
+        "twin_final": final_accuracy(twin),
+        "free": {s: final_accuracy(run) for s, run in frees.items()},
     }
+    others = ", ".join(str(s) for s in sorted(frees))
+    inside, above = figures["placement"]
+    twin_inside, twin_above = figures["twin_placement"]
     with open(os.path.join(out_dir, "long.md"), "w") as f:
         f.write(
-            f"| run | failures | replacements | run s | steps | loss within the seeds' spread | go on, median / max s "
-            f"| replacement in, median / max s | final % | failure-free % |\n"
-            f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-            f"| {figures['status']} | {figures['failures']} | {figures['joins']} | {figures['seconds']:.0f} | "
-            f"{n} | {100 * figures['inside']:.1f} % of steps | {figures['go_on'][0]:.2f} / {figures['go_on'][1]:.2f} "
-            f"| {figures['joined'][0]:.2f} / {figures['joined'][1]:.2f} | {100 * figures['final']:.1f} | "
-            + ", ".join(f"{100 * a:.1f}" for a in figures["free"])
-            + " |\n"
+            f"| seed {seed} | run | failures | replacements | run s | steps | {LONG_WINDOW}-step loss means within "
+            f"seeds {others} | above them | go on, median / max s | replacement in, median / max s | final % |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+            f"| with failures and spares | {figures['status']} | {figures['failures']} | {figures['joins']} | "
+            f"{figures['seconds']:.0f} | {figures['steps']} | {100 * inside:.1f} % | {100 * above:.1f} % | "
+            f"{figures['go_on'][0]:.2f} / {figures['go_on'][1]:.2f} | "
+            f"{figures['joined'][0]:.2f} / {figures['joined'][1]:.2f} | {100 * figures['final']:.1f} |\n"
+            f"| failure-free | complete | 0 | 0 | {figures['free_seconds']:.0f} | {twin.steps['loss'].shape[1]} | "
+            f"{100 * twin_inside:.1f} % | {100 * twin_above:.1f} % | - | - | {100 * figures['twin_final']:.1f} |\n"
+            f"\nOne more failure-free seed would have {100 * (k - 1) / (k + 1):.1f} % of its windows within the "
+            f"{k} other seeds' range and {100 / (k + 1):.1f} % above it.  Final accuracy of seeds {others}: "
+            + ", ".join(f"{100 * a:.1f} %" for a in figures["free"].values())
+            + ".\n"
         )
     fig, ax = plt.subplots(figsize=(9, 4))
-    x = np.arange(steps)
-    ax.fill_between(x, low, high, color="0.8", label=f"failure-free, {len(frees)} seeds")
-    ax.plot(np.arange(len(loss)), loss, color="tab:blue", lw=1, label="with failures and replacements")
-    strikes = np.searchsorted(clock, [f["strike"] for f in failures])
-    for s in strikes:
-        ax.axvline(s, color="tab:red", lw=0.3, alpha=0.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"loss ({smooth}-step mean)")
+    x = (np.arange(windows) + 0.5) * LONG_WINDOW
+    ax.fill_between(x, low, high, color="0.8", label=f"failure-free, seeds {others}")
+    ax.plot(x, _window_means(twin, LONG_WINDOW)[:windows], color="0.3", lw=1, label=f"failure-free, seed {seed}")
+    ax.plot(
+        x, _window_means(healed, LONG_WINDOW)[:windows], color="tab:blue", lw=1, label=f"seed {seed}, failures, spares"
+    )
+    for failure in failures:
+        ax.axvline(failure["step"], color="tab:red", lw=0.3, alpha=0.5)
+    ax.set_xlabel(f"step (failures in red: {len(failures)})")
+    ax.set_ylabel(f"loss ({LONG_WINDOW}-step mean)")
     ax.set_yscale("log")
     ax.legend()
     fig.tight_layout()

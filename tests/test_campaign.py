@@ -302,11 +302,12 @@ def test_chaos_campaign_refuses_bad_options_before_any_job(capsys):
         (["--mtbf", "0"], "--mtbf must be > 0 seconds, got 0.0"),
         (["--keep", "8"], "--keep must be from 1 to --ranks - 1 (7), got 8"),
         (["--spares", "0"], "--spares must be >= 1, got 0"),
-        (["--long-failures", "100", "--long-seeds", "3"], "--long-seeds: two seeds at least"),
+        (["--long-failures", "100", "--long-seeds", "3,4,3"], "--long-seeds: three different seeds at least"),
         (
-            ["--long-failures", "100", "--long-mtbf", "3", "--long-recovery-s", "4"],
-            "--long-mtbf 3 leaves no time to train when each failure costs --long-recovery-s 4",
+            ["--long-failures", "100", "--long-mtbf", "3", "--long-landing", "0.75", "--long-recovery-s", "4"],
+            "--long-mtbf 3 leaves no time to train when --long-landing 0.75 of the failures land",
         ),
+        (["--long-failures", "100", "--long-landing", "0"], "--long-landing must be in (0, 1], got 0.0"),
         (["--algos", "wagma,nope"], "--algos: unknown nope"),
     ):
         with pytest.raises(SystemExit):
@@ -315,14 +316,15 @@ def test_chaos_campaign_refuses_bad_options_before_any_job(capsys):
 
 
 def test_the_long_run_trains_for_the_time_its_failures_leave():
-    """100 failures 8 s apart come within 1040 s (the margin 1.3); 450 s of
-    it go to recovering from them, 590 s to training: 20 000 steps of 29.5 ms."""
+    """130 failures (100 and the margin) 8 s apart of which half land take
+    2080 s to come; 130 * 4 s go to recovering from them, 1560 s to
+    training: 52 000 steps of 30 ms."""
     from experiments.chaos_campaign import long_steps
 
-    assert long_steps(100, 8.0, 4.5, 0.0295) == 20000
-    assert long_steps(10, 8.0, 0.0, 1.0) == 104  # no recovery: the whole 1.3 * 10 * 8 s trains
-    with pytest.raises(ValueError, match="the mtbf must exceed 3.07692"):
-        long_steps(100, 3.0, 4.0, 0.03)
+    assert long_steps(100, 8.0, 0.5, 4.0, 0.03) == 52000
+    assert long_steps(10, 8.0, 1.0, 0.0, 1.0) == 104  # every failure lands and costs nothing: 1.3 * 10 * 8 s train
+    with pytest.raises(ValueError, match="the mtbf must exceed 3"):
+        long_steps(100, 3.0, 0.75, 4.0, 0.03)
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")

@@ -59,7 +59,9 @@ def test_a_healed_run_fills_every_row_a_failure_emptied(algo):
     step is taken again, and the run ends on all its ranks: every row
     completed the last step.  The replacement's first step is the one the
     survivors go on with (it joins at their next step), so both times are
-    the same but for the ranks' clocks."""
+    the same but for the ranks' clocks; ensemble_sync's survivors go on
+    without the dead rank at once, and its replacement joins at the end of
+    the round that waited for every living rank, later."""
     path = RESULTS / f"{algo}_healed.h5"
     run = load_run(str(path))
     assert _status(path) == 0 and run.attrs["status"] == "complete", path.name
@@ -72,4 +74,7 @@ def test_a_healed_run_fills_every_row_a_failure_emptied(algo):
     replaced = [f for f in failure_times(run) if f["joined"] is not None]
     assert len(replaced) == died, (path.name, replaced)
     for failure in replaced:
-        assert abs(failure["joined"] - failure["go_on"]) < 0.5, (path.name, failure)
+        if algo == "ensemble_sync":
+            assert failure["joined"] > failure["go_on"] - 0.5, (path.name, failure)
+        else:
+            assert abs(failure["joined"] - failure["go_on"]) < 0.5, (path.name, failure)
