@@ -395,12 +395,13 @@ def tabulate_long(out_dir):
         )
     twin = frees.pop(seed)
     spread = [_window_means(run, LONG_WINDOW) for run in frees.values()]
-    windows = min(len(m) for m in [*spread, _window_means(healed, LONG_WINDOW), _window_means(twin, LONG_WINDOW)])
+    healed_means, twin_means = _window_means(healed, LONG_WINDOW), _window_means(twin, LONG_WINDOW)
+    windows = min(len(m) for m in [*spread, healed_means, twin_means])
     low = np.min([m[:windows] for m in spread], axis=0)
     high = np.max([m[:windows] for m in spread], axis=0)
+    healed_means, twin_means = healed_means[:windows], twin_means[:windows]
 
-    def placement(run):
-        means = _window_means(run, LONG_WINDOW)[:windows]
+    def placement(means):
         return float(np.mean((means >= low) & (means <= high))), float(np.mean(means > high))
 
     failures = failure_times(healed)
@@ -414,8 +415,8 @@ def tabulate_long(out_dir):
         "seconds": float(np.nanmax(healed.steps["clock"])),
         "free_seconds": float(np.nanmax(twin.steps["clock"])),
         "steps": int(healed.steps["loss"].shape[1]),
-        "placement": placement(healed),
-        "twin_placement": placement(twin),
+        "placement": placement(healed_means),
+        "twin_placement": placement(twin_means),
         "one_more_seed": ((k - 1) / (k + 1), 1 / (k + 1)),
         "go_on": _spread([f["go_on"] for f in failures]),
         "joined": _spread([f["joined"] for f in failures]),
@@ -445,10 +446,8 @@ def tabulate_long(out_dir):
     fig, ax = plt.subplots(figsize=(9, 4))
     x = (np.arange(windows) + 0.5) * LONG_WINDOW
     ax.fill_between(x, low, high, color="0.8", label=f"failure-free, seeds {others}")
-    ax.plot(x, _window_means(twin, LONG_WINDOW)[:windows], color="0.3", lw=1, label=f"failure-free, seed {seed}")
-    ax.plot(
-        x, _window_means(healed, LONG_WINDOW)[:windows], color="tab:blue", lw=1, label=f"seed {seed}, failures, spares"
-    )
+    ax.plot(x, twin_means, color="0.3", lw=1, label=f"failure-free, seed {seed}")
+    ax.plot(x, healed_means, color="tab:blue", lw=1, label=f"seed {seed}, failures, spares")
     for failure in failures:
         ax.axvline(failure["step"], color="tab:red", lw=0.3, alpha=0.5)
     ax.set_xlabel(f"step (failures in red: {len(failures)})")

@@ -487,11 +487,7 @@ def _loop(run, start, clock_offset, channels=None):
                             _final_evaluation(run, channels, clock, step, steps_per_epoch, clocks, evaluated)
                         ended = True
                         continue
-                    # Rows left vacant: by a shrink, or dead members still in the communicator, which
-                    # ensemble_sync's synchronization names on every member at one step once it waited for them.
-                    if run.replacements_left and (
-                        len(algo.membership.original_ranks) < recorder.ranks or algo.dead_to_replace
-                    ):
+                    if run.replacements_left and _vacant_rows(run):
                         channels = _take_replacements(run, channels, data, evaluate, stop is not None, clock)
                         last = clock()
                     algo.expect_replacements(run.replacements_left > 0)
@@ -629,8 +625,7 @@ def _take_replacements(run, channels, data, evaluate, stop, clock):
     record the change, and share the rows still vacant.  A refused or late
     attempt ends the replacements for the run: the survivors go on without."""
     algo = run.algo
-    vacant = run.recorder.ranks - len(algo.membership.original_ranks) + algo.dead_to_replace
-    count = min(run.replacements_left, vacant)
+    count = min(run.replacements_left, _vacant_rows(run))
     try:
         command = None if run.spares else run.command
         change = replace(algo, count, command, spares=run.spares, wait_s=run.args.replace_wait)
@@ -664,6 +659,12 @@ def _take_replacements(run, channels, data, evaluate, stop, clock):
             )
     _share_rows_left(run, data)
     return channels
+
+
+def _vacant_rows(run):
+    """The rows without a member: those a shrink left, and dead members still in the communicator,
+    which ensemble_sync's synchronization names on every member at one step once it waited for them."""
+    return run.recorder.ranks - len(run.algo.membership.original_ranks) + run.algo.dead_to_replace
 
 
 def _record_join(run, change, now):
