@@ -37,6 +37,7 @@ spares would take the cores from the members.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from mpi4py import MPI
@@ -44,6 +45,8 @@ from mpi4py import MPI
 from .failures import any_source, failed_ranks, fault_tolerant, hold, track
 
 __all__ = ["POLL_S", "SparePool"]
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between a waiting spare's probes for its call (the mean delay it adds to a replacement is half).
 POLL_S = 0.1
@@ -114,23 +117,31 @@ class SparePool:
         where the run ended without it (the members let it go, or every rank
         that could call it has died: the world ranks below it).
 
-        Raises:
-            MPI.Exception: ``MPI_ERR_PROC_FAILED`` where a rank died while
-                the communicator was built (see :meth:`call`); this spare
-                is of no more use.
+        A call that a rank's death interrupts (the communicator built holds
+        a rank too few, :meth:`call`) leaves this spare waiting again: the
+        members put it back (:meth:`put_back`) and call it first next time,
+        so that a stream of failures costs no spare but those that take a
+        row.  Call it again, too, where the join that follows a call fails
+        (:func:`wagma.healing.join`).
         """
         me = self.world.Get_rank()
         status = MPI.Status()
         callers = set(range(me))  # the members, and the spares called before this one
-        while not any_source(self.world, self.world.Iprobe, MPI.ANY_SOURCE, _TAG_CALL, status):
-            if callers <= failed_ranks(self.world):
+        while True:
+            while not any_source(self.world, self.world.Iprobe, MPI.ANY_SOURCE, _TAG_CALL, status):
+                if callers <= failed_ranks(self.world):
+                    return None
+                time.sleep(poll_s)
+            call = self.world.recv(source=status.Get_source(), tag=_TAG_CALL)
+            if call is None:
                 return None
-            time.sleep(poll_s)
-        call = self.world.recv(source=status.Get_source(), tag=_TAG_CALL)
-        if call is None:
-            return None
-        self.used = call["used"]
-        return self._bring_in(call["spares"][call["spares"].index(me) :], call["size"])
+            self.used = call["used"]
+            try:
+                return self._bring_in(call["spares"][call["spares"].index(me) :], call["size"])
+            except MPI.Exception as error:
+                if error.Get_error_class() != MPI.ERR_PROC_FAILED:
+                    raise
+                logger.warning("spare %d not brought in (%s): waiting for the next call", me, error.__cause__)
 
     def call(self, comm: MPI.Intracomm, spares: list[int]) -> MPI.Intracomm:
         """On the members (collective over ``comm``, whose processes are all
@@ -169,6 +180,14 @@ class SparePool:
                 self.world.send({"spares": spares, "size": size, "used": self.used}, dest=spare, tag=_TAG_CALL)
         return self._bring_in(spares, size)
 
+    def put_back(self, used: int) -> None:
+        """On the members, where a call failed (every member alike): the
+        spares called since :attr:`used` was ``used`` wait again (:meth:`wait`),
+        and the next call starts with them, in the pool's order, as every
+        later call must (a spare left waiting below a called one would stall
+        that one's shrink, :meth:`call`)."""
+        self.used = used
+
     def _bring_in(self, spares: list[int], size: int) -> MPI.Intracomm:
         """Shrink the communicators of ``spares`` in turn (see :meth:`call`); the last one."""
         comm: MPI.Intracomm = MPI.COMM_NULL  # type: ignore[assignment]  # replaced: spares holds one at least
@@ -176,7 +195,7 @@ class SparePool:
             comm = self._bridges[spare].Shrink()  # type: ignore[assignment]  # an Intracomm's is one
         if comm.Get_size() != size:
             # Every process of the shrink sees the same size, so all raise: as a rank's failure, which
-            # the members recover from as from any (wagma.membership.survive) and a spare leaves on.
+            # the members recover from as from any (wagma.membership.survive) and a spare waits again on (wait).
             # The communicator is left as it is, neither revoked nor tracked (a recovery revokes what is
             # tracked): with Open MPI 5.0.11 a revoke that reaches a process still inside the shrink
             # that made the communicator crashes it (SIGSEGV in ompi_comm_revoke_local).

@@ -87,40 +87,26 @@ def main(argv=None) -> int:
 
 def _replacement(args, command, spares=None) -> int:
     """A replacement's run (:func:`experiments.trainer.join_training`), or
-    with ``spares`` a spare's, which waits first, torch not imported yet:
+    with ``spares`` a spare's, which waits first, torch not imported yet,
+    and waits again where a rank's death interrupted its join (the members
+    call it first next time: :meth:`collectives.spares.SparePool.wait`):
     exit status 0 when it completed with the others or was let go unused,
-    1 when the job refused it (its error says why) or it failed."""
-    from mpi4py import MPI
-
-    try:
+    1 when the job refused a started replacement (its error says why)."""
+    while True:
         called = spares.wait() if spares is not None else None
-    except MPI.Exception as exc:  # a rank died while it was brought in
-        _leave_as_failed(f"experiments.train: spare not brought in: {exc.__cause__ or exc}")
-    if spares is not None and called is None:
-        return 0
-    from .trainer import join_training
+        if spares is not None and called is None:
+            return 0
+        from .trainer import join_training
 
-    try:
-        status = join_training(args, command, spares, called)
-    except PermissionError as exc:
-        if spares is not None:
-            _leave_as_failed(f"experiments.train: spare refused: {exc}")
-        print(f"experiments.train: replacement refused: {exc}", file=sys.stderr)
-        return 1
-    return EXIT_STOPPED if status == "stopped" else 0
-
-
-def _leave_as_failed(message):
-    """End a spare that cannot take part as a failed process, by SIGKILL,
-    so that every later shrink of a communicator that holds it leaves it
-    out.  Not by an exit: with the Open MPI 5.0.11 wheel, a shrink of the
-    communicators the spares share (:class:`collectives.spares.SparePool`)
-    waited for ever for spares that had ended with ``os._exit(1)``."""
-    import os
-    import signal
-
-    print(message, file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            status = join_training(args, command, spares, called)
+        except PermissionError as exc:
+            if spares is not None:
+                print(f"experiments.train: spare not taken, waiting for the next call: {exc}", file=sys.stderr)
+                continue
+            print(f"experiments.train: replacement refused: {exc}", file=sys.stderr)
+            return 1
+        return EXIT_STOPPED if status == "stopped" else 0
 
 
 if __name__ == "__main__":

@@ -204,6 +204,25 @@ def test_a_spare_that_dies_while_it_is_brought_in_is_passed_over(tmp_path, when)
     assert unused == [{"world_rank": RANKS + spares - 1, "torch": False}], context
 
 
+@pytest.mark.parametrize("when", ["called", "joined"])
+def test_a_spare_whose_join_a_members_death_interrupts_is_called_again(tmp_path, when):
+    """Row 2 dies at step 3; member 1 (world rank 1) dies as the survivors
+    call the first spare (world rank RANKS): as it calls (``called``: the
+    communicator that brings the spare in holds a rank too few) or once
+    the spare is in (``joined``: the transfer of the state fails).  The
+    spare must wait again and be called first at the survivors' next step,
+    with the next spare, for rows 1 and 2: an interrupted join costs no
+    spare, so the last two are let go unused."""
+    spares = 4
+    reports, context = _spares_job(tmp_path, "wagma", spares, [[2, 3]], "1", when)
+    changes = reports[0]["changes"]
+    assert [c["joined"] for c in changes if c["joined"]] == [[1, 2]], changes
+    assert {r["row"]: r["world_rank"] for r in reports.values()} == {0: 0, 1: RANKS, 2: RANKS + 1, 3: 3}, context
+    assert len({r["digest"] for r in reports.values()}) == 1, context  # t = 39 is a global average
+    unused = sorted(json.loads(p.read_text())["world_rank"] for p in tmp_path.glob("spare-*.json"))
+    assert unused == [RANKS + 2, RANKS + 3], context
+
+
 def test_a_process_without_the_jobs_secret_cannot_join(tmp_path):
     """From step 7 the survivors start a process that dropped the secret
     from its environment: it is refused before anything is sent to it (it

@@ -168,8 +168,13 @@ def replace(
         logger.warning("rows %s found dead leave before the replacements join", dead)
     membership.comm, membership.original_ranks = members, rows
     refused: list[Verdict] = []
+    used = spares.used if spares is not None else 0
     if spares is not None:
-        merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])
+        try:
+            merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])
+        except MPI.Exception:
+            spares.put_back(used)  # the spares called wait again, and are called first next time
+            raise
     else:  # a command and a secret, as checked above
         merged, refused = _start(membership.comm, count, command or [], secret or "", wait_s)
     joined = [] if refused else vacant[:count]
@@ -197,9 +202,12 @@ def replace(
         logger.warning("a rank failed while rows %s were taken: %s", joined, error, exc_info=True)
         revoke_tracked()  # a member blocked on a peer that gave up is released
     if not every_one_done(merged, failure is None):
-        # Nobody joins: the newcomers leave (join raises), and the members' failure is recovered from
-        # their communicator before the call, as any (wagma.membership.survive), by the caller.
+        # Nobody joins: the newcomers leave (join raises; a spare waits again, to be called first next
+        # time), and the members' failure is recovered from their communicator before the call, as any
+        # (wagma.membership.survive), by the caller.
         membership.comm, membership.original_ranks = before
+        if spares is not None:
+            spares.put_back(used)
         raise failure or MPI.Exception(MPI.ERR_PROC_FAILED)
     return _joined(algo, started, ready, joined, adjustments, how, refused)
 
@@ -249,12 +257,16 @@ def join(
         RuntimeError: this process was not started by :func:`replace`.
         PermissionError: the job refused this process (its secret did not
             match) or gave up on it (its members failed on the way, or said
-            nothing in time); no state was received.
+            nothing in time); the state it may have received is dropped
+            (the algorithm built with it abandoned).  A spare goes back to
+            :meth:`~collectives.spares.SparePool.wait`: the members call it
+            first next time.
     """
     from .algorithms import ALGORITHMS
 
     merged = spare if spare is not None else _merge_with_parent(secret or job_secret())
     failure: BaseException | None = None
+    algo: Algorithm | None = None
     try:
         state = receive_within(merged, 0, _TAG_STATE, STATE_WAIT_S)
         model.load_state_dict(state["model"])
@@ -274,7 +286,10 @@ def join(
             raise
         failure = error
         revoke_tracked()
-    if not every_one_done(merged, failure is None):
+    agreed = every_one_done(merged, failure is None)  # on every process: built wherever agreed
+    if not agreed or algo is None:
+        if algo is not None:  # its threads stopped, without communicating: a spare waits again
+            algo.abandon()
         raise PermissionError(f"the job gave up on this process: a rank failed while it joined ({failure or 'a peer'})")
     how: Noticed = "spare" if spare is not None else "spawned"
     _joined(algo, state["started"], ready, state["joined"], state["adjustments"], how)

@@ -13,10 +13,13 @@ their next step, call a spare for each row that left (``wagma.healing.replace``)
 (``wagma.healing.join``).  Every member at the end writes
 OUT_DIR/row-R.json (row, steps, rows, changes, parameter digest); every
 spare never called writes OUT_DIR/spare-W.json (its world rank) once let go.
-The spare of world rank DIES_WHEN_CALLED SIGKILLs itself when it is
-called: once brought in (WHEN ``joined``, the default), or as the call
-arrives, before the shrink that brings it in (WHEN ``called``): the
-members must give up on it and call the next.
+The process of world rank DIES_WHEN_CALLED SIGKILLs itself at its first
+call: once the communicator that brings the spares in is built (WHEN
+``joined``, the default), or before the shrink that builds it (WHEN
+``called``: a spare as the call arrives, a member as it calls).  A spare
+that dies so must be passed over, the next one called; where a member
+dies so, the spares called wait again (a spare whose join failed waits for
+its next call) and must be called first next time.
 """
 
 import json
@@ -35,35 +38,54 @@ out_dir, algorithm, options, spare_count, steps, kills = sys.argv[1:7]
 options, spare_count, steps, kills = json.loads(options), int(spare_count), int(steps), json.loads(kills)
 dies_when_called = int(sys.argv[7]) if len(sys.argv) > 7 else None  # a spare's world rank
 when = sys.argv[8] if len(sys.argv) > 8 else "joined"
-pool = SparePool(MPI.COMM_WORLD, spare_count)
-if MPI.COMM_WORLD.rank == dies_when_called and when == "called":
+
+
+class Pool(SparePool):
+    """The job's pool, where the member of world rank DIES_WHEN_CALLED dies at its first call."""
+
+    def call(self, comm, spares):
+        if self.world.rank == dies_when_called and when == "called":
+            os.kill(os.getpid(), signal.SIGKILL)
+        merged = super().call(comm, spares)
+        if self.world.rank == dies_when_called:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return merged
+
+
+pool = Pool(MPI.COMM_WORLD, spare_count)
+if MPI.COMM_WORLD.rank == dies_when_called and pool.is_spare and when == "called":
     # Waits for the call as the pool does (its tag), and dies on its arrival, unanswered.
     while not any_source(MPI.COMM_WORLD, MPI.COMM_WORLD.Iprobe, MPI.ANY_SOURCE, _TAG_CALL):
         time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
-called = pool.wait() if pool.is_spare else None
-if called is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
-    os.kill(os.getpid(), signal.SIGKILL)
-if pool.is_spare and called is None:  # let go at the end of the run: it never imported torch
-    with open(os.path.join(out_dir, f"spare-{MPI.COMM_WORLD.rank}.json"), "w") as f:
-        json.dump({"world_rank": MPI.COMM_WORLD.rank, "torch": "torch" in sys.modules}, f)
-    sys.exit(0)
+algo = None
+while algo is None:  # a spare waits again where its join failed
+    called = pool.wait() if pool.is_spare else None
+    if called is not None and MPI.COMM_WORLD.rank == dies_when_called:  # dies while it is brought in
+        os.kill(os.getpid(), signal.SIGKILL)
+    if pool.is_spare and called is None:  # let go at the end of the run: it never imported torch
+        with open(os.path.join(out_dir, f"spare-{MPI.COMM_WORLD.rank}.json"), "w") as f:
+            json.dump({"world_rank": MPI.COMM_WORLD.rank, "torch": "torch" in sys.modules}, f)
+        sys.exit(0)
 
-import torch  # noqa: E402  (a spare imports it only once called)
+    import torch  # a spare imports it only once called
 
-from collectives import Communicator  # noqa: E402
-from wagma.algorithms import create  # noqa: E402
-from wagma.healing import join, replace  # noqa: E402
-from wagma.membership import survive  # noqa: E402
+    from collectives import Communicator
+    from wagma.algorithms import create
+    from wagma.healing import join, replace
+    from wagma.membership import survive
 
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-if called is not None:
-    algo, row = join(model, optimizer, spare=called)
-else:
-    algo = create(algorithm, model, optimizer, Communicator(pool.members), **options)
-    row = pool.members.rank
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if called is not None:
+        try:
+            algo, row = join(model, optimizer, spare=called)
+        except PermissionError:
+            continue
+    else:
+        algo = create(algorithm, model, optimizer, Communicator(pool.members), **options)
+        row = pool.members.rank
 algo.plan(steps, 8)
 data = torch.Generator().manual_seed(row)
 step = first = algo.steps
@@ -92,6 +114,7 @@ if algo.comm.rank == 0:
     pool.release()
 report = {
     "row": row,
+    "world_rank": MPI.COMM_WORLD.rank,
     "steps": algo.steps,
     "rows": algo.membership.original_ranks,
     "changes": [c.as_dict() for c in algo.membership.changes],
