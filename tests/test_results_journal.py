@@ -18,9 +18,10 @@ import h5py
 import numpy as np
 import pytest
 
-from wagma.results import load_run, partial_path, rows_path
+from wagma.results import STEP_FIELDS, load_run, partial_path, rows_path
 from wagma.results.__main__ import main
 from wagma.results.journal import RowLog, read_rows
+from wagma.results.writer import FileWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, FLUSHED, RESUME, END = 40, 5, 30, 50
@@ -151,3 +152,22 @@ def test_a_resumed_run_takes_the_rows_before_its_step_from_the_logs_and_drops_th
 def test_complete_says_what_is_missing(tmp_path, caplog):
     assert main(["complete", str(tmp_path / "never.h5")]) == 1
     assert "no run file to complete: neither" in caplog.text and "never.partial.h5" in caplog.text
+
+
+def test_a_file_flushed_step_by_step_reuses_the_space_of_the_chunks_it_rewrites(tmp_path):
+    """Each flush opens the file again and rewrites the compressed chunk it
+    extends, elsewhere in the file; the file tracks its free space
+    (``fs_persist``), so the next flush reuses it.  8 rows of 5000 steps,
+    flushed every 20 steps: the file holds 4.0 times its steps' data
+    without that tracking, 1.2 times with it (the rest: the chunks' index
+    and the free space not yet reused); the bound lies between the two."""
+    writer = FileWriter.create(str(tmp_path / "run.h5"), {"algorithm": "test", "batch_size": 1}, 8, None)
+    values = np.random.default_rng(0).random((8, 5000, len(STEP_FIELDS)))
+    for lo in range(0, 5000, 20):
+        for rank in range(8):
+            writer.add_rows(rank, np.column_stack([np.arange(lo, lo + 20), values[rank, lo : lo + 20]]))
+        writer.flush()
+    with h5py.File(writer.partial, "r") as f:
+        np.testing.assert_array_equal(f["steps"]["loss"][:], values[:, :, STEP_FIELDS.index("loss")])
+        data = sum(f["steps"][name].id.get_storage_size() for name in STEP_FIELDS)
+    assert os.path.getsize(writer.partial) < 1.5 * data, (os.path.getsize(writer.partial), data)

@@ -236,7 +236,10 @@ def create_file(file: str, attrs: Mapping[str, Any], ranks: int, first_step: int
     """A run file without rows at ``file``: root attributes ``attrs`` (with
     ``schema`` and status ``running``), ``steps/`` of ``ranks`` rows and
     ``first_step`` empty steps, empty ``eval/``."""
-    with h5py.File(file, "w") as f:
+    # Free space tracked in the file (HDF5 >= 1.10): each flush opens the file again and rewrites the
+    # compressed chunk it extends elsewhere, and without it the space so freed is lost at every close
+    # (a 20117-step, 8-rank run's file: 9.7 MB, of which 4.8 MB data).
+    with h5py.File(file, "w", fs_strategy="fsm", fs_persist=True) as f:
         f.attrs.update({k: _attr(v) for k, v in attrs.items()})
         f.attrs.update(schema=SCHEMA, status="running")
         steps = f.create_group("steps")
