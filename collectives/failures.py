@@ -111,16 +111,35 @@ def _interruptions() -> frozenset[int]:
     return INTERRUPTION_CLASSES | {MPI.ERR_IN_STATUS, MPI.ERR_PENDING}
 
 
+def _constructor_failure(error: MPI.Exception) -> bool:
+    """Whether ``error`` is ``MPI_ERR_OTHER`` under fault tolerance while
+    MPI knows of a failed process of the job: with the Open MPI 5.0.11
+    wheel, a communicator constructor (``MPI_Comm_dup``, ``MPI_Comm_split``)
+    whose peer died during its context-id agreement, which runs on
+    nonblocking collectives, reports that class, not
+    ``MPI_ERR_PROC_FAILED`` (seen in a chaos run: a WAGMA-SGD rank's
+    ``Dup`` as two ranks failed 1.5 s into the run, the job aborted).
+    Taken for a failure only once a failure is known, as the recovery
+    that follows (:func:`wagma.membership.survive`) finds it."""
+    return (
+        error.Get_error_class() == MPI.ERR_OTHER and fault_tolerant() and bool(failed_ranks(MPI.COMM_WORLD))
+    )
+
+
 def mpi_failure(error: BaseException) -> MPI.Exception | None:
-    """The ``MPI.Exception`` of a failure (:data:`INTERRUPTION_CLASSES`) that
-    ``error`` is or was raised from (a progress thread's failure reaches the
-    main thread as a ``RuntimeError`` whose cause is the thread's error), or
-    None: ``error`` has nothing to do with a failed rank."""
+    """The ``MPI.Exception`` of a failure (:data:`INTERRUPTION_CLASSES`, or
+    a communicator constructor's that a failure ended,
+    :func:`_constructor_failure`) that ``error`` is or was raised from (a
+    progress thread's failure reaches the main thread as a ``RuntimeError``
+    whose cause is the thread's error), or None: ``error`` has nothing to
+    do with a failed rank."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, MPI.Exception) and current.Get_error_class() in _interruptions():
+        if isinstance(current, MPI.Exception) and (
+            current.Get_error_class() in _interruptions() or _constructor_failure(current)
+        ):
             return current
         current = current.__cause__ or current.__context__
     return None

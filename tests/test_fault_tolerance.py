@@ -59,6 +59,49 @@ def test_the_survivors_of_a_killed_rank_shrink_and_finish(tmp_path):
         assert 0 <= report["detected_after_s"] < 30, report
 
 
+# Rank 1 dies after a first barrier; rank 0 notices at the second.  Before and after, rank 0 asks
+# whether MPI_ERR_OTHER (what a communicator constructor whose peer died reports with Open MPI 5.0.11)
+# and MPI_ERR_ARG are failures.
+CONSTRUCTOR_PROGRAM = """
+import json, os, signal
+from mpi4py import MPI
+from collectives.failures import mpi_failure
+comm = MPI.COMM_WORLD
+comm.Set_errhandler(MPI.ERRORS_RETURN)
+def ask():
+    return {name: mpi_failure(MPI.Exception(getattr(MPI, name))) is not None for name in ("ERR_OTHER", "ERR_ARG")}
+before = ask()
+comm.Barrier()
+if comm.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    comm.Barrier()
+except MPI.Exception as error:
+    noticed = error.Get_error_class() == MPI.ERR_PROC_FAILED
+print(json.dumps({"before": before, "noticed": noticed, "after": ask()}))
+"""
+
+
+@pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
+def test_mpi_err_other_counts_as_a_failure_once_a_rank_is_known_dead():
+    """A communicator constructor whose peer died during it reports
+    MPI_ERR_OTHER with Open MPI 5.0.11; once a failure is known, that class
+    is a failure to recover from, before it is not, and other classes never."""
+    job = subprocess.run(
+        [*mpiexec_command(2, fault_tolerant=True), sys.executable, "-c", CONSTRUCTOR_PROGRAM],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    report = json.loads(job.stdout.strip().splitlines()[-1])
+    assert report == {
+        "before": {"ERR_OTHER": False, "ERR_ARG": False},
+        "noticed": True,
+        "after": {"ERR_OTHER": True, "ERR_ARG": False},
+    }, report
+
+
 def test_fault_tolerance_is_refused_where_the_library_has_none():
     if _library() == "openmpi":
         pytest.skip("Open MPI has ULFM: the refusal is for other launchers")

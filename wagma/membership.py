@@ -167,8 +167,12 @@ def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipCh
         raise error
     noticed_at = time.time()
     kind = failure.Get_error_class()
-    noticed: Noticed = (
-        "proc_failed" if kind in FAILURE_CLASSES else "revoked" if kind == MPI.ERR_REVOKED else "request_failed"
+    noticed: Noticed = (  # MPI_ERR_OTHER: a communicator constructor's, whose peer died (collectives.failures)
+        "proc_failed"
+        if kind in FAILURE_CLASSES or kind == MPI.ERR_OTHER
+        else "revoked"
+        if kind == MPI.ERR_REVOKED
+        else "request_failed"
     )
     if where == "step" and failure is not error:
         where = "thread"
