@@ -121,9 +121,7 @@ def _constructor_failure(error: MPI.Exception) -> bool:
     ``Dup`` as two ranks failed 1.5 s into the run, the job aborted).
     Taken for a failure only once a failure is known, as the recovery
     that follows (:func:`wagma.membership.survive`) finds it."""
-    return (
-        error.Get_error_class() == MPI.ERR_OTHER and fault_tolerant() and bool(failed_ranks(MPI.COMM_WORLD))
-    )
+    return error.Get_error_class() == MPI.ERR_OTHER and fault_tolerant() and bool(failed_ranks(MPI.COMM_WORLD))
 
 
 def mpi_failure(error: BaseException) -> MPI.Exception | None:

@@ -349,13 +349,30 @@ def join_training(args, command=(), spares=None, called=None):
     world = algo.membership.comm
     run = _Run(args, world, algo.comm, dataset, model, optimizer, algo, imbalance, faults, None, steps_per_epoch, total)
     run.command, run.spares = list(command), spares
-    channels = _Channels(run, args.compute == "real", bool(args.checkpoint_dir))
-    run.recorder = RunRecorder.joining(world, args.out or default_out(args, rows), rows, row)
-    clock_offset = _record_join(run, algo.membership.changes[-1], None)
+    try:
+        channels = _Channels(run, args.compute == "real", bool(args.checkpoint_dir))
+        run.recorder = RunRecorder.joining(world, args.out or default_out(args, rows), rows, row)
+        clock_offset = _record_join(run, algo.membership.changes[-1], None)
+    except BaseException as error:
+        if mpi_failure(error) is None:
+            raise
+        _leave_as_failed(row, error)
     if args.chaos is not None:  # the row's failures still to come, on the plan's clock
         plan = parse_chaos(args.chaos, rows, args.seed)
         run.chaos = ChaosMonkey(plan, row, lambda: run.comm.size)
     return _run_to_end(run, algo.steps, clock_offset, channels)
+
+
+def _leave_as_failed(row, error):
+    """A newcomer whose setup after the join a rank's failure interrupted
+    (its loop's channels, its run file's writer, the change recorded): the
+    members recover from that failure in their loop, which the newcomer has
+    not entered, so it leaves as a failed process, by SIGKILL, as the chaos
+    kills, and the members recover from its death too (its row vacant
+    again, the next spare called).  Its rows so far are in its row log."""
+    logger.warning("row %d failed as it set up its loop after joining (%s): leaving as a failed process", row, error)
+    logging.shutdown()
+    signal.raise_signal(signal.SIGKILL)
 
 
 def _run_to_end(run, start, clock_offset, channels=None):
