@@ -16,7 +16,7 @@ from mpi4py import MPI
 from collectives import Communicator
 from collectives.agreement import agree
 from collectives.collect import LaggedVote
-from collectives.failures import every_one_done, fault_tolerant, hold, mpi_failure, revoke_tracked
+from collectives.failures import every_one_done, failed_ranks, fault_tolerant, hold, mpi_failure, revoke_tracked
 from collectives.provenance import run_attributes
 from collectives.spares import SparePool
 from wagma.algorithms import Algorithm, create
@@ -313,7 +313,7 @@ def train(args, world, comm, command=(), spares=None):
     run = _Run(args, world, comm, dataset, model, optimizer, algo, imbalance, faults, recorder, steps_per_epoch, total)
     run.latest, run.adjustments = rows.latest, [{"step": start, "adjustment": a} for a in adjustments]
     run.command, run.replacements_left, run.spares = list(command), args.replace or args.spares, spares
-    run.chaos = ChaosMonkey(chaos, rows.members[comm.rank], lambda: run.comm.size) if chaos else None
+    run.chaos = ChaosMonkey(chaos, rows.members[comm.rank], lambda: _members_alive(run)) if chaos else None
     return _run_to_end(run, start, clock_offset)
 
 
@@ -359,8 +359,17 @@ def join_training(args, command=(), spares=None, called=None):
         _leave_as_failed(row, error)
     if args.chaos is not None:  # the row's failures still to come, on the plan's clock
         plan = parse_chaos(args.chaos, rows, args.seed)
-        run.chaos = ChaosMonkey(plan, row, lambda: run.comm.size)
+        run.chaos = ChaosMonkey(plan, row, lambda: _members_alive(run))
     return _run_to_end(run, algo.steps, clock_offset, channels)
+
+
+def _members_alive(run):
+    """The members not known dead, for the chaos plan's ``keep``: the
+    run's communicator less the failures MPI knows of in it.  Its size
+    alone lags while the survivors recover (the communicator is the one
+    before the shrink), and in a long chaos run the failures that came
+    meanwhile struck all but one member of four despite ``keep=2``."""
+    return run.world.Get_size() - len(failed_ranks(run.world))
 
 
 def _leave_as_failed(row, error):

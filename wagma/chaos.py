@@ -152,7 +152,8 @@ def parse_chaos(spec: str, rows: int, seed: int) -> ChaosPlan:
 class ChaosMonkey:
     """This process's share of a :class:`ChaosPlan`: a daemon thread that
     sleeps until each failure of row ``row`` and strikes, unless only
-    ``keep`` members are left (``members()``: the current count).
+    ``keep`` members are left (``members()``: the count alive, which the
+    trainer takes as its communicator less the dead MPI knows of).
 
     :meth:`start` takes the plan's time zero (wall clock, the same on
     every rank); failures before the moment it is called (a replacement's
