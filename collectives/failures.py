@@ -126,11 +126,11 @@ def _constructor_failure(error: MPI.Exception) -> bool:
 
 def mpi_failure(error: BaseException) -> MPI.Exception | None:
     """The ``MPI.Exception`` of a failure (:data:`INTERRUPTION_CLASSES`, or
-    a communicator constructor's that a failure ended,
-    :func:`_constructor_failure`) that ``error`` is or was raised from (a
-    progress thread's failure reaches the main thread as a ``RuntimeError``
-    whose cause is the thread's error), or None: ``error`` has nothing to
-    do with a failed rank."""
+    under fault tolerance ``MPI_ERR_OTHER`` once MPI knows of a failed
+    process: a communicator constructor's whose peer died during it) that
+    ``error`` is or was raised from (a progress thread's failure reaches the
+    main thread as a ``RuntimeError`` whose cause is the thread's error), or
+    None: ``error`` has nothing to do with a failed rank."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:

@@ -200,7 +200,7 @@ class SparePool:
             comm = self._bridges[spare].Shrink()  # type: ignore[assignment]  # an Intracomm's is one
         if comm.Get_size() != size:
             # Every process of the shrink sees the same size, so all raise: as a rank's failure, which
-            # the members recover from as from any (wagma.membership.survive) and a spare waits again on (wait).
+            # the members recover from as from any (wagma.membership.survive), and a spare waits for its next call.
             # The communicator is left as it is, neither revoked nor tracked (a recovery revokes what is
             # tracked): with Open MPI 5.0.11 a revoke that reaches a process still inside the shrink
             # that made the communicator crashes it (SIGSEGV in ompi_comm_revoke_local).
