@@ -168,7 +168,8 @@ class SparePool:
             MPI.Exception: ``MPI_ERR_PROC_FAILED``, on every process, where
                 a member or a spare died while the communicator was built
                 (it holds fewer ranks than it should, and none can tell
-                which rows it holds); the reason is its ``__cause__``.
+                which rows it holds); the reason is its ``__cause__``.  The
+                spares called are put back (:meth:`put_back`).
         """
         world_group, everyone = self.world.Get_group(), comm.Get_group()
         try:
@@ -178,12 +179,16 @@ class SparePool:
             world_group.Free()
         if ranks != sorted(ranks) or ranks[-1] >= spares[0]:
             raise RuntimeError(f"the members' world ranks {ranks} are not in order before the spares {spares}")
-        self.used = self.ranks.index(spares[-1]) + 1
+        before, self.used = self.used, self.ranks.index(spares[-1]) + 1
         size = comm.Get_size() + len(spares)
-        if comm.Get_rank() == 0:
-            for spare in spares:
-                self.world.send({"spares": spares, "size": size, "used": self.used}, dest=spare, tag=_TAG_CALL)
-        return self._bring_in(spares, size)
+        try:
+            if comm.Get_rank() == 0:
+                for spare in spares:
+                    self.world.send({"spares": spares, "size": size, "used": self.used}, dest=spare, tag=_TAG_CALL)
+            return self._bring_in(spares, size)
+        except MPI.Exception:
+            self.put_back(before)  # the spares called wait again (wait), and are called first next time
+            raise
 
     def put_back(self, used: int) -> None:
         """On the members, where a call failed (every member alike): the

@@ -170,11 +170,7 @@ def replace(
     refused: list[Verdict] = []
     used = spares.used if spares is not None else 0
     if spares is not None:
-        try:
-            merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])
-        except MPI.Exception:
-            spares.put_back(used)  # the spares called wait again, and are called first next time
-            raise
+        merged: MPI.Intracomm | None = spares.call(membership.comm, alive_spares[:count])  # puts them back if it fails
     else:  # a command and a secret, as checked above
         merged, refused = _start(membership.comm, count, command or [], secret or "", wait_s)
     joined = [] if refused else vacant[:count]
