@@ -327,11 +327,6 @@ def run_long(args, mpiexec, out_dir):
         steps = long_steps(args.long_failures, args.long_mtbf, args.long_landing, args.long_recovery_s, step_s)
     common = digits_mlp_args(max(args.epochs, steps), args.compute_ms)  # epochs above the steps: --max-steps ends it
     seeds = [int(s) for s in args.long_seeds.split(",")]
-    for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
-        clear_run(stale)
-    for seed in seeds:
-        out = os.path.join(out_dir, f"long_free_s{seed}.h5")
-        _run(mpiexec, args.ranks, algo, out, [*common, "--max-steps", str(steps), "--seed", str(seed)], True)
     out = os.path.join(out_dir, "long_healed.h5")
     clear_run(out)
     # A spare per failure that strikes, of which long_steps plans LONG_MARGIN times those asked for: a
@@ -344,6 +339,13 @@ def run_long(args, mpiexec, out_dir):
     deadline = HUNG_AFTER * LONG_MARGIN * args.long_failures * args.long_mtbf / args.long_landing + 600
     status = _run(mpiexec, args.ranks + spares, algo, out, [*common, *extra], True, may_fail=True, deadline_s=deadline)
     _record_status(out, status)
+    # The failure-free seeds after the long run, not before: a long run that hangs shows within its own
+    # deadline rather than after an hour of runs that cannot fail.
+    for stale in glob.glob(os.path.join(out_dir, "long_free_s*.h5")):  # tabulate_long reads every seed's
+        clear_run(stale)
+    for seed in seeds:
+        free = os.path.join(out_dir, f"long_free_s{seed}.h5")
+        _run(mpiexec, args.ranks, algo, free, [*common, "--max-steps", str(steps), "--seed", str(seed)], True)
     return tabulate_long(out_dir)
 
 
