@@ -30,8 +30,10 @@ __all__ = [
     "fault_tolerant",
     "hold",
     "mpi_failure",
+    "release_context_ids",
     "revoke_tracked",
     "revoked",
+    "shrink",
     "track",
     "wait",
     "waitall",
@@ -200,6 +202,45 @@ def revoke_tracked() -> None:
             comm.Revoke()
         except (NotImplementedError, MPI.Exception):
             pass
+
+
+def release_context_ids() -> None:
+    """Free Open MPI's context-id allocator of a communicator constructor
+    that a failure ended: a duplicate of ``MPI_COMM_SELF``, freed at once.
+
+    Why: Open MPI (5.0.11, and its main branch of 2026) gives a new
+    communicator its context id in agreement rounds among its processes,
+    one allocation at a time in each process: the allocation whose parent
+    communicator has the lowest local id goes on, any other waits
+    (``ompi_comm_cid_lowest_id`` in ``ompi/communicator/comm_cid.c``).  An
+    allocation whose round fails (a constructor -- ``MPI_Comm_dup``,
+    ``MPI_Comm_split``, ``MPI_Intercomm_merge`` -- whose peer died or whose
+    communicator was revoked under it) returns its error without giving
+    that turn back, so every later constructor over a parent of higher id
+    waits for it forever, ``MPIX_Comm_shrink`` included: the survivors of
+    a failure that interrupted a join spun in ``ompi_comm_nextcid`` inside
+    their shrink until the campaign killed them, the hang of
+    open-mpi/ompi#13138.  ``MPI_COMM_SELF``'s id (1) is below that of any
+    communicator a program makes, so its allocation goes on, alone in this
+    process, and on success gives the turn back.  Only ``MPI_COMM_WORLD``'s
+    id (0) is lower: a constructor over the world itself that fails is not
+    released (this package makes those at the start of a run only).
+
+    Call it before a recovery's first constructor, with no other thread of
+    this process constructing a communicator (the recovery has stopped the
+    algorithm's threads): where no allocation is stuck it is one local
+    duplicate, some microseconds."""
+    MPI.COMM_SELF.Dup().Free()
+
+
+def shrink(comm: MPI.Intracomm) -> MPI.Intracomm:
+    """``MPIX_Comm_shrink(comm)``: the communicator of ``comm``'s processes
+    alive now (ULFM; a process that dies during it is left out), tracked
+    (:func:`track`), after :func:`release_context_ids` so that a
+    constructor a failure ended earlier cannot hold it forever."""
+    release_context_ids()
+    # mpi4py's stub types Shrink as returning a Comm; an Intracomm's gives an Intracomm.
+    return track(comm.Shrink())  # type: ignore[return-value]
 
 
 # What failures left unfinished, kept to the end of the process (see hold).

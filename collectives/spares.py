@@ -47,7 +47,7 @@ import time
 
 from mpi4py import MPI
 
-from .failures import any_source, failed_ranks, fault_tolerant, hold, track
+from .failures import any_source, failed_ranks, fault_tolerant, hold, release_context_ids, track
 
 __all__ = ["POLL_S", "SparePool"]
 
@@ -201,6 +201,7 @@ class SparePool:
     def _bring_in(self, spares: list[int], size: int) -> MPI.Intracomm:
         """Shrink the communicators of ``spares`` in turn (see :meth:`call`); the last one."""
         comm: MPI.Intracomm = MPI.COMM_NULL  # type: ignore[assignment]  # replaced: spares holds one at least
+        release_context_ids()  # a constructor a failure ended (a join given up) would hold these shrinks forever
         for spare in spares:
             comm = self._bridges[spare].Shrink()  # type: ignore[assignment]  # an Intracomm's is one
         if comm.Get_size() != size:

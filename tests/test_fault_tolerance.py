@@ -118,6 +118,50 @@ def test_the_chaos_keep_counts_the_members_known_dead_before_the_shrink():
     assert (report["before"]["members"], report["after"]["members"]) == (2, 1), report
 
 
+# Rank 3 dies once every rank holds two duplicates of the world, x and then y (y's context id the
+# higher); the survivors' duplicate of x fails with it, then they shrink y with collectives.failures.shrink.
+INTERRUPTED_CONSTRUCTOR_PROGRAM = """
+import json, os, signal
+from mpi4py import MPI
+from collectives.failures import shrink
+world = MPI.COMM_WORLD
+x, y = world.Dup(), world.Dup()
+for comm in (world, x, y):
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+world.Barrier()
+if world.rank == 3:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    x.Dup()
+    failed = None
+except MPI.Exception as error:
+    failed = error.Get_error_string()
+x.Revoke()
+print(json.dumps({"rank": world.rank, "dup_failed": failed, "shrunk": shrink(y).Get_size()}))
+"""
+
+
+@pytest.mark.skipif(_library() != "openmpi", reason="needs Open MPI's ULFM (make test-mpi MPI=openmpi runs it)")
+def test_a_shrink_after_a_constructor_a_death_ended_returns():
+    """A duplicate that a rank's death ends leaves Open MPI's context-id
+    allocator to it (collectives.failures.release_context_ids): with
+    ``y.Shrink()`` in place of ``shrink(y)`` this job never ends (measured
+    with the Open MPI 5.0.11 wheel: the survivors spin in
+    ``ompi_comm_nextcid``); with it, every survivor has the shrunk
+    communicator of three."""
+    job = subprocess.run(
+        [*mpiexec_command(4, fault_tolerant=True), sys.executable, "-c", INTERRUPTED_CONSTRUCTOR_PROGRAM],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    reports = [json.loads(line) for line in job.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2], job.stdout + job.stderr
+    for report in reports:
+        assert report["dup_failed"], report  # the allocation a death ended, which y's shrink would wait for
+        assert report["shrunk"] == 3, report
+
+
 def test_fault_tolerance_is_refused_where_the_library_has_none():
     if _library() == "openmpi":
         pytest.skip("Open MPI has ULFM: the refusal is for other launchers")

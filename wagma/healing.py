@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 from collectives.admission import SECRET_VARIABLE, Verdict, admit, job_secret, present, receive_within
 from collectives.comm import Communicator
-from collectives.failures import every_one_done, hold, mpi_failure, revoke_tracked, track
+from collectives.failures import every_one_done, hold, mpi_failure, revoke_tracked, shrink, track
 
 from .membership import Membership, MembershipChange, Noticed
 
@@ -140,7 +140,7 @@ def replace(
     # (wagma.membership.survive, by the caller), and call again on their communicator.
     members, rows = membership.comm, membership.original_ranks
     if not every_one_done(members, not (algo.dead_ranks & set(rows))):
-        members = track(members.Shrink())  # type: ignore[assignment]  # an Intracomm's shrink is one
+        members = shrink(members)
     # With this member's row, and its view of the spares: those every member knows alive, in the pool's order.
     views = members.allgather((membership.original_rank, spares.available() if spares else [], _joined_a_job))
     rows = [view[0] for view in views]

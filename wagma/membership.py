@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mpi4py import MPI
 
 from collectives.comm import Communicator
-from collectives.failures import FAILURE_CLASSES, fault_tolerant, mpi_failure, revoke_tracked, track
+from collectives.failures import FAILURE_CLASSES, fault_tolerant, mpi_failure, revoke_tracked, shrink
 
 if TYPE_CHECKING:
     from .algorithms.base import Algorithm
@@ -180,8 +180,7 @@ def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipCh
     algo.abandon()
     comm = algo.membership.comm
     while True:
-        # mpi4py's stub types Shrink as returning a Comm; an Intracomm's gives an Intracomm.
-        survivors: MPI.Intracomm = track(comm.Shrink())  # type: ignore[assignment]
+        survivors = shrink(comm)
         try:
             return _rebuild(algo, survivors, noticed, where, noticed_at)
         except BaseException as again:
