@@ -25,7 +25,7 @@ algorithm, the failures marked.  A job that ended with an error (Open
 MPI's ULFM crashes on rare overlapping failures, docs/healing.md) is
 counted, and its row reads what its run file kept; one still running
 after :data:`HUNG_AFTER` times its failure-free run's time has hung and is
-killed with every rank (status -9).
+killed with every rank (status -9; its row reads ``hung``).
 
 With ``--long-failures N`` it runs, instead, one long run of ``--long-algo``
 with replacements (``1.3 N`` spares, :data:`LONG_MARGIN`) under failures every ``--long-mtbf``
@@ -50,6 +50,7 @@ import glob
 import json
 import math
 import os
+import signal
 import statistics
 import time
 
@@ -110,6 +111,15 @@ def run_chaos(args, mpiexec, out_dir, algos):
                 deadline = HUNG_AFTER * (time.monotonic() - started) + 120
             _record_status(out, status)
     return tabulate_chaos(out_dir, algos)
+
+
+def _run_status(status, run) -> str:
+    """What the table says of a job that ended with ``status`` (its
+    ``.status``) and left ``run``: ``complete``, ``hung`` (still running at
+    its deadline, so killed with every rank: status -9) or ``exit N``."""
+    if status == 0 and run.attrs["status"] == "complete":
+        return "complete"
+    return "hung" if status == -signal.SIGKILL else f"exit {status}"
 
 
 def _record_status(out, status):
@@ -204,7 +214,7 @@ def tabulate_chaos(out_dir, algos):
                 {
                     "algorithm": algo,
                     "way": way,
-                    "status": "complete" if status == 0 and run.attrs["status"] == "complete" else f"exit {status}",
+                    "status": _run_status(status, run),
                     "failures": len(failures),
                     "seconds": float(np.nanmax(run.steps["clock"])),
                     "goodput": _goodput(run) / _goodput(free),
@@ -414,7 +424,7 @@ def tabulate_long(out_dir):
 
     failures = failure_times(healed)
     figures = {
-        "status": "complete" if status == 0 and healed.attrs["status"] == "complete" else f"exit {status}",
+        "status": _run_status(status, healed),
         "seed": seed,
         "other_seeds": sorted(frees),
         "failures": len(failures),
