@@ -139,6 +139,9 @@ def replace(
     # allgather below on every member (it needs each one's part): they recover, as from any failure
     # (wagma.membership.survive, by the caller), and call again on their communicator.
     members, rows = membership.comm, membership.original_ranks
+    # What the members recover from where a failure ends the call: their communicator as it was before
+    # it, the dead it shrinks out below included, so that the recovery's change records them as left.
+    before = members, rows
     if not every_one_done(members, not (algo.dead_ranks & set(rows))):
         members = shrink(members)
     # With this member's row, and its view of the spares: those every member knows alive, in the pool's order.
@@ -180,7 +183,6 @@ def replace(
         algo.rebuild(Communicator(membership.comm), options, algo.steps, source=0)
         ready = membership.comm.allreduce(time.time(), op=MPI.MAX)
         return _joined(algo, started, ready, joined, adjustments, how, refused)
-    before = membership.comm, membership.original_ranks
     rows = membership.original_ranks + joined
     failure = None
     try:
