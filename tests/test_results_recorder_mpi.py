@@ -146,6 +146,33 @@ def test_a_root_that_stays_continues_its_tables_and_maps_replicas_to_their_rows(
 
 
 @needs_two
+def test_a_member_recorded_dead_without_a_shrink_is_not_recorded_again_when_a_shrink_leaves_it_out(shared_dir):
+    """ensemble_sync's coordinator goes on without a dead member (the root
+    records it at step LEAVE_AT - 2); a later shrink that leaves it out, with
+    another rank, records the other one only: a rank leaves once."""
+    out = os.path.join(shared_dir, "dead-then-shrunk.h5")
+    last, other = P - 1, P - 2
+    recorder = RunRecorder(WORLD, out, {"algorithm": "test", "batch_size": 1}, flush_seconds=3600.0)
+    for step in range(LEAVE_AT):
+        _record(recorder, step)
+    recorder.record_dead_member(step=LEAVE_AT - 2, clock=0.5, rank=last, noticed="proc_failed", recovery_s=0.1)
+    gone = {last, other} if other > 0 else {last}
+    survivors = WORLD.Split(0 if WORLD.rank not in gone else MPI.UNDEFINED, WORLD.rank)
+    if WORLD.rank in gone:
+        WORLD.Barrier()
+        if WORLD.rank == last:
+            m = load_run(out).membership
+            expected = [[LEAVE_AT - 2, last], *([[LEAVE_AT, other]] if other > 0 else [])]
+            assert [[int(s), int(r)] for s, r in zip(m["step"], m["left"], strict=True)] == expected, m
+        return
+    recorder.rebuild(survivors)
+    recorder.record_membership(step=LEAVE_AT, clock=1.0, left=sorted(gone), noticed="proc_failed", recovery_s=0.5)
+    recorder.close("complete")
+    survivors.Free()
+    WORLD.Barrier()
+
+
+@needs_two
 @pytest.mark.parametrize(
     "made, why",
     [

@@ -282,7 +282,10 @@ class RunRecorder:
 
         One row per rank that left goes to ``membership/`` (with
         ``ranks_after``, the members now), in this rank's log and on the
-        root into the file at once.
+        root into the file at once; on the root, a rank it recorded already
+        as a dead member (:meth:`record_dead_member`: ensemble_sync went on
+        without it, and this change is the shrink that leaves it out) is
+        not recorded again, since a rank leaves once.
 
         Raises:
             ValueError: a name ``noticed`` does not know, a rank out of
@@ -295,7 +298,9 @@ class RunRecorder:
                 f"left must name ranks in [0, {self.ranks - 1}] that are no longer members "
                 f"(members: {self.members}; call rebuild() with the survivors' communicator first), got {left}"
             )
-        self._add_membership([[step, clock, r, code, recovery_s, len(self.members)] for r in left])
+        left = [r for r in left if r not in self._dead_members]
+        if left:
+            self._add_membership([[step, clock, r, code, recovery_s, len(self.members)] for r in left])
 
     def record_join(self, *, step: int, clock: float, joined: Collection[int], recovery_s: float) -> None:
         """Replacements took rows ``joined`` (:mod:`wagma.healing`), after
