@@ -219,8 +219,8 @@ def release_context_ids() -> None:
     that turn back, so every later constructor over a parent of higher id
     waits for it forever, ``MPIX_Comm_shrink`` included: the survivors of
     a failure that interrupted a join spun in ``ompi_comm_nextcid`` inside
-    their shrink until the campaign killed them, the hang of
-    open-mpi/ompi#13138.  ``MPI_COMM_SELF``'s id (1) is below that of any
+    their shrink until the campaign killed them (a hang of the kind
+    open-mpi/ompi#13138 reports).  ``MPI_COMM_SELF``'s id (1) is below that of any
     communicator a program makes, so its allocation goes on, alone in this
     process, and on success gives the turn back.  Only ``MPI_COMM_WORLD``'s
     id (0) is lower: a constructor over the world itself that fails is not
