@@ -33,6 +33,17 @@ Which ``mpiexec``: ``$MPIEXEC``, else the one next to this Python (the MPI
 wheel's), else the one on PATH. Which library: what ``mpiexec --version``
 says (``HYDRA`` or ``Open MPI``); a launcher it cannot tell gets no extra
 flags. ``$MPIEXEC_FLAGS`` (split like a shell would) is added after ours.
+
+Stale sessions: Open MPI's launcher keeps its session in ``$TMPDIR/ompi.<its
+pid>`` and removes it when it exits; one killed by a signal (a deadline, a
+hung test, the OOM killer) leaves it behind, and a later launcher that the
+kernel gives the same pid refuses to start, because its PMIx rendezvous file
+exists already ("The PMIx server's listener thread failed to start", exit
+status 213; later PMIx releases reclaim such files, the 5.0.11 wheel's does
+not).  With pids up to 32768 and thousands of processes an hour, a test
+suite or a campaign meets this now and then, so :func:`mpiexec_command`
+removes the sessions of launchers that are no longer running
+(:func:`remove_stale_sessions`) before it hands out an Open MPI command line.
 """
 
 import argparse
@@ -41,6 +52,7 @@ import os
 import secrets
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -52,6 +64,7 @@ __all__ = [
     "loaded_library",
     "mpiexec_command",
     "main",
+    "remove_stale_sessions",
     "srun_mpi_plugin",
 ]
 
@@ -125,18 +138,76 @@ def launcher_flags(library: str, euid: int = None, fault_tolerant: bool = False)
     )
 
 
+def _session_base() -> str:
+    """The folder Open MPI's launcher keeps its sessions in: the first of
+    ``$TMPDIR``, ``$TEMP`` and ``$TMP`` that is set, else ``/tmp`` (PRRTE's
+    own order, not :func:`tempfile.gettempdir`'s, which checks the folders)."""
+    return next((os.environ[name] for name in ("TMPDIR", "TEMP", "TMP") if os.environ.get(name)), "/tmp")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_sessions(base: str = None) -> list:
+    """Remove the session folders (``ompi.<pid>`` in ``base``, by default the
+    launcher's temporary folder) that Open MPI launchers killed by a signal
+    left behind, and return their paths.
+
+    Only this user's folders whose launcher is no longer running go: a pid
+    that is running may be a launcher at work, or another process that was
+    given the pid since, and its folder stays until that process is gone.
+    The pid of the process calling is not a launcher's: ``main`` becomes
+    the launcher, with its pid, when it execs ``mpiexec``.  A launcher that
+    starts with a removed folder's pid starts as on a clean machine; one
+    that met the folder would have refused to start."""
+    base = base or _session_base()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        prefix, _, pid = entry.name.partition(".")
+        if prefix != "ompi" or not pid.isdigit():
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue
+        if int(pid) != os.getpid() and _running(int(pid)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
 def mpiexec_command(ranks: int, mpiexec: str = None, fault_tolerant: bool = False) -> list:
     """``[mpiexec, flags..., $MPIEXEC_FLAGS..., "-n", ranks]``: the start of a
     command line that runs ``ranks`` processes with the library at hand
-    (``fault_tolerant``: see :func:`launcher_flags`)."""
+    (``fault_tolerant``: see :func:`launcher_flags`).  With Open MPI's
+    launcher it first removes the sessions killed launchers left behind
+    (:func:`remove_stale_sessions`), so that the job it starts cannot meet one."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
     mpiexec = mpiexec or find_mpiexec()
     if not mpiexec:
         raise FileNotFoundError("no mpiexec next to this Python or on PATH; set MPIEXEC")
+    library = launcher_library(mpiexec)
+    if library == "openmpi":
+        remove_stale_sessions()
     return [
         mpiexec,
-        *launcher_flags(launcher_library(mpiexec), fault_tolerant=fault_tolerant),
+        *launcher_flags(library, fault_tolerant=fault_tolerant),
         *shlex.split(os.environ.get("MPIEXEC_FLAGS", "")),
         "-n",
         str(ranks),
