@@ -14,7 +14,7 @@ from mpi4py import MPI
 from subcomms import first_ranks, member
 
 from collectives import StragglerAwareAllreduce, stragglar_allreduce
-from collectives.stragglar import Schedule, generate
+from collectives.stragglar import Schedule, generate, plans
 from collectives.stragglar.runtime import STRAGGLER_AWARE_ALGORITHMS
 
 pytestmark = pytest.mark.mpi
@@ -117,3 +117,28 @@ def test_explicit_schedule_and_bad_arguments(sub):
     with StragglerAwareAllreduce(comm, 0, x) as ar:
         with pytest.raises(ValueError, match="data must have 64 elements of float64"):
             ar(np.zeros(63))
+
+
+def test_a_damaged_cached_plan_is_rebuilt_and_every_rank_gets_the_verified_one(sub, tmp_path, monkeypatch):
+    """Rank 0 finds the plan of n altered in the cache (its old digest kept):
+    it generates and verifies the plan again, stores it, and every rank
+    reduces exactly with it."""
+    comm = member(sub)
+    n = comm.size
+    folder = comm.control.bcast(str(tmp_path))  # rank 0's: the only one that reads the cache
+    monkeypatch.setenv(plans.PLAN_CACHE_ENV, folder)
+    good = plans.build_plan(n)
+    if comm.rank == 0:
+        transfers = good.transfers.copy()
+        transfers[len(transfers) // 2, 2] ^= 1  # a chunk changed: run, it would mix up the sums
+        plans.store_plan(folder, plans.CanonicalPlan(n, transfers, good.round_starts, good.digest))
+    plans._plans.pop(n, None)  # on every rank: the plan is shared again, not held
+    x = _integers(1001, np.float64, comm.rank)
+    expected = _reference(x, comm)
+    with StragglerAwareAllreduce(comm, n // 2, x) as ar:
+        ar(x)
+    np.testing.assert_array_equal(x, expected)
+    assert plans._plans[n].digest == good.digest
+    if comm.rank == 0:
+        cached = plans.load_plan(folder, n)
+        assert cached is not None and cached.digest == good.digest

@@ -21,7 +21,6 @@ that benchmarks compare algorithms and not transports.
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
@@ -40,7 +39,7 @@ from ..schedules.blocking import (
 from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
-from .generator import generate
+from .plans import rank_steps, shared_plan
 from .verify import verify
 
 if TYPE_CHECKING:
@@ -92,10 +91,12 @@ class StragglerAwareAllreduce:
         algorithm: ``"stragglar"`` or ``"broadcast"``.
         op: ``"sum"`` or ``"avg"``.
         schedule: a :class:`~collectives.stragglar.schedule.Schedule` for ``comm.size`` ranks
-            and this straggler (default: :func:`~.generator.generate`); it is
-            verified before use, generated or not (on every rank: 10 to
-            15 s at n = 1024 on one core; a generated one once per process
-            and straggler).
+            and this straggler, verified on every rank before use; default:
+            the generator's, from the plan of n that rank 0 reads from the
+            plan cache or generates and verifies once, shared with the other
+            ranks and relabelled for each straggler
+            (:func:`~collectives.stragglar.plans.shared_plan`; a new
+            straggler then costs each rank milliseconds at n = 1024).
         reduce_scatter: the non-stragglers' ReduceScatter schedule, a key
             of :data:`collectives.schedules.blocking.REDUCE_SCATTER_ALGORITHMS`.
 
@@ -127,8 +128,8 @@ class StragglerAwareAllreduce:
             or choice_problem("algorithm", algorithm, STRAGGLER_AWARE_ALGORITHMS)
             or _rank_problem(straggler, comm.size)
         )
-        if problem is None and algorithm == "stragglar" and comm.size > 1:
-            schedule, problem = _checked_schedule(schedule, comm.size, straggler)
+        if problem is None and algorithm == "stragglar" and schedule is not None:
+            problem = _schedule_problem(schedule, comm.size, straggler)
         agree(
             comm,
             "StragglerAwareAllreduce",
@@ -142,11 +143,15 @@ class StragglerAwareAllreduce:
             reduce_scatter=reduce_scatter,
         )
         self.comm, self.straggler, self.algorithm, self.op = comm, straggler, algorithm, op
-        self.schedule = schedule
         self.numel, self.dtype = info.numel, info.dtype
         self._reduce_scatter = REDUCE_SCATTER_ALGORITHMS[reduce_scatter]
         self._chunks = block_offsets(self.numel, max(comm.size - 1, 1))
-        self._steps = _my_steps(schedule, comm.rank, self._chunks) if schedule else []
+        self._steps: list = []
+        if algorithm == "stragglar" and schedule is not None:
+            self._steps = _my_steps(schedule, comm.rank, self._chunks)
+        elif algorithm == "stragglar" and comm.size > 1:
+            plan = shared_plan(comm.control, comm.size)
+            self._steps = rank_steps(plan, straggler, comm.rank, self._chunks)
         raw = comm.control.Split(MPI.UNDEFINED if comm.rank == straggler else 0, comm.rank)
         # mpi4py's stub types Split as returning a Comm; an Intracomm's gives an Intracomm.
         self.peers = None if raw == MPI.COMM_NULL else Communicator(raw)  # type: ignore[arg-type]
@@ -264,27 +269,18 @@ def _rank_problem(straggler, size):
     return f"straggler must be a rank in range({size}), got {straggler!r}"
 
 
-@functools.lru_cache(maxsize=16)
-def _generated(n, straggler):
-    """The generator's schedule for ``(n, straggler)``, verified: generated
-    and verified once per process (several buffers' plans, and a straggler
-    predicted again after another, reuse it)."""
-    return verify(generate(n, straggler))
-
-
-def _checked_schedule(schedule, n, straggler):
-    """The schedule to run, or the reason there is none (same on all ranks)."""
+def _schedule_problem(schedule, n, straggler):
+    """Why a given schedule cannot run here (verified on every rank), or None."""
+    if (schedule.n, schedule.straggler) != (n, straggler):
+        return (
+            f"schedule is for n={schedule.n}, straggler={schedule.straggler}; "
+            f"this communicator needs n={n}, straggler={straggler}"
+        )
     try:
-        if schedule is None:
-            return _generated(n, straggler), None
-        if (schedule.n, schedule.straggler) != (n, straggler):
-            return None, (
-                f"schedule is for n={schedule.n}, straggler={schedule.straggler}; "
-                f"this communicator needs n={n}, straggler={straggler}"
-            )
-        return verify(schedule), None
+        verify(schedule)
     except ValueError as exc:
-        return None, str(exc)
+        return str(exc)
+    return None
 
 
 def _my_steps(schedule, rank, chunks):
