@@ -54,3 +54,24 @@ def test_bad_arguments_name_the_parameter():
     assert out.returncode == 2 and "n" in out.stderr.splitlines()[-1]
     out = _cli("schedule", "-n", "8", "--straggler", "8")
     assert out.returncode == 2 and "straggler" in out.stderr
+
+
+def test_plans_fills_the_plan_cache_once_and_refuses_bad_rank_counts(tmp_path, monkeypatch):
+    from collectives.stragglar.plans import PLAN_CACHE_ENV, build_plan, load_plan
+
+    monkeypatch.setenv(PLAN_CACHE_ENV, str(tmp_path))
+    first = _cli("plans", "--n", "6,16")
+    assert first.returncode == 0, first.stderr
+    assert [line.split(":")[0] for line in first.stdout.splitlines()] == ["n=6", "n=16"]
+    assert "generated and verified" in first.stdout
+    for n in (6, 16):
+        cached = load_plan(str(tmp_path), n)
+        assert cached is not None and cached.digest == build_plan(n).digest
+    again = _cli("plans", "--n", "16")
+    assert again.returncode == 0 and "cached already" in again.stdout
+    for bad in ("1,4", "x", ""):
+        out = _cli("plans", "--n", bad)
+        assert out.returncode == 2 and f"--n must be rank counts >= 2 separated by commas, got {bad!r}" in out.stderr
+    monkeypatch.setenv(PLAN_CACHE_ENV, "off")
+    off = _cli("plans", "--n", "8")
+    assert off.returncode == 2 and "the plan cache is off" in off.stderr

@@ -6,14 +6,19 @@ verifies a schedule and prints it as rounds by ranks (or as JSON).
 [--plot FILE.png]`` prints the alpha-beta times of Ring, RHD, Broadcast and
 StragglAR and StragglAR's speedups (the StragglAR paper's Figure 6b).  ``rounds
 [--max-n 256]`` prints the round count of every even n against the lower
-bound as a markdown table.
+bound as a markdown table.  ``plans --n 1024,4096`` generates, verifies and
+stores the plans of those rank counts in the plan cache
+(:mod:`collectives.stragglar.plans`), so that a job's first StragglAR plan
+is read, not built: run it once per machine before a large job.
 """
 
 import argparse
 import sys
+import time
 
 from .cost import broadcast_time, rhd_time, ring_time, stragglar_time
 from .generator import generate, lower_bound, plan
+from .plans import build_plan, load_plan, plan_cache_dir, store_plan
 from .plots import plot_schedule, plot_speedup, schedule_grid
 from .verify import verify
 
@@ -107,6 +112,28 @@ def _rounds(args):
         print(f"| {n} | {bound} | {len(rounds)} | {len(rounds) - bound} | {method} |")
 
 
+def _plans(args):
+    """Fill the plan cache with the plans of the given rank counts."""
+    folder = plan_cache_dir()
+    if folder is None:
+        raise ValueError("the plan cache is off (COLLECTIVES_PLAN_CACHE=off): nothing to fill")
+    try:
+        ns = [int(v) for v in args.n.split(",")]
+    except ValueError:
+        ns = []
+    if not ns or min(ns) < 2:
+        raise ValueError(f"--n must be rank counts >= 2 separated by commas, got {args.n!r}")
+    for n in ns:
+        plan = load_plan(folder, n)
+        state = "cached already"
+        if plan is None:
+            start = time.perf_counter()
+            plan = build_plan(n)
+            store_plan(folder, plan)
+            state = f"generated and verified in {time.perf_counter() - start:.1f} s"
+        print(f"n={n}: {plan.rounds} rounds, {len(plan.transfers)} transfers, {state}; {folder}")
+
+
 def _even_range(text):
     return ",".join(str(n) for n in range(4, 257, 2)) if text == "even" else text
 
@@ -135,12 +162,16 @@ def main(argv=None):
     cost.add_argument("--plot", default=None, help="write the speedup figure here")
     table = sub.add_parser("rounds", help="round counts for every even n, markdown")
     table.add_argument("--max-n", type=int, default=256)
+    cache = sub.add_parser("plans", help="generate, verify and cache the plans of these rank counts")
+    cache.add_argument("--n", required=True, help="comma-separated rank counts, e.g. 1024,4096")
     args = parser.parse_args(argv)
     try:
         if args.command == "schedule":
             _schedule(args)
         elif args.command == "rounds":
             _rounds(args)
+        elif args.command == "plans":
+            _plans(args)
         else:
             args.n = _even_range(args.n)
             _cost(args)
