@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.stragglar.cost import break_even_lead, rhd_time, ring_time, stragglar_time
+from collectives.stragglar.cost import break_even_lead, plan_time, rhd_time, ring_time, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor
 from collectives.stragglar.training_sync import PredictedStragglerSync
@@ -366,8 +366,11 @@ def test_a_predicted_persistent_straggler_makes_stragglar_as_fast_as_the_oracle_
     fallback = simulate(algorithm, sc, sync="allreduce", **options)
     tau = options.get("period", options.get("tau", 1))
     first = WARMUP * tau  # the step after the warm-up's last sync
+    # That sync's end, every rank there, builds the plan for rank 6: the job's first.
     assert np.allclose(step_times(predicted)[:, first:], step_times(oracle)[:, first:], rtol=0, atol=1e-9)
-    assert np.array_equal(predicted.steps["clock"][:, :first], fallback.steps["clock"][:, :first])
+    assert np.array_equal(predicted.steps["clock"][:, : first - 1], fallback.steps["clock"][:, : first - 1])
+    built = predicted.steps["clock"][:, first - 1] - fallback.steps["clock"][:, first - 1]
+    assert np.allclose(built, plan_time(8, NET.alpha, NET.beta)[0], rtol=0, atol=1e-12)
     assert not np.allclose(step_times(oracle)[:, first:], step_times(fallback)[:, first:])  # it matters
     syncs = _log(predicted)
     assert syncs.shape == (40 // tau, 5) and np.array_equal(syncs[:, 0], np.arange(tau - 1, 40, tau))
@@ -393,21 +396,31 @@ def test_a_wrong_prediction_hides_nothing_of_the_late_ranks_delay():
     rs = ring_time(7, 4 * BIG, NET.alpha, NET.beta) / 2
     after = stragglar_time(8, 4 * BIG, NET.alpha, NET.beta, lower_bound(8))
     arrivals, end = _arrivals(run, compute_times(sc)), run.steps["clock"][0]
-    misses = hits = 0
-    for (step, p, last, lead, _), f in zip(_log(run), arrivals):
+    first_plan_s, new_plan_s = plan_time(8, NET.alpha, NET.beta)
+    log = _log(run)
+    following = [int(p) for p in log[1:, 1]] + [-1]  # the prediction whose plan each sync's end builds
+    held: list = []  # the runtime's plans, the most recently used or built last (it keeps four)
+    misses = hits = plans = 0
+    for (step, p, last, lead, _), f, then in zip(log, arrivals, following):
         p, last, step = int(p), int(last), int(step)
+        built = 0.0
+        if p >= 0:
+            held = [q for q in held if q != p] + [p]
+        if then >= 0:
+            if then not in held[-4:]:
+                built, plans = (new_plan_s if held else first_plan_s), plans + 1
+            held = [q for q in held if q != then] + [then]
         if p < 0:
             continue
+        hits, misses = hits + (p == last), misses + (p != last)
         others = np.delete(f, p).max()
-        assert end[step] == pytest.approx(max(others + rs, f[p]) + after, abs=1e-12)
-        if p == last:
-            hits += 1  # the ReduceScatter hides behind the 50 ms
-            assert end[step] == pytest.approx(f.max() + after, abs=1e-12)
-        else:
-            misses += 1  # the late rank is in the ReduceScatter
-            assert end[step] == pytest.approx(f.max() + rs + after, abs=1e-12)
+        assert end[step] == pytest.approx(max(others + rs, f[p]) + after + built, abs=1e-12)
+        if p == last:  # the ReduceScatter hides behind the 50 ms
+            assert end[step] == pytest.approx(f.max() + after + built, abs=1e-12)
+        else:  # the late rank is in the ReduceScatter
+            assert end[step] == pytest.approx(f.max() + rs + after + built, abs=1e-12)
             assert lead == pytest.approx(0.05) and f[last] == f.max()
-    assert misses >= 6 and misses % 3 == 0 and hits > 50
+    assert plans >= 2 and misses >= 6 and misses % 3 == 0 and hits > 50  # the first plan and a new one
     assert run.summary["straggler_hit_rate"] == pytest.approx(hits / (hits + misses))
     # A miss costs more than the allreduce it replaced; the hits win it back here.
     assert rs + after > rhd_time(8, 4 * BIG, NET.alpha, NET.beta) > after

@@ -2,7 +2,29 @@
 
 import math
 
-__all__ = ["break_even_lead", "broadcast_time", "rhd_time", "ring_time", "stragglar_time"]
+__all__ = [
+    "PLAN_CHECK_S_PER_TRANSFER",
+    "PLAN_READ_S_PER_TRANSFER",
+    "PLAN_SELECT_S_PER_TRANSFER",
+    "break_even_lead",
+    "broadcast_time",
+    "plan_time",
+    "rhd_time",
+    "ring_time",
+    "stragglar_time",
+]
+
+#: Seconds per transfer of the plan of n (n (n - 1) transfers) for a rank to
+#: pick out its rounds for a new straggler
+#: (:func:`collectives.stragglar.plans.rank_steps`): 3.0 ms at n = 1024 on
+#: this project's 2-core machine (``results/stragglar_plans/plans_p8.h5``).
+PLAN_SELECT_S_PER_TRANSFER = 2.9e-9
+#: Seconds per transfer for rank 0 to read the plan of n from the plan
+#: cache, its digest checked: 27 ms at n = 1024 (same source).
+PLAN_READ_S_PER_TRANSFER = 2.6e-8
+#: Seconds per transfer for a rank to check the digest of a plan it
+#: received: 12 ms at n = 1024.
+PLAN_CHECK_S_PER_TRANSFER = 1.1e-8
 
 
 def ring_time(n: int, size: float, alpha: float, beta: float) -> float:
@@ -50,3 +72,27 @@ def break_even_lead(n: int, rounds: int) -> float:
     if rounds / (n - 1) >= ring:
         return math.inf
     return max(0.0, ((n - 2) / (n - 1) + rounds / (n - 1) - ring) / ring)
+
+
+def plan_time(n: int, alpha: float, beta: float) -> tuple[float, float]:
+    """``(first, new)``: the seconds every rank spends on the StragglAR plan
+    of a newly predicted straggler (:mod:`collectives.stragglar.plans`):
+    ``first`` for a job's first plan of n, ``new`` for any later straggler
+    whose plan it does not hold.
+
+    ``new``: each rank picks its rounds out of the n (n - 1) transfers, and
+    the plan's construction agrees on its arguments and splits off the
+    non-stragglers (three collectives of ceil(log2 n) messages).  ``first``
+    adds rank 0's read of the plan cache (warm: a cold one adds the
+    generation and verification, which ``collectives.bench plans``
+    measures, once per machine), a binomial broadcast of its 16 bytes per
+    transfer, and every rank's check of the digest.
+    """
+    if n <= 1:
+        return 0.0, 0.0
+    transfers = n * (n - 1)
+    levels = math.ceil(math.log2(n))
+    new = transfers * PLAN_SELECT_S_PER_TRANSFER + 3 * levels * alpha
+    read = transfers * (PLAN_READ_S_PER_TRANSFER + PLAN_CHECK_S_PER_TRANSFER)
+    first = new + read + levels * (alpha + 16 * transfers * beta)
+    return first, new

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 from numpy.typing import ArrayLike
 
-from collectives.stragglar.cost import break_even_lead
+from collectives.stragglar.cost import break_even_lead, plan_time
 from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
 from collectives.stragglar.training_sync import PredictedStragglerSync
@@ -50,6 +50,9 @@ ALGORITHMS = {name: OPTIONS[name]().as_dict() for name in ALGORITHM_NAMES}
 _PREDICTOR = {
     name: p.default for name, p in inspect.signature(StragglerPredictor).parameters.items() if p.kind is p.KEYWORD_ONLY
 }
+
+#: The predicted stragglers whose plans the runtime keeps (its default).
+_CACHED_PLANS = inspect.signature(PredictedStragglerSync).parameters["cached_plans"].default
 
 #: The columns of a predicted run's ``tables["stragglers"]``, those of the
 #: runtime's log (``sync/stragglers`` of a measured run).
@@ -196,9 +199,19 @@ def _prediction(scenario, options, tau, fallback):
         gate = (break_even_lead(p, lower_bound(p)) if p > 1 else 0.0) * fallback
     else:
         first = gate = scenario.min_lead_s
-    predictor = (True, float(scenario.decay), float(scenario.confidence), float(first), float(gate))
+    first_plan_s, new_plan_s = plan_time(p, net.alpha, net.beta)
+    predictor = (
+        True,
+        float(scenario.decay),
+        float(scenario.confidence),
+        float(first),
+        float(gate),
+        first_plan_s,
+        new_plan_s,
+        float(_CACHED_PLANS),
+    )
     record = np.full((scenario.steps // tau, len(kernels.SYNC_FIELDS)), np.nan)
-    return planned, predictor, np.zeros((2, scenario.ranks)), record
+    return planned, predictor, kernels.plan_scores(scenario.ranks), record
 
 
 def _run_kernel(algorithm, scenario, options, compute, schedule):

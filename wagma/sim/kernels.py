@@ -45,6 +45,7 @@ __all__ = [
     "local_sgd",
     "neighbours",
     "no_prediction",
+    "plan_scores",
     "wagma",
 ]
 
@@ -54,8 +55,9 @@ __all__ = [
 SYNC_FIELDS = ("predicted", "last", "lead_s", "min_lead_s")
 
 #: The prediction arguments of :func:`local_sgd` and :func:`wagma`:
-#: ``(on, decay, confidence, first_min_lead_s, min_lead_s)`` (see ``_synchronize``).
-Predictor: TypeAlias = tuple[bool, float, float, float, float]
+#: ``(on, decay, confidence, first_min_lead_s, min_lead_s, first_plan_s,
+#: new_plan_s, cached_plans)`` (see ``_synchronize``).
+Predictor: TypeAlias = tuple[bool, float, float, float, float, float, float, float]
 
 _update_scores = njit(cache=True)(update_scores)
 _predicted_rank = njit(cache=True)(predicted_rank)
@@ -82,7 +84,15 @@ def _global_end(f, straggler, after_last, straggler_aware, reduce_scatter, after
 def no_prediction(ranks: int) -> tuple[Predictor, np.ndarray, np.ndarray]:
     """The prediction arguments of :func:`local_sgd` and :func:`wagma` for a
     run without it (every synchronization runs ``collective``)."""
-    return (False, 0.0, 1.0, 0.0, 0.0), np.zeros((2, ranks)), np.zeros((0, len(SYNC_FIELDS)))
+    return (False, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0), plan_scores(ranks), np.zeros((0, len(SYNC_FIELDS)))
+
+
+def plan_scores(ranks: int) -> np.ndarray:
+    """The ``scores`` of ``_synchronize`` before the first synchronization:
+    no frequency, no lead, no plan held."""
+    scores = np.zeros((3, ranks))
+    scores[2] = -1.0
+    return scores
 
 
 @njit(cache=True)
@@ -93,26 +103,41 @@ def _synchronize(f, since, k, collective, planned, predictor, scores, record):
     Without prediction (``predictor[0]`` False): ``collective``, StragglAR
     planned for the last rank to arrive if it is straggler-aware (the
     oracle of ``--collective stragglar``).  With it: ``predictor`` is
-    ``(True, decay, confidence, first_min_lead_s, min_lead_s)`` and
-    ``scores`` the predictor's ``[frequency, lead_seconds]``, folded in
-    from synchronizations 0 .. k - 1; its prediction p runs StragglAR
-    planned for p (``planned``), no prediction (-1) runs ``collective``.
-    Then the arrivals ``f - since`` (each rank's seconds from leaving the
-    previous synchronization to reaching this one) are folded in, and row k
-    of ``record`` is (p, the last rank, its lead, the lead the next
-    prediction requires).  That is ``first_min_lead_s`` after the first
-    synchronization and ``min_lead_s`` after the others: the runtime
-    (:class:`collectives.stragglar.training_sync.PredictedStragglerSync`) sets it
-    from the allreduce's time once it has measured one."""
+    :data:`Predictor` and ``scores`` the predictor's ``[frequency,
+    lead_seconds]``, folded in from synchronizations 0 .. k - 1; its
+    prediction p runs StragglAR planned for p (``planned``), no prediction
+    (-1) runs ``collective``.  Then the arrivals ``f - since`` (each rank's
+    seconds from leaving the previous synchronization to reaching this one)
+    are folded in, and row k of ``record`` is (p, the last rank, its lead,
+    the lead the next prediction requires).  That is ``first_min_lead_s``
+    after the first synchronization and ``min_lead_s`` after the others:
+    the runtime (:class:`collectives.stragglar.training_sync.PredictedStragglerSync`)
+    sets it from the allreduce's time once it has measured one.
+
+    Plans, as the runtime makes them: at the end of synchronization k,
+    while every rank is there, the ranks build the plan of the next
+    prediction unless they hold it, which adds ``first_plan_s`` (the job's
+    first plan) or ``new_plan_s`` to the end.  They hold the plans of the
+    ``cached_plans`` predictions used or built most recently; row 2 of
+    ``scores`` says when each rank's plan was last used or built (2k and
+    2k + 1 at synchronization k; -1: never).
+    """
     if not predictor[0]:
         return _global_end(f, np.argmax(f), *collective)
     gate = predictor[3] if k <= 1 else predictor[4]
     p = _predicted_rank(scores[0], scores[1], predictor[2], gate)
+    used = scores[2]
     if p >= 0:
         end = _global_end(f, p, *planned)
+        used[p] = 2 * k
     else:
         end = _global_end(f, np.argmax(f), *collective)
     last, lead = _update_scores(scores[0], scores[1], f - since, predictor[1])
+    following = _predicted_rank(scores[0], scores[1], predictor[2], predictor[3] if k == 0 else predictor[4])
+    if following >= 0:
+        if used[following] < 0 or np.sum(used > used[following]) >= predictor[7]:
+            end += predictor[5] if used.max() < 0 else predictor[6]
+        used[following] = 2 * k + 1
     record[k, 0] = p
     record[k, 1] = last
     record[k, 2] = lead
