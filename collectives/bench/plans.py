@@ -59,6 +59,14 @@ def _median(fn: Callable[[], object], reps: int) -> float:
     return float(np.median(times))
 
 
+def _idle_until_all_arrive(comm: MPI.Intracomm) -> None:
+    """A barrier whose waiting ranks sleep between tests, so that rank 0's
+    serial measurements are not timed against ranks spinning in MPI."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.005)
+
+
 def measure(comm: MPI.Intracomm, n: int, reps: int, folder: str) -> dict[str, float]:
     """One row of :data:`COLUMNS` for ``n`` (collective: the share is timed
     among ``comm``'s ranks; the rest on rank 0, the others wait)."""
@@ -78,6 +86,7 @@ def measure(comm: MPI.Intracomm, n: int, reps: int, folder: str) -> dict[str, fl
         plans.store_plan(folder, plan)
         row["after_load_warm"] = _median(lambda: plans.load_plan(folder, n), reps)
         row["after_new_straggler"] = _median(lambda: plans.rank_steps(plan, straggler, rank, chunks), reps)
+    _idle_until_all_arrive(comm)  # the others wait without spinning, leaving rank 0 the cores
     os.environ[plans.PLAN_CACHE_ENV] = comm.bcast(folder)  # rank 0's, which it just filled
 
     def share():

@@ -72,7 +72,7 @@ class CanonicalPlan:
     ``transfers``: int32, one row ``(src, dst, chunk, reduce)`` per transfer,
     round after round; ``round_starts``: int64, round r is rows
     ``round_starts[r]:round_starts[r + 1]``; ``digest``: the SHA-256 (hex) of
-    n and both arrays (:func:`_digest`).
+    n and both arrays.
     """
 
     n: int
