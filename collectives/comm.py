@@ -265,15 +265,17 @@ class Communicator:
         return f"<Communicator {state}>"
 
 
-def node_oversubscribed(comm: MPI.Intracomm) -> bool:
-    """Whether the ranks of ``comm`` on this node share fewer cores than they are.
+def node_oversubscribed(comm: MPI.Intracomm, threads_per_rank: int = 1) -> bool:
+    """Whether the ranks of ``comm`` on this node share fewer cores than
+    they run threads that want one (``threads_per_rank`` each).
 
     Collective over ``comm``.  The cores are the union of the local ranks'
     CPU affinity sets (``os.sched_getaffinity``; all of ``os.cpu_count()``
     where it does not exist), so ranks bound to the same few cores count as
     oversubscribed.  Open MPI makes its waits yield in that case
-    (``mpi_yield_when_idle``); the wait-avoiding collective does the same.
-    The verdict is this node's and may differ across nodes.
+    (``mpi_yield_when_idle``); the wait-avoiding collective does the same,
+    and with 2 threads per rank decides whether its progress threads may
+    wait in MPI.  The verdict is this node's and may differ across nodes.
     """
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
@@ -281,6 +283,6 @@ def node_oversubscribed(comm: MPI.Intracomm) -> bool:
             cores = os.sched_getaffinity(0)
         else:
             cores = set(range(os.cpu_count() or 1))
-        return len(set().union(*node.allgather(cores))) < node.Get_size()
+        return len(set().union(*node.allgather(cores))) < threads_per_rank * node.Get_size()
     finally:
         node.Free()

@@ -25,6 +25,7 @@ from collectives import (
     majority_allreduce,
     solo_allreduce,
 )
+from collectives.wait_avoiding.collective import IDLE_ENV
 
 pytestmark = pytest.mark.mpi
 
@@ -494,6 +495,52 @@ def test_misuse_is_refused():
         wa.open()
 
 
+@pytest.mark.timing
+@pytest.mark.parametrize("idle", ["backoff", "park"])
+@pytest.mark.parametrize("activation", ["first", "random"])
+def test_both_idle_policies_give_the_same_semantics(comm, idle, activation):
+    """Whether the progress thread sleeps with back-off or waits in MPI when
+    idle, and however the main thread's wake-ups and the activations
+    interleave with it, every version runs exactly once with exact sums."""
+    wa = WaitAvoidingGroupAllreduce(
+        comm, value(comm.rank, -1), group_size=min(2, P), activation=activation, idle=idle, history=ITERATIONS
+    )
+    records, history, _ = _run(comm, wa, _delays(comm, "random"))
+    _check(comm, wa, records, history)
+    assert wa.idle_used == idle
+
+
+def _until(condition, what, seconds=30.0):
+    """Poll ``condition`` until it holds (a failure after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(1e-3)
+
+
+@pytest.mark.skipif(P < 2, reason="needs an activator and a rank it activates")
+def test_an_activation_wakes_a_progress_thread_that_waits_in_mpi(comm):
+    """``idle="park"``: an idle progress thread waits in MPI, not in a
+    back-off sleep, and the activation that reaches it starts the version
+    there before its main thread arrives."""
+    wa = WaitAvoidingGroupAllreduce(comm, value(comm.rank, -1), group_size=P, idle="park", history=4)
+    with wa:
+        reference = comm.Dup()
+        buf = value(comm.rank, 0)
+        if comm.rank != 0:
+            _until(lambda: wa._engine.parked, "the idle progress thread never waited in MPI")
+        reference.Barrier()
+        if comm.rank == 0:
+            buf = wa.allreduce(buf, 0).value
+        else:
+            _until(lambda: any(v == 0 for v, _ in wa.began), "version 0 never began on this rank")
+            result = wa.allreduce(buf, 0)
+            assert not result.fresh  # it began before this rank arrived: the activation started it
+            buf = result.value
+        np.testing.assert_array_equal(buf, sum(value(r, 0) if r == 0 else value(r, -1) for r in range(P)))
+        reference.Free()
+
+
 @pytest.mark.parametrize(
     "options, error, text",
     [
@@ -508,6 +555,7 @@ def test_misuse_is_refused():
         ),
         (dict(group_size=1, algorithm="ring"), ValueError, "algorithm must be one of"),
         (dict(group_size=1, waits="poll"), ValueError, "waits must be one of 'auto', 'spin', 'yield', got 'poll'"),
+        (dict(group_size=1, idle="spin"), ValueError, "idle must be one of 'auto', 'backoff', 'park', got 'spin'"),
         (dict(group_size=1, dynamic_groups=0), TypeError, "dynamic_groups must be True or False, got 0"),
         (
             dict(group_size=1, late="keep"),
@@ -521,6 +569,16 @@ def test_bad_arguments_raise_on_every_rank(options, error, text):
     with pytest.raises(error, match=text):
         wa.open()
     assert wa.state == "closed"
+
+
+def test_a_bad_idle_policy_in_the_environment_is_refused_and_a_good_one_chosen(monkeypatch):
+    monkeypatch.setenv(IDLE_ENV, "spin")
+    wa = WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=1)
+    with pytest.raises(ValueError, match=f"{IDLE_ENV} must be one of 'backoff', 'park' or unset, got 'spin'"):
+        wa.open()
+    monkeypatch.setenv(IDLE_ENV, "park")
+    with WaitAvoidingGroupAllreduce(WORLD, value(WORLD.rank, -1), group_size=1, tau=4) as wa:
+        assert wa.idle_used == "park"
 
 
 @pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")

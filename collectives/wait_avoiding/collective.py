@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, get_args
@@ -19,7 +20,7 @@ from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
 from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
 from .groups import ButterflyGrouping, GroupPlan
-from .progress import ProgressEngine
+from .progress import IDLE_POLICIES, Idle, ProgressEngine
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
@@ -28,12 +29,16 @@ __all__ = [
     "ACTIVATIONS",
     "Activation",
     "GroupResult",
+    "IDLE_CHOICES",
+    "IDLE_ENV",
+    "IdleChoice",
     "LATE",
     "Late",
     "WAITS",
     "Waits",
     "WaitAvoidingGroupAllreduce",
     "majority_allreduce",
+    "resolve_idle",
     "resolve_waits",
     "solo_allreduce",
 ]
@@ -68,6 +73,34 @@ LATE: tuple[Late, ...] = get_args(Late)
 Waits = Literal["auto", "spin", "yield"]
 #: The values of :data:`Waits`, in its order.
 WAITS: tuple[Waits, ...] = get_args(Waits)
+
+
+#: How the progress thread waits when idle: ``"backoff"`` (sleeps, leaving
+#: the cores to compute), ``"park"`` (waits in MPI, noticing an activation
+#: at once: a core per rank for it), ``"auto"``: ``$COLLECTIVES_PROGRESS_IDLE``
+#: if set, else ``"park"`` where the node has two cores per rank
+#: (:func:`~collectives.comm.node_oversubscribed`) and the job is not
+#: fault-tolerant, else ``"backoff"`` (:class:`~collectives.wait_avoiding.progress.ProgressEngine`).
+IdleChoice = Literal["auto", "backoff", "park"]
+#: The values of :data:`IdleChoice`, in its order.
+IDLE_CHOICES: tuple[IdleChoice, ...] = get_args(IdleChoice)
+#: The environment variable that sets ``idle="auto"``'s choice.
+IDLE_ENV = "COLLECTIVES_PROGRESS_IDLE"
+
+
+def resolve_idle(idle: IdleChoice, comm: MPI.Intracomm, fault_tolerant: bool) -> Idle:
+    """``"backoff"`` or ``"park"``: ``idle`` itself, or what ``"auto"``
+    calls for (collective over ``comm`` then).  Under MPI fault tolerance
+    ``"auto"`` never parks: a receive posted for any source would end with
+    the first failure, where the back-off's probes report it at the next
+    poll like every other call."""
+    if idle != "auto":
+        return idle
+    given = os.environ.get(IDLE_ENV)
+    if given in IDLE_POLICIES:
+        return given
+    oversubscribed = node_oversubscribed(comm, threads_per_rank=2)
+    return "backoff" if oversubscribed or fault_tolerant else "park"
 
 
 def resolve_waits(waits: Waits, comm: MPI.Intracomm) -> Literal["spin", "yield"]:
@@ -194,6 +227,9 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             ``first_iteration - 1``.
         waits: one of :data:`WAITS`; :attr:`waits_used` says what ``"auto"``
             chose (set by :meth:`open`).
+        idle: one of :data:`IDLE_CHOICES`: how the progress thread waits
+            when it has nothing to do; :attr:`idle_used` says what
+            ``"auto"`` chose (set by :meth:`open`).
         late: None, or one of :data:`LATE`: consume contributions (above).
             With ``"accumulate"`` the caller's buffer receives the unconsumed
             contribution it carries (``buf += carried`` in :meth:`allreduce`
@@ -241,6 +277,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         waits: Waits = "auto",
         dynamic_groups: bool = True,
         late: Late | None = None,
+        idle: IdleChoice = "auto",
     ) -> None:
         self._raw = comm
         self._like: LikeT = like
@@ -252,6 +289,10 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self.waits = waits
         self.dynamic_groups = dynamic_groups
         self.late = late
+        self.idle = idle
+        #: How the progress thread waits when idle, ``"backoff"`` or
+        #: ``"park"`` (``idle``, or what ``"auto"`` chose; None until :meth:`open`).
+        self.idle_used: Idle | None = None
         #: The waits in use, ``"spin"`` or ``"yield"`` (``waits``, or what
         #: ``"auto"`` chose; None until :meth:`open`).
         self.waits_used: Literal["spin", "yield"] | None = None
@@ -289,6 +330,13 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             return f"activator_seed must be an int >= 0, got {self.activator_seed!r}", ValueError
         if self.waits not in WAITS:
             return (f"waits must be one of {', '.join(map(repr, WAITS))}, got {self.waits!r}"), ValueError
+        if self.idle not in IDLE_CHOICES:
+            return (f"idle must be one of {', '.join(map(repr, IDLE_CHOICES))}, got {self.idle!r}"), ValueError
+        given = os.environ.get(IDLE_ENV)
+        if self.idle == "auto" and given and given not in IDLE_POLICIES:
+            return (
+                f"{IDLE_ENV} must be one of {', '.join(map(repr, IDLE_POLICIES))} or unset, got {given!r}"
+            ), ValueError
         if not isinstance(self._history, int) or self._history < 0:
             return f"history must be an int >= 0, got {self._history!r}", ValueError
         if (
@@ -349,6 +397,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         if algorithm == "auto":
             algorithm = choose_group_allreduce(self._like.nbytes)
         self.waits_used = resolve_waits(self.waits, self._main.data)
+        self.idle_used = resolve_idle(self.idle, self._main.data, self._main.fault_tolerant)
         self._t = self.first_iteration
         rank = self._main.rank
         self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
@@ -367,6 +416,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
                 first_iteration=self.first_iteration,
                 yield_awaited=self.waits_used == "yield",
                 late=self.late,
+                idle=self.idle_used,
             )
             self._engine.start()
             atexit.register(self._engine.halt)
@@ -546,6 +596,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
     def history(self) -> list[tuple[int, int]]:
         """``(version, contribution_iteration)`` of the versions executed here."""
         return list(self._engine.history or ()) if self._engine else []
+
+    @property
+    def began(self) -> list[tuple[int, float]]:
+        """``(version, time.perf_counter())`` when each of those versions
+        began executing here (one clock for all processes of a node)."""
+        return list(self._engine.began or ()) if self._engine else []
 
 
 def _limited(limiter: int) -> int | None:

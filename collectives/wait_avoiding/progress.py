@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic
+from typing import TYPE_CHECKING, Generic, Literal, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -21,7 +22,12 @@ if TYPE_CHECKING:
     from .collective import Activation
     from .groups import GroupPlan
 
-__all__ = ["ProgressEngine"]
+__all__ = ["IDLE_POLICIES", "Idle", "ProgressEngine"]
+
+#: How an idle progress thread waits (see :class:`ProgressEngine`).
+Idle = Literal["backoff", "park"]
+#: The values of :data:`Idle`, in its order.
+IDLE_POLICIES: tuple[Idle, ...] = get_args(Idle)
 
 # Control messages: two int64s, ``[kind, dim]``; the tag carries the version.
 _ACTIVATE = 0  # "activate every version up to this one", sent along dimension dim
@@ -80,9 +86,18 @@ class ProgressEngine(Generic[LikeT]):
 
     The loop: receive control messages (forwarding activations at once), send
     what the main thread asked for, execute every activated version in order,
-    and when none of this made progress sleep with back-off (0.1 ms doubling
-    to 4 ms, cut short when the main thread hands work over).  Data messages
-    of version v carry the tag ``v mod (TAG_UB + 1)``.
+    and when none of this made progress wait (``idle``): ``"backoff"`` sleeps
+    with back-off (0.1 ms doubling to 4 ms, cut short when the main thread
+    hands work over), so an activation waits half a sleep on average before
+    it is noticed, but the thread leaves the cores to compute; ``"park"``
+    blocks in MPI (``MPI_Waitany``, the GIL released) on a control receive
+    it keeps posted and on a receive of wake-ups, so an activation is
+    noticed as soon as it arrives, at the price of the core the library's
+    wait spins on.  In ``"park"`` the main thread wakes the thread with a
+    message to itself on a communicator of its own (``wake``): when it
+    hands work over, and before it executes a version itself, so that the
+    thread is out of MPI while it does.  Data messages of version v carry
+    the tag ``v mod (TAG_UB + 1)``.
 
     Args:
         comm: a :class:`~collectives.comm.Communicator` with yielding waits,
@@ -101,13 +116,14 @@ class ProgressEngine(Generic[LikeT]):
         activator: with ``"random"``, ``activator(v)``, the rank that
             activates version v (:class:`~collectives.wait_avoiding.activation.RandomActivators`).
         history: how many ``(version, contribution_iteration)`` records to
-            keep, 0 for none.
+            keep (and as many ``(version, began)`` ones, :attr:`began`), 0 for none.
         first_iteration: versions before it count as executed.
         yield_awaited: executions the main thread waits for yield the core
             instead of spinning.
         late: None (every version reads the last contribution published,
             however often: WAGMA's models), or ``"drop"``, ``"newest"`` or
             ``"accumulate"``: consume contributions (above).
+        idle: ``"backoff"`` or ``"park"`` (above; :func:`idle_policy` chooses).
     """
 
     def __init__(
@@ -125,8 +141,12 @@ class ProgressEngine(Generic[LikeT]):
         first_iteration: int = 0,
         yield_awaited: bool = False,
         late: collective.Late | None = None,
+        idle: Idle = "backoff",
     ) -> None:
+        if idle not in IDLE_POLICIES:
+            raise ValueError(f"idle must be one of {', '.join(map(repr, IDLE_POLICIES))}, got {idle!r}")
         self._comm = comm
+        self.idle = idle
         self._awaited_comm = comm.waiting(yield_while_waiting=yield_awaited)
         self._rank, self._size = comm.rank, comm.size
         self._plan, self._schedule, self._average = plan, schedule, average
@@ -145,6 +165,17 @@ class ProgressEngine(Generic[LikeT]):
         # never taken while holding _lock.
         self._messaging = threading.Lock()
         self._wake = threading.Event()
+        # "park": the communicator of wake-ups (this rank to itself), the
+        # receives the thread keeps posted (control, wake-up) with their
+        # buffers, whether it waits in MPI now and whether a wake-up is on
+        # its way (both under _lock), and the wake-ups sent.
+        self._wakes: MPI.Intracomm | None = comm.control.Dup() if idle == "park" else None
+        self._posted: list[MPI.Request] = []
+        self._posted_payloads = (np.empty(2, dtype=np.int64), np.empty(1, dtype=np.int8))
+        self._posted_status = MPI.Status()
+        self._completed: int | None = None  # the posted receive Waitany completed, not handled yet
+        self._parked = self._wake_on_its_way = False
+        self._wake_sends: list[MPI.Request] = []
         # Shared with the main thread (under _lock).
         self._published: LikeT = copy_of(like)
         self._published_iteration = first_iteration - 1
@@ -166,6 +197,10 @@ class ProgressEngine(Generic[LikeT]):
         self._error: BaseException | None = None
         self._stop = False
         self.history: deque[tuple[int, int]] | None = deque(maxlen=history) if history else None
+        #: ``(version, time.perf_counter() when it began executing here)``
+        #: with ``history``: one clock for every process of a node, so the
+        #: ranks' records say when an activation reached each of them.
+        self.began: deque[tuple[int, float]] | None = deque(maxlen=history) if history else None
         # Owned by the progress thread.
         self._activation = ActivationState(self._rank, self._size, first_iteration - 1)
         self._arrivals: dict[int, int] = {}
@@ -212,13 +247,14 @@ class ProgressEngine(Generic[LikeT]):
             else:
                 self._awaited = t
         if not execute_here:
-            self._wake.set()
+            self._signal()
             return self._result(t)
+        self._signal()  # out of MPI while this thread executes (parked), and waiting for it
         with self._messaging:  # forward what came in, activate t as its root
             self._poll()
             self._serve_requests()
         outcome = self._execute(work, self._awaited_comm)
-        self._wake.set()  # activations of later versions may wait for this one
+        self._signal()  # activations of later versions may wait for this one
         return outcome
 
     def publish_copy(self, contribution: LikeT, t: int) -> None:
@@ -293,12 +329,21 @@ class ProgressEngine(Generic[LikeT]):
         interpreter exit without close(), where peers may be gone)."""
         with self._lock:
             self._stop = True
-        self._wake.set()
+        self._signal()
         self._thread.join(timeout)
+        if not self._thread.is_alive() and self._wakes is not None:
+            self._wakes.Free()
+            self._wakes = None
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def parked(self) -> bool:
+        """Whether the thread waits in MPI now (``idle="park"``, nothing to do)."""
+        with self._lock:
+            return self._parked
 
     def _raise_if_failed(self):
         if self._error is not None:
@@ -309,6 +354,8 @@ class ProgressEngine(Generic[LikeT]):
     def _run(self):
         backoff = Backoff()
         try:
+            if self.idle == "park":
+                self._post_receives()
             while True:
                 self._wake.clear()
                 with self._lock:
@@ -319,18 +366,94 @@ class ProgressEngine(Generic[LikeT]):
                     self._wake.wait()  # this one when it is done
                     continue
                 with self._messaging:
-                    progressed = self._poll()
+                    progressed = self._take_posted() if self.idle == "park" else False
+                    progressed |= self._poll()
                     progressed |= self._serve_requests()
                     self._complete_sends()
                 progressed |= self._execute_activated()
                 if progressed:
                     backoff.reset()
+                elif self.idle == "park":
+                    self._park()
                 else:
                     backoff.wait(self._wake)
         except BaseException as exc:  # handed to the main thread
             with self._done:
                 self._error = exc
                 self._done.notify_all()
+        finally:
+            if self._error is None:  # a failed MPI leaves its requests as they are
+                self._cancel_posted()
+
+    # -- parking (idle="park") ------------------------------------------------
+
+    def _signal(self) -> None:
+        """Wake the thread: set the event it sleeps or waits for the main
+        thread on, and if it waits in MPI, send it a wake-up (one at a time)."""
+        self._wake.set()
+        if self._wakes is None:
+            return
+        with self._lock:
+            if not self._parked or self._wake_on_its_way:
+                return
+            self._wake_on_its_way = True
+            payload = np.zeros(1, dtype=np.int8)
+            self._wake_sends.append(self._wakes.Isend(payload, self._rank, 0))
+
+    def _post_receives(self):
+        assert self._wakes is not None  # idle="park"
+        control, wake = self._posted_payloads
+        self._posted = [
+            self._comm.control.Irecv(control, MPI.ANY_SOURCE, MPI.ANY_TAG),
+            self._wakes.Irecv(wake, self._rank, 0),
+        ]
+
+    def _park(self):
+        """Wait in MPI until a control message or a wake-up arrives (unless
+        work was handed over since the loop looked)."""
+        with self._lock:
+            if self._wake.is_set() or self._stop:
+                return
+            self._parked = True
+        try:
+            self._completed = MPI.Request.Waitany(self._posted, self._posted_status)
+        finally:
+            with self._lock:
+                self._parked = False
+
+    def _take_posted(self) -> bool:
+        """Handle the posted receives that completed, and post them again."""
+        assert self._wakes is not None  # idle="park"
+        control, wake = self._posted
+        completed, self._completed = self._completed, None  # by Waitany, its status kept
+        progressed = False
+        if completed == 1 or wake.Test():
+            with self._lock:
+                self._wake_on_its_way = False
+                sent, self._wake_sends = self._wake_sends, []
+            MPI.Request.Waitall(sent)  # sends to this rank, received: complete
+            self._posted[1] = self._wakes.Irecv(self._posted_payloads[1], self._rank, 0)
+        if completed == 0 or control.Test(self._posted_status):
+            payload = self._posted_payloads[0]
+            self._handle(self._posted_status.Get_tag(), int(payload[0]), int(payload[1]))
+            self._posted[0] = self._comm.control.Irecv(payload, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            progressed = True
+        return progressed
+
+    def _cancel_posted(self):
+        """Withdraw the posted receives as the thread ends (no message is in
+        flight once the collective closes; halt() may leave some behind)."""
+        for request in self._posted:
+            if request != MPI.REQUEST_NULL:
+                request.Cancel()
+        MPI.Request.Waitall(self._posted)
+        with self._lock:
+            sent, self._wake_sends = self._wake_sends, []
+        self._posted = []
+        if sent and self._wakes is not None:  # wake-ups no receive will take: take them here
+            while self._wakes.Iprobe(self._rank, 0):
+                self._wakes.Recv(self._posted_payloads[1], self._rank, 0)
+            MPI.Request.Waitall(sent)
 
     def _poll(self) -> bool:
         """Receive every pending control message (matched probes, never a
@@ -343,15 +466,18 @@ class ProgressEngine(Generic[LikeT]):
             if message is None:
                 return progressed
             message.Recv(payload)
-            version = version_from_tag(status.Get_tag(), self._next, self._tag_space)
-            kind, dim = int(payload[0]), int(payload[1])
-            if kind == _ACTIVATE:
-                self._send_activations(self._activation.receive(version, dim))
-            else:
-                self._count_arrival(version)
-            with self._lock:
-                self._received += 1
+            self._handle(status.Get_tag(), int(payload[0]), int(payload[1]))
             progressed = True
+
+    def _handle(self, tag, kind, dim):
+        """One control message received (under the messaging lock)."""
+        version = version_from_tag(tag, self._next, self._tag_space)
+        if kind == _ACTIVATE:
+            self._send_activations(self._activation.receive(version, dim))
+        else:
+            self._count_arrival(version)
+        with self._lock:
+            self._received += 1
 
     def _serve_requests(self) -> bool:
         with self._lock:
@@ -389,8 +515,10 @@ class ProgressEngine(Generic[LikeT]):
                 self._results[work[0]] = outcome
                 self._done.notify_all()
             progressed = True
-            with self._messaging:
-                self._poll()  # forward activations that came in meanwhile
+            with self._messaging:  # forward activations that came in meanwhile
+                if self.idle == "park":
+                    self._take_posted()
+                self._poll()
 
     # -- either thread -------------------------------------------------------
 
@@ -422,6 +550,8 @@ class ProgressEngine(Generic[LikeT]):
         """Claim ``version`` for the calling thread (under the lock); under a
         late reading a consumed contribution reads as zeros, iteration -1."""
         self.started, self._executing = version, True
+        if self.began is not None:
+            self.began.append((version, time.perf_counter()))
         if self._late is not None and self._consumed:
             return version, self._zeros, -1, self._take_free()
         self._consumed = True
