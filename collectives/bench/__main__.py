@@ -7,12 +7,13 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..logs import configure_logging
-from . import allreduce, pingpong, plans, stragglar, tune, wagma
+from . import allreduce, hop, pingpong, plans, stragglar, tune, wagma
 
 __all__ = ["BENCHMARKS", "main"]
 
 BENCHMARKS: dict[str, tuple[Callable[[Sequence[str] | None], int | None], str]] = {
     "allreduce": (allreduce.main, "allreduce bandwidth: our schedules against MPI_Allreduce"),
+    "hop": (hop.main, "the wait-avoiding collective's activation hop per tree level against the library's alpha"),
     "plans": (plans.main, "StragglAR plans at n ranks: generated on every rank against shared from one"),
     "pingpong": (pingpong.main, "every pair of ranks ping-pongs at once: alpha and beta at P ranks on this node"),
     "stragglar": (stragglar.main, "StragglAR against ring, RHD and MPI_Allreduce with a delayed rank"),
