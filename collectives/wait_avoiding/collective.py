@@ -75,12 +75,12 @@ Waits = Literal["auto", "spin", "yield"]
 WAITS: tuple[Waits, ...] = get_args(Waits)
 
 
-#: How the progress thread waits when idle: ``"backoff"`` (sleeps, leaving
-#: the cores to compute), ``"park"`` (waits in MPI, noticing an activation
-#: at once: a core per rank for it), ``"auto"``: ``$COLLECTIVES_PROGRESS_IDLE``
-#: if set, else ``"park"`` where the node has two cores per rank
-#: (:func:`~collectives.comm.node_oversubscribed`) and the job is not
-#: fault-tolerant, else ``"backoff"`` (:class:`~collectives.wait_avoiding.progress.ProgressEngine`).
+#: The ways an idle progress thread may wait, ``idle=``.  ``"backoff"``
+#: sleeps, leaving the cores to compute; ``"park"`` waits in MPI, noticing
+#: an activation at once, with a core per rank for it; ``"auto"`` takes
+#: ``$COLLECTIVES_PROGRESS_IDLE`` if set, else parks where the node has two
+#: cores per rank (:func:`~collectives.comm.node_oversubscribed`) and the job
+#: is not fault-tolerant, else backs off (:func:`resolve_idle`).
 IdleChoice = Literal["auto", "backoff", "park"]
 #: The values of :data:`IdleChoice`, in its order.
 IDLE_CHOICES: tuple[IdleChoice, ...] = get_args(IdleChoice)

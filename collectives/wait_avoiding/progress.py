@@ -123,7 +123,8 @@ class ProgressEngine(Generic[LikeT]):
         late: None (every version reads the last contribution published,
             however often: WAGMA's models), or ``"drop"``, ``"newest"`` or
             ``"accumulate"``: consume contributions (above).
-        idle: ``"backoff"`` or ``"park"`` (above; :func:`idle_policy` chooses).
+        idle: ``"backoff"`` or ``"park"`` (above;
+            :func:`~collectives.wait_avoiding.collective.resolve_idle` chooses).
     """
 
     def __init__(
@@ -249,10 +250,10 @@ class ProgressEngine(Generic[LikeT]):
         if not execute_here:
             self._signal()
             return self._result(t)
-        self._signal()  # out of MPI while this thread executes (parked), and waiting for it
-        with self._messaging:  # forward what came in, activate t as its root
-            self._poll()
+        with self._messaging:  # activate t as its root, forward what came in
             self._serve_requests()
+            self._poll()
+        self._signal()  # a parked thread leaves MPI while this one executes
         outcome = self._execute(work, self._awaited_comm)
         self._signal()  # activations of later versions may wait for this one
         return outcome
