@@ -100,7 +100,7 @@ EXPENSIVE = {
     r"-m experiments\.validate_sim\b": "simulates the whole sweep; without --out it rewrites results/sim",
     r"-m experiments\.emulate --(ranks|replay)\b": "trains P replicas in one process: a minute or more",
     r"-m experiments\.bench_allreduce_sgd\b": "benchmark: 10.5M-parameter MLP, DDP and ours, a minute",
-    r"-m collectives\.bench (wagma|stragglar|plans)\b": "benchmarks of 30 s to several minutes",
+    r"-m collectives\.bench (wagma|stragglar|plans|hop)\b": "benchmarks of 30 s to several minutes",
     r"-m collectives\.stragglar plans\b": "generates plans for thousands of ranks into the plan cache: up to minutes",
     r"-m collectives\.bench allreduce\b": "the default sizes up to 64 MiB: a minute on 8 ranks",
     r"-m collectives\.bench pingpong\b": "every pair's round trips at P ranks: seconds to a minute at 32",

@@ -37,6 +37,7 @@ from mpi4py import MPI
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
 from ..wait_avoiding.collective import WaitAvoidingGroupAllreduce
+from ..wait_avoiding.progress import IDLE_POLICIES, Idle
 from .pingpong import half_round_trips
 
 __all__ = ["activation_delays", "main"]
@@ -53,13 +54,16 @@ def _compute(seconds: float, busy: bool, work: np.ndarray) -> None:
         work *= 1e-3  # keep the values finite
 
 
-def activation_delays(world: MPI.Intracomm, reps: int, idle_s: float, late_s: float, busy: bool) -> np.ndarray:
+def activation_delays(
+    world: MPI.Intracomm, reps: int, idle_s: float, late_s: float, busy: bool, idle: Idle
+) -> np.ndarray:
     """``[reps]`` seconds from rank 0's arrival at version t to t's start of
-    execution on this rank (0 on rank 0, which executes it itself)."""
+    execution on this rank (0 on rank 0, which executes it itself), with
+    progress threads that wait as ``idle`` says."""
     work = np.eye(96)
     buf = np.zeros(16)
     arrivals = np.zeros(reps)
-    with WaitAvoidingGroupAllreduce(world, buf, group_size=world.size, tau=reps + 1, history=reps) as wa:
+    with WaitAvoidingGroupAllreduce(world, buf, group_size=world.size, tau=reps + 1, history=reps, idle=idle) as wa:
         for t in range(reps):
             world.Barrier()
             _compute(idle_s, busy, work)
@@ -85,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="sleep",
         help="what the main threads do while idle (see the module)",
     )
+    parser.add_argument(
+        "--idle", default="backoff,park", help="the progress threads' idle policies, one run each, comma-separated"
+    )
     parser.add_argument("--reps", type=int, default=40, help="activations timed")
     parser.add_argument("--idle-ms", type=float, default=50.0, help="compute before rank 0 arrives")
     parser.add_argument("--late-ms", type=float, default=50.0, help="the others' compute after it")
@@ -97,39 +104,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if world.size < 2:
         parser.error(f"hop needs at least 2 ranks, got {world.size}")
+    policies = args.idle.split(",")
+    if not policies or any(policy not in IDLE_POLICIES for policy in policies):
+        parser.error(f"--idle must be policies of {', '.join(IDLE_POLICIES)} separated by commas, got {args.idle!r}")
     with Communicator(world) as comm:
         attrs = run_attributes(comm.data)
         alpha = float(np.nanmedian(np.concatenate(world.allgather(half_round_trips(comm, 8, 50, 5)))))
-    delays = activation_delays(world, args.reps, args.idle_ms / 1e3, args.late_ms / 1e3, args.compute == "busy")
-    delays = np.array(world.gather(delays))
+    busy = args.compute == "busy"
+    delays = {
+        policy: np.array(
+            world.gather(activation_delays(world, args.reps, args.idle_ms / 1e3, args.late_ms / 1e3, busy, policy))
+        )
+        for policy in policies
+    }
     if world.rank != 0:
         return 0
     levels = np.array([bin(r).count("1") for r in range(world.size)])
-    per_level = [float(np.median(delays[levels == level])) for level in range(1, levels.max() + 1)]
-    per_hop = float(np.median(delays[levels > 0] / levels[levels > 0, None]))
     cores = os.cpu_count()
+    depth = int(levels.max())
     print(f"Activation delay from rank 0's arrival (medians of {args.reps}), P = {world.size}, {cores} cores")
     print(
-        "| P | cores | compute | alpha (us) | "
-        + " | ".join(f"level {k + 1} (ms)" for k in range(len(per_level)))
+        "| P | cores | compute | idle | alpha (us) | "
+        + " | ".join(f"level {k} (ms)" for k in range(1, depth + 1))
         + " | per hop (ms) | hop / alpha |"
     )
-    print("|---:|---:|---|---:|" + "---:|" * (len(per_level) + 2))
-    print(
-        f"| {world.size} | {cores} | {args.compute} | {alpha * 1e6:.1f} | "
-        + " | ".join(f"{d * 1e3:.3f}" for d in per_level)
-        + f" | {per_hop * 1e3:.3f} | {per_hop / alpha:.0f} |"
-    )
+    print("|---:|---:|---|---|---:|" + "---:|" * (depth + 2))
+    per_hop = {}
+    for policy, delay in delays.items():
+        per_level = [float(np.median(delay[levels == level])) for level in range(1, depth + 1)]
+        per_hop[policy] = float(np.median(delay[levels > 0] / levels[levels > 0, None]))
+        print(
+            f"| {world.size} | {cores} | {args.compute} | {policy} | {alpha * 1e6:.1f} | "
+            + " | ".join(f"{d * 1e3:.3f}" for d in per_level)
+            + f" | {per_hop[policy] * 1e3:.3f} | {per_hop[policy] / alpha:.1f} |"
+        )
     attrs.update(
         compute=args.compute,
         reps=args.reps,
         idle_s=args.idle_ms / 1e3,
         late_s=args.late_ms / 1e3,
         alpha_s=alpha,
-        per_hop_s=per_hop,
         cores=cores,
+        policies=",".join(policies),
     )
     with results_file(args.out, f"hop/hop_p{world.size}_{args.compute}.h5", attrs) as f:
-        f["delay_s"] = delays
         f["level"] = levels
+        for policy, delay in delays.items():
+            f[f"delay_s/{policy}"] = delay
+            f[f"delay_s/{policy}"].attrs["per_hop_s"] = per_hop[policy]
     return 0
