@@ -166,11 +166,13 @@ class ProgressEngine(Generic[LikeT]):
         # never taken while holding _lock.
         self._messaging = threading.Lock()
         self._wake = threading.Event()
-        # "park": the communicator of wake-ups (this rank to itself), the
+        # "park": the communicator of wake-ups (this rank alone: a duplicate of
+        # MPI_COMM_SELF, so that ranks whose nodes chose differently do not
+        # have to agree on a collective to make it), the
         # receives the thread keeps posted (control, wake-up) with their
         # buffers, whether it waits in MPI now and whether a wake-up is on
         # its way (both under _lock), and the wake-ups sent.
-        self._wakes: MPI.Intracomm | None = comm.control.Dup() if idle == "park" else None
+        self._wakes: MPI.Intracomm | None = MPI.COMM_SELF.Dup() if idle == "park" else None
         self._posted: list[MPI.Request] = []
         self._posted_payloads = (np.empty(2, dtype=np.int64), np.empty(1, dtype=np.int8))
         self._posted_status = MPI.Status()
@@ -399,14 +401,14 @@ class ProgressEngine(Generic[LikeT]):
                 return
             self._wake_on_its_way = True
             payload = np.zeros(1, dtype=np.int8)
-            self._wake_sends.append(self._wakes.Isend(payload, self._rank, 0))
+            self._wake_sends.append(self._wakes.Isend(payload, 0, 0))
 
     def _post_receives(self):
         assert self._wakes is not None  # idle="park"
         control, wake = self._posted_payloads
         self._posted = [
             self._comm.control.Irecv(control, MPI.ANY_SOURCE, MPI.ANY_TAG),
-            self._wakes.Irecv(wake, self._rank, 0),
+            self._wakes.Irecv(wake, 0, 0),
         ]
 
     def _park(self):
@@ -433,7 +435,7 @@ class ProgressEngine(Generic[LikeT]):
                 self._wake_on_its_way = False
                 sent, self._wake_sends = self._wake_sends, []
             MPI.Request.Waitall(sent)  # sends to this rank, received: complete
-            self._posted[1] = self._wakes.Irecv(self._posted_payloads[1], self._rank, 0)
+            self._posted[1] = self._wakes.Irecv(self._posted_payloads[1], 0, 0)
         if completed == 0 or control.Test(self._posted_status):
             payload = self._posted_payloads[0]
             self._handle(self._posted_status.Get_tag(), int(payload[0]), int(payload[1]))
@@ -452,8 +454,8 @@ class ProgressEngine(Generic[LikeT]):
             sent, self._wake_sends = self._wake_sends, []
         self._posted = []
         if sent and self._wakes is not None:  # wake-ups no receive will take: take them here
-            while self._wakes.Iprobe(self._rank, 0):
-                self._wakes.Recv(self._posted_payloads[1], self._rank, 0)
+            while self._wakes.Iprobe(0, 0):
+                self._wakes.Recv(self._posted_payloads[1], 0, 0)
             MPI.Request.Waitall(sent)
 
     def _poll(self) -> bool:
