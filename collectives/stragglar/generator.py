@@ -29,7 +29,7 @@ from collections import deque
 
 from .schedule import Schedule, Transfer
 
-__all__ = ["generate", "lower_bound", "plan"]
+__all__ = ["generate", "lower_bound", "plan", "relabelling"]
 
 #: Attempts (seeds) of the endgame planner before it is given one more round.
 _TRIES = 20
@@ -73,9 +73,17 @@ def plan(n: int) -> tuple[list, str]:
     return steady + rounds, "template + flow endgame"
 
 
+def relabelling(n: int, straggler: int) -> list[int]:
+    """The rank of each label of :func:`plan`'s schedule (built for
+    straggler n - 1) once relabelled for ``straggler``: label g < n - 1, the
+    g-th non-straggler, becomes the g-th rank other than ``straggler``, and
+    label n - 1 becomes ``straggler``."""
+    return [g if g < straggler else g + 1 for g in range(n - 1)] + [straggler]
+
+
 def _relabel(rounds, n, straggler):
     """Map straggler n - 1 to ``straggler`` and the g-th non-straggler to its rank."""
-    rank = [g if g < straggler else g + 1 for g in range(n - 1)] + [straggler]
+    rank = relabelling(n, straggler)
     return [[Transfer(rank[u], rank[v], c, red) for u, v, c, red in r] for r in rounds]
 
 

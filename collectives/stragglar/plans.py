@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .generator import generate
+from .generator import generate, relabelling
 from .schedule import Schedule, Transfer
 from .verify import verify
 
@@ -91,7 +91,7 @@ class CanonicalPlan:
     def schedule(self, straggler: int) -> Schedule:
         """The relabelled :class:`~collectives.stragglar.schedule.Schedule`
         for ``straggler`` (Python objects: seconds at n = 1024)."""
-        rank = _ranks(self.n, straggler).tolist()
+        rank = relabelling(self.n, straggler)
         rows = self.transfers.tolist()
         rounds = [
             [Transfer(rank[src], rank[dst], chunk, bool(reduce)) for src, dst, chunk, reduce in rows[lo:hi]]
@@ -229,11 +229,6 @@ def received_plan(n: int, digest: str, transfers: np.ndarray, round_starts: np.n
     return build_plan(n)
 
 
-def _ranks(n: int, straggler: int) -> np.ndarray:
-    """Rank of each canonical label: the g-th non-straggler, then the straggler."""
-    return np.array([g if g < straggler else g + 1 for g in range(n - 1)] + [straggler], dtype=np.int64)
-
-
 def rank_steps(plan: CanonicalPlan, straggler: int, rank: int, chunks: Sequence[int]) -> list:
     """``rank``'s part of each round of ``plan`` relabelled for ``straggler``:
     ``(send, recv)`` as the runtime runs them,
@@ -243,7 +238,7 @@ def rank_steps(plan: CanonicalPlan, straggler: int, rank: int, chunks: Sequence[
     canonical label (milliseconds at n = 1024)."""
     n = plan.n
     label = n - 1 if rank == straggler else (rank if rank < straggler else rank - 1)
-    ranks = _ranks(n, straggler)
+    ranks = relabelling(n, straggler)
     src, dst = plan.transfers[:, 0], plan.transfers[:, 1]
     rows = np.flatnonzero((src == label) | (dst == label))
     rounds = np.searchsorted(plan.round_starts, rows, side="right") - 1
@@ -256,7 +251,7 @@ def rank_steps(plan: CanonicalPlan, straggler: int, rank: int, chunks: Sequence[
             steps.append([None, None])
             last = r
         if s == label:
-            steps[-1][0] = (int(ranks[d]), lo, hi)
+            steps[-1][0] = (ranks[d], lo, hi)
         else:
-            steps[-1][1] = (int(ranks[s]), lo, hi, bool(reduce))
+            steps[-1][1] = (ranks[s], lo, hi, bool(reduce))
     return [tuple(step) for step in steps]
