@@ -11,8 +11,9 @@ default) and writes a table, one JSON file per setting::
 :class:`~collectives.comm.Communicator` (the first time it needs it) and then
 takes, for a buffer of ``nbytes``, the fastest entry at the measured size
 nearest to ``nbytes`` on a log scale (the smallest or largest measured size
-outside the range). With no table for the setting it falls back to the fixed
-thresholds of :func:`collectives.schedules.blocking.choose_allreduce`.
+outside the range). With no table for the setting it takes the library's
+``MPI_Allreduce`` where that may run, else the fixed thresholds of
+:func:`collectives.schedules.blocking.choose_allreduce`.
 
 Where the table is looked up: ``$COLLECTIVES_TUNING``, a table file or a
 folder of tables; unset, the repository's ``results/tuning/``.
@@ -32,6 +33,7 @@ import os
 import re
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from mpi4py import MPI
@@ -49,8 +51,9 @@ __all__ = [
 ]
 
 TUNING_ENV = "COLLECTIVES_TUNING"
-#: The repository's tables (next to the package, as an editable install has it).
-DEFAULT_TUNING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tuning")
+#: The repository's tables, ``results/tuning`` next to the ``collectives``
+#: package (as an editable install has it).
+DEFAULT_TUNING_DIR = str(Path(__file__).resolve().parents[2] / "results" / "tuning")
 
 
 def node_shape(comm: MPI.Intracomm) -> tuple[int, int]:
@@ -140,7 +143,7 @@ def _find(location, setting):
     if table.setting != setting:
         warnings.warn(
             f"tuning table {path} ignored: measured for {table.setting}, this is {setting}; "
-            f"allreduce(algorithm='auto') uses the fixed thresholds",
+            f"allreduce(algorithm='auto') takes the library's MPI_Allreduce",
             RuntimeWarning,
             stacklevel=2,
         )
