@@ -17,7 +17,15 @@ caller passes them.
 """
 
 from .comm import Communicator
-from .schedules import allgather, allreduce, block_offsets, broadcast, reduce_scatter
+from .schedules import (
+    PersistentAllreduce,
+    allgather,
+    allreduce,
+    allreduce_init,
+    block_offsets,
+    broadcast,
+    reduce_scatter,
+)
 from .stragglar.runtime import StragglerAwareAllreduce, stragglar_allreduce
 from .wait_avoiding import (
     ButterflyGrouping,
@@ -35,9 +43,11 @@ __all__ = [
     "GroupResult",
     "WaitAvoidingGroupAllreduce",
     "Communicator",
+    "PersistentAllreduce",
     "StragglerAwareAllreduce",
     "allgather",
     "allreduce",
+    "allreduce_init",
     "block_offsets",
     "broadcast",
     "butterfly_groups",

@@ -50,8 +50,15 @@ def test_allreduce_sgd_without_imbalance_is_compute_plus_the_alpha_beta_allreduc
 def test_the_global_allreduce_follows_the_runtimes_schedule_choice():
     ring = simulate("local_sgd", scenario(ranks=6), period=1)  # not a power of two: ring
     assert np.allclose(step_times(ring), 0.1 + ring_time(6, 4 * BIG, NET.alpha, NET.beta))
-    small = simulate("local_sgd", scenario(parameters=SMALL), period=1)  # < 1 MiB: recursive doubling
-    assert np.allclose(step_times(small), 0.1 + 3 * NET.message(4 * SMALL))
+    # Auto without a tuning table runs the library's MPI_Allreduce, modelled as
+    # the cheaper of recursive doubling and RHD: at 40 KB, 5 us and 1 ns/B, RHD
+    # (30 us of latency, 70 us of bytes) beats recursive doubling (3 x 45 us).
+    small = simulate("local_sgd", scenario(parameters=SMALL), period=1)
+    library = min(3 * NET.message(4 * SMALL), rhd_time(8, 4 * SMALL, NET.alpha, NET.beta))
+    assert library == rhd_time(8, 4 * SMALL, NET.alpha, NET.beta) < 3 * NET.message(4 * SMALL)
+    assert np.allclose(step_times(small), 0.1 + library)
+    tiny = simulate("local_sgd", scenario(parameters=100), period=1)  # 400 B: recursive doubling
+    assert np.allclose(step_times(tiny), 0.1 + 3 * NET.message(400))
     # Buckets: one allreduce per 25 MiB bucket, one after another.
     bucketed = simulate("allreduce_sgd", scenario(parameters=10_000_000), bucket_cap_mb=25.0)
     cap = 25_000_000
@@ -103,7 +110,8 @@ def test_wagma_without_imbalance_is_compute_plus_the_butterfly_phases():
     run = simulate("wagma", scenario(parameters=SMALL, steps=20), group_size=4, tau=10)
     steps = step_times(run)
     group = 0.1 + 2 * NET.message(4 * SMALL)  # log2 S = 2 phases of recursive doubling
-    sync = 0.1 + 3 * NET.message(4 * SMALL)  # the global allreduce, P = 8
+    # The global allreduce, P = 8: the library, here RHD (see the schedule choice's test).
+    sync = 0.1 + rhd_time(8, 4 * SMALL, NET.alpha, NET.beta)
     assert np.allclose(steps[:, [0, 5, 10, 18]], group) and np.allclose(steps[:, [9, 19]], sync)
     assert not run.steps["stale"].any() and not run.age.any()
 

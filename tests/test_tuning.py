@@ -1,12 +1,15 @@
 """Tuning tables (collectives.schedules.tuning): how a measured table decides what allreduce(algorithm="auto") runs."""
 
 import json
+import os
 
 import pytest
 
-from collectives.bench.tune import _sizes
+from collectives.bench.allreduce import calls_per_repetition, parse_sizes
 from collectives.schedules.blocking import SMALL_ALLREDUCE_BYTES, choose_allreduce
-from collectives.schedules.tuning import TuningTable, _find, table_name
+from collectives.schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, _find, table_name
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KIB, MIB = 1 << 10, 1 << 20
 SETTING = dict(library="MPICH", version="5.0.2", ranks=4, nodes=1, ranks_per_node=4)
@@ -51,10 +54,25 @@ def test_the_library_is_passed_over_under_fault_tolerance():
     assert choose_allreduce(MIB, 4, table, "float32", library=False) == "rhd"
 
 
-def test_without_a_table_auto_keeps_the_thresholds():
-    assert choose_allreduce(SMALL_ALLREDUCE_BYTES - 1, 8) == "recursive_doubling"
-    assert choose_allreduce(SMALL_ALLREDUCE_BYTES, 8) == "rhd"
-    assert choose_allreduce(SMALL_ALLREDUCE_BYTES, 6) == "ring"
+@pytest.mark.parametrize("nbytes", [4, 4 * KIB, SMALL_ALLREDUCE_BYTES, 256 * MIB])
+@pytest.mark.parametrize("size", [2, 6, 8, 1024])
+def test_without_a_table_auto_takes_the_library(nbytes, size):
+    # A setting nobody measured: the library's own selection is never behind the library.
+    assert choose_allreduce(nbytes, size) == "mpi"
+
+
+def test_without_a_table_and_without_the_library_auto_keeps_the_thresholds():
+    # float16 has no MPI sum; under fault tolerance the library may not run.
+    for kwargs in ({"dtype": "float16"}, {"dtype": "bfloat16"}, {"library": False}):
+        assert choose_allreduce(SMALL_ALLREDUCE_BYTES - 1, 8, **kwargs) == "recursive_doubling"
+        assert choose_allreduce(SMALL_ALLREDUCE_BYTES, 8, **kwargs) == "rhd"
+        assert choose_allreduce(SMALL_ALLREDUCE_BYTES, 6, **kwargs) == "ring"
+
+
+def test_the_default_folder_is_the_repositorys_tables():
+    # Where auto looks without $COLLECTIVES_TUNING: the committed tables, found by their names.
+    assert os.path.samefile(DEFAULT_TUNING_DIR, os.path.join(REPOSITORY, "results", "tuning"))
+    assert _find(DEFAULT_TUNING_DIR, {**SETTING}).setting == SETTING
 
 
 def test_table_names_key_library_version_ranks_and_node_shape():
@@ -106,8 +124,12 @@ def test_an_unreadable_table_is_an_error_naming_the_file(tmp_path, text):
         _find(str(tmp_path), SETTING)
 
 
-def test_tune_sizes_are_powers_of_four_or_a_list():
-    assert _sizes("4KiB:256MiB") == [4 * KIB * 4**k for k in range(9)]
-    assert _sizes("4096,1MiB") == [4096, MIB]
+def test_benchmark_sizes_are_powers_of_four_or_a_list():
+    assert parse_sizes("4KiB:256MiB") == [4 * KIB * 4**k for k in range(9)]
+    assert parse_sizes("4096,1MiB") == [4096, MIB]
     with pytest.raises(ValueError):
-        _sizes("4kb:1MiB")
+        parse_sizes("4kb:1MiB")
+
+
+def test_a_repetition_times_about_a_mebibyte_of_calls():
+    assert [calls_per_repetition(n) for n in (4 * KIB, 64 * KIB, MIB, 256 * MIB)] == [256, 16, 1, 1]

@@ -1,6 +1,7 @@
 """Allreduce schedules on point-to-point messages and the choice between them.
 
-``blocking`` is the public entry point (:func:`~.blocking.allreduce`, :func:`~.blocking.reduce_scatter`,
+``blocking`` is the public entry point (:func:`~.blocking.allreduce` and its
+persistent form :func:`~.blocking.allreduce_init`, :func:`~.blocking.reduce_scatter`,
 :func:`~.blocking.allgather`, :func:`~.blocking.broadcast`, and what ``algorithm="auto"`` runs); the
 schedules themselves are ``ring`` (ring ReduceScatter / Allgather / Allreduce),
 ``halving_doubling`` (Rabenseifner and recursive doubling for any rank count)
@@ -20,9 +21,11 @@ from .blocking import (
     AllreduceChoice,
     AllreduceSchedule,
     Op,
+    PersistentAllreduce,
     ReduceScatterAlgorithm,
     allgather,
     allreduce,
+    allreduce_init,
     broadcast,
     choose_allreduce,
     reduce_scatter,
@@ -39,10 +42,12 @@ __all__ = [
     "AllreduceSchedule",
     "OPS",
     "Op",
+    "PersistentAllreduce",
     "REDUCE_SCATTER_ALGORITHMS",
     "ReduceScatterAlgorithm",
     "allgather",
     "allreduce",
+    "allreduce_init",
     "block_offsets",
     "broadcast",
     "choose_allreduce",

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Literal, cast, get_args
+from functools import partial
+from typing import TYPE_CHECKING, Generic, Literal, cast, get_args
+
+import numpy as np
+from mpi4py import MPI
 
 from ..agreement import check_arguments
 from ..buffers import Buffer, BufferInfo, BufferT, describe
@@ -13,7 +17,7 @@ from .halving_doubling import (
     recursive_halving_reduce_scatter,
     rhd_allreduce,
 )
-from .library import library_allreduce, library_allreduce_in_place, library_dtype_problem
+from .library import host_array, library_allreduce, library_allreduce_in_place, library_dtype_problem
 from .partition import block_offsets
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
@@ -31,11 +35,13 @@ __all__ = [
     "AllreduceSchedule",
     "OPS",
     "Op",
+    "PersistentAllreduce",
     "REDUCE_SCATTER_ALGORITHMS",
     "ReduceScatterAlgorithm",
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
+    "allreduce_init",
     "broadcast",
     "choice_problem",
     "choose_allreduce",
@@ -86,7 +92,7 @@ ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
 
 #: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
 #: messages); from it on a bandwidth-optimal schedule, where no tuning table
-#: applies.  On 4 ranks of this project's 2-core reference machine recursive
+#: applies and the library may not run.  On 4 ranks of this project's 2-core reference machine recursive
 #: doubling was the fastest of ours from 4 KiB to 1 MiB (docs/benchmarks.md,
 #: "Allreduce benchmark").
 SMALL_ALLREDUCE_BYTES = 1 << 20
@@ -100,8 +106,13 @@ def choose_allreduce(
     With a tuning table (:mod:`.tuning`, measured for this library, rank
     count and node shape), the fastest entry it measured at the nearest size,
     the library's ``MPI_Allreduce`` (``"mpi"``) included where the dtype
-    allows it.  Without one, fixed thresholds:
-    recursive doubling below :data:`SMALL_ALLREDUCE_BYTES`.  Above it both
+    allows it.  Without one, the library's ``MPI_Allreduce`` wherever it may
+    run: a library, rank count or node shape that no table knows is one
+    nobody measured, and the library's own selection, tuned by its authors
+    for its transports, is the choice that is never behind the library.
+    Where the library may not run (a dtype MPI cannot sum, or ``library``
+    False), fixed thresholds between ours: recursive doubling below
+    :data:`SMALL_ALLREDUCE_BYTES`.  Above it both
     ring and RHD send 2(p - 1)/p of the buffer; RHD does it in 2 log2 p
     messages instead of 2(p - 1), which decides at scale (at 1024 ranks and
     5 us per message the ring pays 10 ms of latency), so it is taken for
@@ -114,11 +125,13 @@ def choose_allreduce(
     (:meth:`~collectives.comm.Communicator.isend` says how; this package's
     schedules keep theirs).
     """
+    with_library = library and not library_dtype_problem(dtype)
     if tuning is not None:
-        allowed = _AUTO_OURS if library_dtype_problem(dtype) or not library else _AUTO_WITH_LIBRARY
-        measured = tuning.fastest(nbytes, allowed)
+        measured = tuning.fastest(nbytes, _AUTO_WITH_LIBRARY if with_library else _AUTO_OURS)
         if measured:
             return cast(AllreduceChoice, measured)  # one of allowed
+    if with_library:
+        return "mpi"
     if nbytes < SMALL_ALLREDUCE_BYTES:
         return "recursive_doubling"
     return "rhd" if size & (size - 1) == 0 else "ring"
@@ -152,7 +165,8 @@ def reduction_problem(info: BufferInfo, algorithm: object, algorithms: Collectio
 def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     """Check the arguments (on every rank together).
 
-    Returns the schedule to run and the element count of ``data``.
+    Returns the name of the schedule to run (``auto`` resolved) and the
+    element count of ``data``.
     """
     info = describe(data)
     if algorithm == "auto" and collective == "allreduce":
@@ -163,7 +177,7 @@ def _prepare(collective, data, comm, algorithm, algorithms, op, check):
     check_arguments(
         comm, collective, problem, info.error, check, numel=info.numel, dtype=info.dtype, algorithm=algorithm, op=op
     )
-    return algorithms[algorithm], info.numel
+    return algorithm, info.numel
 
 
 def _run(schedule, data, comm, *args):
@@ -191,7 +205,7 @@ def allreduce(
         algorithm: ``"ring"``, ``"rhd"`` (recursive halving/doubling,
             Rabenseifner), ``"recursive_doubling"``, ``"mpi"`` (the MPI
             library's ``MPI_Allreduce``) or ``"auto"`` (:func:`choose_allreduce`:
-            the tuning table's fastest, else fixed thresholds).
+            the tuning table's fastest, else the library where it may run).
         op: ``"sum"`` or ``"avg"``.
         check: agree on the arguments across ranks first (one small
             allgather on the control channel).  With False a bad argument
@@ -205,11 +219,88 @@ def allreduce(
         ValueError, TypeError: on every rank, before any data moves, when
             any rank's arguments are bad or they differ across ranks.
     """
-    schedule, _ = _prepare("allreduce", data, comm, algorithm, ALLREDUCE_CHOICES, op, check)
-    if schedule is library_allreduce and library_allreduce_in_place(data, comm, _scale(op, comm)):
+    chosen, _ = _prepare("allreduce", data, comm, algorithm, ALLREDUCE_CHOICES, op, check)
+    if chosen == "mpi" and library_allreduce_in_place(data, comm, _scale(op, comm)):
         return data
-    _run(schedule, data, comm, _scale(op, comm))
+    _run(ALLREDUCE_CHOICES[chosen], data, comm, _scale(op, comm))
     return data
+
+
+class PersistentAllreduce(Generic[BufferT]):
+    """:func:`allreduce` bound to one buffer, its arguments checked once.
+
+    What MPI-4's ``MPI_Allreduce_init`` is to ``MPI_Allreduce``, and what
+    DDP's buckets are to ``all_reduce`` (their shapes are verified across
+    processes once, when the model is wrapped): construction, collective
+    over ``comm``, checks the arguments on every rank together and resolves
+    ``algorithm="auto"`` once; each call then reduces the bound buffer with
+    neither.  Where the choice is the library's ``MPI_Allreduce`` and the
+    buffer a numpy array or CPU tensor, a call is that ``MPI_Allreduce`` on
+    it (and the scaling of ``op="avg"``) and nothing else, so ``auto`` costs
+    what the library costs (docs/benchmarks.md, "Allreduce with auto").
+
+    The buffer is bound: write each call's input into it (``data[:] = x``,
+    ``tensor.copy_(x)``); a tensor resized or re-pointed after construction
+    (``resize_``, ``set_``) is not seen.  Every rank must call its persistent
+    allreduces in the same order, as MPI requires of collectives: that is
+    the one rule not checked, since checking it would cost the round trip
+    the binding saves.
+
+    Example::
+
+        grads = torch.zeros(n)
+        reduce = allreduce_init(grads, comm=comm, op="avg")
+        for step in range(steps):
+            ...  # fill grads
+            reduce()
+
+    Args:
+        data, comm, algorithm, op: as for :func:`allreduce`.
+
+    Attributes:
+        algorithm: the schedule each call runs (``auto`` resolved), a key of
+            :data:`ALLREDUCE_CHOICES`.
+
+    Raises:
+        ValueError, TypeError: on every rank, when any rank's arguments are
+            bad or they differ across ranks (what :func:`allreduce` raises).
+    """
+
+    def __init__(
+        self, data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
+    ) -> None:
+        chosen, _ = _prepare("allreduce", data, comm, algorithm, ALLREDUCE_CHOICES, op, True)
+        self.data: BufferT = data
+        self.comm, self.op = comm, op
+        self.algorithm: AllreduceChoice = chosen
+        scale = _scale(op, comm)
+        array = host_array(data) if chosen == "mpi" else None
+        if array is None:
+            self._reduce: Callable[[], object] = partial(_run, ALLREDUCE_CHOICES[chosen], data, comm, scale)
+        elif scale is None:
+            self._reduce = partial(comm.data.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
+        else:
+            self._reduce = partial(_library_average, comm.data, array, scale)
+
+    def __call__(self) -> BufferT:
+        """Reduce the bound buffer over all ranks, in place; returns it."""
+        self._reduce()
+        return self.data
+
+    def __repr__(self) -> str:
+        return f"PersistentAllreduce(algorithm={self.algorithm!r}, op={self.op!r}, ranks={self.comm.size})"
+
+
+def allreduce_init(
+    data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
+) -> PersistentAllreduce[BufferT]:
+    """A :class:`PersistentAllreduce` of ``data``: collective, checks once."""
+    return PersistentAllreduce(data, comm=comm, algorithm=algorithm, op=op)
+
+
+def _library_average(data_comm: MPI.Intracomm, array: np.ndarray, scale: float) -> None:
+    data_comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
+    np.multiply(array, scale, out=array)
 
 
 def reduce_scatter(
@@ -234,8 +325,8 @@ def reduce_scatter(
     Returns:
         ``(lo, hi)``: the element range of this rank's block.
     """
-    schedule, numel = _prepare("reduce_scatter", data, comm, algorithm, REDUCE_SCATTER_ALGORITHMS, op, check)
-    _run(schedule, data, comm, _scale(op, comm))
+    chosen, numel = _prepare("reduce_scatter", data, comm, algorithm, REDUCE_SCATTER_ALGORITHMS, op, check)
+    _run(REDUCE_SCATTER_ALGORITHMS[chosen], data, comm, _scale(op, comm))
     off = block_offsets(numel, comm.size)
     return off[comm.rank], off[comm.rank + 1]
 
@@ -256,8 +347,8 @@ def allgather(
     Returns:
         ``data``.
     """
-    schedule, _ = _prepare("allgather", data, comm, algorithm, ALLGATHER_ALGORITHMS, "sum", check)
-    _run(schedule, data, comm)
+    chosen, _ = _prepare("allgather", data, comm, algorithm, ALLGATHER_ALGORITHMS, "sum", check)
+    _run(ALLGATHER_ALGORITHMS[chosen], data, comm)
     return data
 
 

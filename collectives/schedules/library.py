@@ -20,7 +20,13 @@ if TYPE_CHECKING:
     from ..buffers import Buffer, FlatBuffer
     from ..comm import Communicator
 
-__all__ = ["LIBRARY_DTYPES", "library_allreduce", "library_allreduce_in_place", "library_dtype_problem"]
+__all__ = [
+    "LIBRARY_DTYPES",
+    "host_array",
+    "library_allreduce",
+    "library_allreduce_in_place",
+    "library_dtype_problem",
+]
 
 #: dtype name -> the MPI datatype the library reduces it as.
 LIBRARY_DTYPES: dict[str, MPI.Datatype] = {
@@ -41,6 +47,14 @@ def library_dtype_problem(dtype: str) -> str | None:
     )
 
 
+def host_array(data: Buffer) -> np.ndarray | None:
+    """``data`` as a numpy array sharing its memory (a CPU tensor's
+    ``numpy()`` view), or None for a CUDA tensor."""
+    if isinstance(data, np.ndarray):
+        return data
+    return None if data.is_cuda else data.detach().numpy()
+
+
 def library_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
     ``scale`` (averaging) on every rank alike: the schedule form, on a
@@ -57,7 +71,7 @@ def library_allreduce_in_place(data: Buffer, comm: Communicator, scale: float | 
     microseconds of Python per call would show (on 2 ranks at 64 KiB the
     view cost 5 us of MPICH's 21). Returns False for a buffer it does not
     take (CUDA tensors), which then goes through :func:`library_allreduce`."""
-    array = data if isinstance(data, np.ndarray) else (None if data.is_cuda else data.numpy())
+    array = host_array(data)
     if array is None:
         return False
     comm.data.Allreduce(MPI.IN_PLACE, array, MPI.SUM)

@@ -1,0 +1,120 @@
+"""The persistent allreduce (allreduce_init): checked once, then only the reduction.
+
+Its construction must refuse, on every rank, what a checked ``allreduce``
+refuses, with the same error; its calls must give what ``allreduce`` gives;
+and ``auto`` must resolve to the library where no tuning table applies.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from collectives import Communicator, allreduce, allreduce_init
+from collectives.schedules.blocking import ALLREDUCE_CHOICES, choose_allreduce
+from collectives.schedules.tuning import TUNING_ENV
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+LAST = WORLD.size - 1
+
+
+@pytest.fixture
+def comm():
+    with Communicator(WORLD) as comm:
+        yield comm
+
+
+def _on_last(bad, good):
+    return bad if WORLD.rank == LAST else good
+
+
+# Each case: the buffer and keyword arguments this rank passes (the last rank
+# alone passes the bad ones, or every rank where the problem is everyone's).
+BAD = {
+    "a different size": lambda: (np.zeros(_on_last(11, 10), np.float32), {}),
+    "a different dtype": lambda: (np.zeros(10, _on_last(np.float64, np.float32)), {}),
+    "a non-contiguous buffer": lambda: (_on_last(np.zeros((10, 2))[:, 0], np.zeros(10)), {}),
+    "not a buffer": lambda: (_on_last([0.0] * 4, np.zeros(4)), {}),
+    "a dtype no schedule sums": lambda: (np.zeros(4, complex), {}),
+    "an unknown algorithm": lambda: (np.zeros(4), {"algorithm": _on_last("tree", "ring")}),
+    "a dtype the library cannot sum": lambda: (
+        torch.zeros(4, dtype=_on_last(torch.float16, torch.float32)),
+        {"algorithm": "mpi"},
+    ),
+    "avg of integers": lambda: (np.zeros(4, np.int64), {"op": "avg"}),
+    "a different op": lambda: (np.zeros(4), {"op": _on_last("avg", "sum")}),
+    "a different algorithm": lambda: (np.zeros(4), {"algorithm": _on_last("ring", "rhd")}),
+}
+
+
+def _raised(call):
+    try:
+        call()
+    except (ValueError, TypeError) as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_construction_refuses_what_allreduce_refuses_on_every_rank(comm, case):
+    data, kwargs = BAD[case]()
+    if WORLD.size < 2 and case.startswith("a different"):
+        pytest.skip("needs two ranks to disagree")
+    full = _raised(lambda: allreduce(data, comm=comm, **kwargs))
+    fast = _raised(lambda: allreduce_init(data, comm=comm, **kwargs))
+    assert full is not None, f"allreduce accepted {case}"
+    assert type(fast) is type(full) and str(fast) == str(full)
+    # Every rank raised, before any data moved: the communicator still works.
+    x = np.full(5, float(comm.rank))
+    allreduce_init(x, comm=comm)()
+    np.testing.assert_array_equal(x, sum(range(comm.size)))
+
+
+@pytest.mark.parametrize("algorithm", [*ALLREDUCE_CHOICES, "auto"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_each_call_reduces_what_is_in_the_bound_buffer_now(comm, algorithm, op, kind):
+    numel = 1000
+    data = np.zeros(numel, np.float32) if kind == "numpy" else torch.zeros(numel)
+    reduce = allreduce_init(data, comm=comm, algorithm=algorithm, op=op)
+    assert reduce.algorithm in ALLREDUCE_CHOICES
+    for call in range(3):
+        # Small integers: every schedule's sum is exact, whatever its order.
+        inputs = np.arange(numel, dtype=np.float32) % 7 + comm.rank + call
+        data[:] = inputs if kind == "numpy" else torch.from_numpy(inputs)
+        expected = inputs.copy()
+        allreduce(expected, comm=comm, algorithm=reduce.algorithm, op=op)
+        assert reduce() is data
+        np.testing.assert_array_equal(np.asarray(data), expected)
+        total = sum((np.arange(numel) % 7 + r + call) for r in range(comm.size))
+        np.testing.assert_allclose(np.asarray(data), total / comm.size if op == "avg" else total, rtol=1e-6)
+
+
+@pytest.fixture
+def untuned(monkeypatch):
+    """A communicator that finds no tuning table (a setting nobody measured)."""
+    monkeypatch.setitem(os.environ, TUNING_ENV, "off")
+    with Communicator(WORLD) as comm:
+        yield comm
+
+
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 16 << 20])
+def test_without_a_table_auto_is_the_library_where_it_may_run(untuned, nbytes):
+    assert untuned.tuning is None
+    assert allreduce_init(np.zeros(nbytes // 4, np.float32), comm=untuned).algorithm == "mpi"
+    # float16: no MPI sum, so ours by the thresholds.
+    half = allreduce_init(torch.zeros(nbytes // 2, dtype=torch.float16), comm=untuned)
+    assert half.algorithm == choose_allreduce(nbytes, untuned.size, None, "float16") != "mpi"
+
+
+def test_with_the_repositorys_table_auto_takes_its_fastest(comm):
+    # 2, 4 and 8 ranks on one node have a committed table for both libraries.
+    if comm.tuning is None:
+        pytest.skip(f"no committed table for {comm.size} ranks of this library and node")
+    for nbytes in (4096, 1 << 20, 64 << 20):
+        chosen = allreduce_init(np.zeros(nbytes // 4, np.float32), comm=comm).algorithm
+        assert chosen == comm.tuning.fastest(nbytes, tuple(ALLREDUCE_CHOICES))
