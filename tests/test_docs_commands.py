@@ -65,7 +65,7 @@ CHEAP = {
     '.venv/bin/python -c "from mpi4py import MPI; print(MPI.Get_library_version())"',
     # benchmarks.md: three small sizes, five repetitions (seconds)
     ".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce "
-    "--sizes-mib 1,4,16 --reps 5 --out runs/allreduce_n4.h5",
+    "--sizes 1MiB,4MiB,16MiB --reps 5 --out runs/allreduce_n4.h5",
     # stragglar.md: schedules, the cost model, round counts (no MPI, < 10 s)
     ".venv/bin/python -m collectives.stragglar schedule -n 8",
     ".venv/bin/python -m collectives.stragglar cost",

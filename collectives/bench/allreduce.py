@@ -1,128 +1,177 @@
-"""Allreduce bandwidth: our schedules, and ``auto``, against the MPI library's Allreduce.
+"""Allreduce time: our schedules, and ``auto``, against the MPI library's Allreduce.
 
-Ours are called with ``check=False``: the argument check (one small allgather
-on the control channel) costs the same whichever schedule runs, and the
-library's own call has none, so the columns compare the schedules alone.
+Each implementation is a call on one float32 buffer per size, taking turns
+with the others within every repetition:
+
+* ``MPI_Allreduce``: the library's own call, ``comm.Allreduce(IN_PLACE, x, SUM)``;
+* ``ring``, ``rhd``, ``recursive_doubling``, ``mpi``: ``allreduce(x,
+  algorithm=NAME, check=False)``; the argument check (one small allreduce on
+  the control channel) costs the same whichever schedule runs, and the
+  library's own call has none, so these columns compare the schedules;
+* ``auto``: :func:`~collectives.schedules.blocking.allreduce_init` on ``x``,
+  then its calls: what a training loop runs, arguments checked and ``auto``
+  resolved once per buffer;
+* ``auto_checked``: ``allreduce(x)``, checked and resolved on every call.
+
+A repetition times ``calls`` back-to-back calls (enough for about a
+mebibyte, so that a 4 KiB call is not lost in the barrier's jitter) and
+records the time per call.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, AllreduceAlgorithm, allreduce
+from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce, allreduce_init
 
-__all__ = ["main", "measure", "measure_bytes"]
+__all__ = ["CHOICES", "calls_per_repetition", "main", "measure_bytes", "parse_sizes"]
 
+KIB = 1 << 10
 MIB = 1 << 20
-#: What ``--algorithms`` accepts - our schedules, "mpi" (the library's
-#: Allreduce through our call) and "auto" (the tuning table's choice).
-CHOICES = (*ALLREDUCE_CHOICES, "auto")
+#: What ``--algorithms`` accepts: our schedules, "mpi" (the library's
+#: Allreduce through our call), "auto" (persistent) and "auto_checked".
+CHOICES = (*ALLREDUCE_CHOICES, "auto", "auto_checked")
+#: A repetition's calls move about this many bytes in all.
+BYTES_PER_REPETITION = MIB
 
 
-def _mpi_allreduce(x, comm):
-    comm.data.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+def parse_sizes(text: str) -> list[int]:
+    """``4KiB:256MiB`` (every power of 4 from the first to the second) or a
+    comma-separated list, each size in bytes or with KiB, MiB or GiB."""
+    units = {"KiB": KIB, "MiB": MIB, "GiB": KIB * MIB, "": 1}
+
+    def parse(word):
+        for unit in sorted(units, key=len, reverse=True):
+            if word.endswith(unit) and word[: len(word) - len(unit)].isdigit():
+                return int(word[: len(word) - len(unit)]) * units[unit]
+        raise ValueError(word)
+
+    if ":" in text:
+        lo, hi = map(parse, text.split(":"))
+        sizes = []
+        while lo <= hi:
+            sizes.append(lo)
+            lo *= 4
+        return sizes
+    return [parse(word) for word in text.split(",")]
 
 
-def _ours(algorithm):
-    def run(x, comm):
-        allreduce(x, comm=comm, algorithm=algorithm, check=False)
+def calls_per_repetition(nbytes: int) -> int:
+    """How many calls one repetition times: 1 from a mebibyte on, 256 at 4 KiB."""
+    return max(1, BYTES_PER_REPETITION // max(int(nbytes), 1))
 
-    return run
+
+def _implementation(name: str, x: np.ndarray, comm: Communicator) -> Callable[[], object]:
+    """A call of ``name`` (``MPI_Allreduce`` or one of :data:`CHOICES`) on ``x``."""
+    if name == "MPI_Allreduce":
+        return partial(comm.data.Allreduce, MPI.IN_PLACE, x, MPI.SUM)
+    if name == "auto":
+        return allreduce_init(x, comm=comm)
+    if name == "auto_checked":
+        return partial(allreduce, x, comm=comm)
+    return partial(allreduce, x, comm=comm, algorithm=name, check=False)
 
 
 def measure_bytes(
     comm: Communicator,
     sizes_bytes: Sequence[int],
-    algorithms: Sequence[AllreduceAlgorithm],
+    algorithms: Sequence[str],
     reps: int,
     warmup: int,
     library_column: bool = False,
 ) -> np.ndarray:
-    """Time each of ``algorithms`` (values of ``allreduce(algorithm=...)``) on
-    float32 buffers of ``sizes_bytes``; returns seconds [impl, size, rep], the
-    first impl the library's plain ``MPI_Allreduce`` when ``library_column``.
+    """Time each of ``algorithms`` (from :data:`CHOICES`) on float32 buffers
+    of ``sizes_bytes``; returns seconds per call [impl, size, rep], the first
+    impl the library's plain ``MPI_Allreduce`` when ``library_column``.
 
-    A repetition is timed from a barrier to the slowest rank's return (the
-    maximum over ranks).  Implementations take turns within each repetition,
-    so drift in the machine's load affects all of them alike.
+    A repetition is timed from a barrier to the slowest rank's return from
+    its :func:`calls_per_repetition` calls (the maximum over ranks).
+    Implementations take turns within each repetition, so drift in the
+    machine's load affects all of them alike.
     """
-    impls = [_mpi_allreduce] if library_column else []
-    impls += [_ours(name) for name in algorithms]
-    times = np.zeros((len(impls), len(sizes_bytes), reps))
+    names = (["MPI_Allreduce"] if library_column else []) + list(algorithms)
+    times = np.zeros((len(names), len(sizes_bytes), reps))
     for j, nbytes in enumerate(sizes_bytes):
         # Zeros stay finite however often they are summed in place.
         x = np.zeros(int(nbytes) // 4, dtype=np.float32)
+        runs = [_implementation(name, x, comm) for name in names]
+        calls = calls_per_repetition(nbytes)
         for rep in range(-warmup, reps):
-            for i, run in enumerate(impls):
+            for i, run in enumerate(runs):
                 comm.data.Barrier()
                 start = MPI.Wtime()
-                run(x, comm)
-                elapsed = comm.data.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+                for _ in range(calls):
+                    run()
+                elapsed = comm.data.allreduce((MPI.Wtime() - start) / calls, op=MPI.MAX)
                 if rep >= 0:
                     times[i, j, rep] = elapsed
     return times
 
 
-def measure(
-    comm: Communicator, sizes_mib: Sequence[float], algorithms: Sequence[AllreduceAlgorithm], reps: int, warmup: int
-) -> tuple[list[str], np.ndarray]:
-    """:func:`measure_bytes` in MiB, with the library's ``MPI_Allreduce``
-    first; returns (names, seconds [impl, size, rep])."""
-    times = measure_bytes(comm, [int(mib * MIB) for mib in sizes_mib], algorithms, reps, warmup, library_column=True)
-    return ["MPI_Allreduce", *algorithms], times
+def size_label(nbytes: int) -> str:
+    """``4 KiB``, ``256 MiB``."""
+    return f"{nbytes / KIB:g} KiB" if nbytes < MIB else f"{nbytes / MIB:g} MiB"
 
 
-def _table(names, sizes_mib, times):
+def _table(names, sizes, times):
     median = np.median(times, axis=2)
-    bandwidth = np.array(sizes_mib)[None, :] * MIB / median / 1e9
-    head = f"{'size MiB':>8} " + " ".join(f"{n:>18}" for n in names)
-    lines = [f"algorithmic bandwidth, GB/s (median); ratio to {names[0]}", head]
-    for j, mib in enumerate(sizes_mib):
-        cells = [f"{bandwidth[0, j]:18.3f}"] + [
-            f"{bandwidth[i, j]:10.3f} ({bandwidth[i, j] / bandwidth[0, j]:4.2f}x)" for i in range(1, len(names))
+    head = f"{'size':>9} " + " ".join(f"{n:>22}" for n in names)
+    lines = [f"microseconds per call (median, max over ranks); (speed relative to {names[0]})", head]
+    for j, nbytes in enumerate(sizes):
+        cells = [f"{median[0, j] * 1e6:22.1f}"] + [
+            f"{median[i, j] * 1e6:14.1f} ({median[0, j] / median[i, j]:4.2f}x)" for i in range(1, len(names))
         ]
-        lines.append(f"{mib:8g} " + " ".join(cells))
+        lines.append(f"{size_label(nbytes):>9} " + " ".join(cells))
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog=".venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m collectives.bench allreduce",
-        description="Allreduce bandwidth of our schedules and of MPI_Allreduce in the same run (float32, in place).",
+        description="Allreduce time of our schedules and of MPI_Allreduce in the same run (float32, in place).",
     )
-    parser.add_argument("--sizes-mib", default="1,2,4,8,16,32,64", help="comma-separated buffer sizes in MiB")
+    parser.add_argument(
+        "--sizes",
+        default="1MiB:64MiB",
+        help="LO:HI (every power of 4 from LO to HI) or comma-separated sizes, with KiB/MiB/GiB or in bytes",
+    )
     parser.add_argument(
         "--algorithms",
         default=",".join([*ALLREDUCE_ALGORITHMS, "auto"]),
         help="comma-separated, from: "
         + ", ".join(CHOICES)
-        + " (mpi: the library's Allreduce through our call; auto: the tuning "
-        "table's choice, docs/mpi.md)",
+        + " (mpi: the library's Allreduce through our call; auto: allreduce_init's persistent allreduce, "
+        "checked and resolved once; auto_checked: allreduce(x) checked on every call; docs/mpi.md)",
     )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default=None, help="HDF5 file (default results/allreduce/allreduce_n{ranks}.h5)")
     args = parser.parse_args(argv)
-    sizes = [float(s) for s in args.sizes_mib.split(",")]
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as exc:
+        parser.error(f"--sizes: cannot read {exc} (e.g. 4KiB:256MiB or 4096,65536)")
     algorithms = args.algorithms.split(",")
     unknown = [a for a in algorithms if a not in CHOICES]
-    if unknown or args.reps < 1 or args.warmup < 0 or min(sizes) <= 0:
+    if unknown or args.reps < 1 or args.warmup < 0 or not sizes or min(sizes) < 4:
         parser.error(
             f"--algorithms must be from {', '.join(CHOICES)} (got {unknown})"
             if unknown
-            else "--reps >= 1, --warmup >= 0 and positive --sizes-mib needed"
+            else "--reps >= 1, --warmup >= 0 and --sizes of 4 bytes or more needed"
         )
     with Communicator(MPI.COMM_WORLD) as comm:
         attrs = run_attributes(comm.data)
-        names, times = measure(comm, sizes, algorithms, args.reps, args.warmup)
-        tuning = comm.tuning.source if comm.tuning else "none (fixed thresholds)"  # collective
+        times = measure_bytes(comm, sizes, algorithms, args.reps, args.warmup, library_column=True)
+        names = ["MPI_Allreduce", *algorithms]
+        tuning = comm.tuning.source if comm.tuning else "none (the library's MPI_Allreduce)"  # collective
         if comm.rank == 0:
             print(
                 f"allreduce on {comm.size} ranks, {os.cpu_count()} cores, "
@@ -136,9 +185,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                     tuning_table=tuning,
                     check=False,
                     warmup=args.warmup,
-                    timing="max over ranks, barrier to return, seconds",
+                    timing="max over ranks of the mean over a repetition's calls, barrier to return, seconds",
                 )
-                f["sizes_bytes"] = np.array(sizes) * MIB
+                f["sizes_bytes"] = np.array(sizes)
+                f["calls_per_repetition"] = np.array([calls_per_repetition(n) for n in sizes])
                 f["implementations"] = np.array(names, dtype="S")
                 f["seconds"] = times
                 f["seconds"].attrs["axes"] = "implementation, size, repetition"

@@ -22,31 +22,11 @@ from ..comm import Communicator
 from ..mpi_library import mpi_library
 from ..schedules.blocking import ALLREDUCE_ALGORITHMS, AllreduceChoice
 from ..schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
-from .allreduce import measure_bytes
+from .allreduce import measure_bytes, parse_sizes
 
 __all__ = ["main"]
 
 KIB = 1 << 10
-
-
-def _sizes(text):
-    """``4KiB:256MiB`` (every power of 4 between) or a comma-separated list of bytes."""
-    units = {"KiB": KIB, "MiB": KIB * KIB, "GiB": KIB**3, "": 1}
-
-    def parse(word):
-        for unit in sorted(units, key=len, reverse=True):
-            if word.endswith(unit) and word[: len(word) - len(unit)].isdigit():
-                return int(word[: len(word) - len(unit)]) * units[unit]
-        raise ValueError(word)
-
-    if ":" in text:
-        lo, hi = map(parse, text.split(":"))
-        sizes = []
-        while lo <= hi:
-            sizes.append(lo)
-            lo *= 4
-        return sizes
-    return [parse(word) for word in text.split(",")]
 
 
 def _table(sizes, names, median):
@@ -78,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        sizes = _sizes(args.sizes)
+        sizes = parse_sizes(args.sizes)
     except ValueError as exc:
         parser.error(f"--sizes: cannot read {exc} (e.g. 4KiB:256MiB or 4096,65536)")
     if not sizes or min(sizes) < 4 or args.reps < 1 or args.warmup < 0:
