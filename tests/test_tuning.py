@@ -42,6 +42,14 @@ def test_auto_takes_the_fastest_at_the_nearest_measured_size(nbytes, expected):
     assert choose_allreduce(nbytes, 4, TuningTable(RECORD), "float32") == expected
 
 
+@pytest.mark.parametrize("ours_over_library, expected", [(1.05, "mpi"), (1.09, "mpi"), (1.11, "ring"), (2.0, "ring")])
+def test_ours_must_beat_the_library_by_the_margin(ours_over_library, expected):
+    # Within LIBRARY_MARGIN (1.1) of each other the two are within the noise: ties go to the library.
+    record = {**RECORD, "median_seconds": {"mpi": [1e-3] * 5, "ring": [1e-3 / ours_over_library] * 5}}
+    assert choose_allreduce(MIB, 4, TuningTable(record), "float32") == expected
+    assert choose_allreduce(MIB, 4, TuningTable(record), "float32", library=False) == "ring"
+
+
 def test_the_library_is_passed_over_for_dtypes_it_cannot_sum():
     table = TuningTable(RECORD)
     assert choose_allreduce(MIB, 4, table, "float32") == "mpi"

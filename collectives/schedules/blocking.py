@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from functools import partial
-from typing import TYPE_CHECKING, Generic, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, cast, get_args
 
 import numpy as np
 from mpi4py import MPI
@@ -38,6 +38,7 @@ __all__ = [
     "PersistentAllreduce",
     "REDUCE_SCATTER_ALGORITHMS",
     "ReduceScatterAlgorithm",
+    "LIBRARY_MARGIN",
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
@@ -96,6 +97,12 @@ ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
 #: doubling was the fastest of ours from 4 KiB to 1 MiB (docs/benchmarks.md,
 #: "Allreduce benchmark").
 SMALL_ALLREDUCE_BYTES = 1 << 20
+#: How much faster than the library's ``MPI_Allreduce`` a tuning table must
+#: have measured one of ours for ``auto`` to take it.  Near a crossover the
+#: two are within the run-to-run noise (5 to 10 % on ranks that share
+#: cores), where a wrong pick of ours costs what the library would not: ties
+#: go to the library.
+LIBRARY_MARGIN = 1.1
 
 
 def choose_allreduce(
@@ -106,7 +113,8 @@ def choose_allreduce(
     With a tuning table (:mod:`.tuning`, measured for this library, rank
     count and node shape), the fastest entry it measured at the nearest size,
     the library's ``MPI_Allreduce`` (``"mpi"``) included where the dtype
-    allows it.  Without one, the library's ``MPI_Allreduce`` wherever it may
+    allows it, and kept unless one of ours was :data:`LIBRARY_MARGIN` times
+    faster.  Without one, the library's ``MPI_Allreduce`` wherever it may
     run: a library, rank count or node shape that no table knows is one
     nobody measured, and the library's own selection, tuned by its authors
     for its transports, is the choice that is never behind the library.
@@ -127,7 +135,10 @@ def choose_allreduce(
     """
     with_library = library and not library_dtype_problem(dtype)
     if tuning is not None:
-        measured = tuning.fastest(nbytes, _AUTO_WITH_LIBRARY if with_library else _AUTO_OURS)
+        if with_library:
+            measured = tuning.fastest(nbytes, _AUTO_WITH_LIBRARY, prefer="mpi", margin=LIBRARY_MARGIN)
+        else:
+            measured = tuning.fastest(nbytes, _AUTO_OURS)
         if measured:
             return cast(AllreduceChoice, measured)  # one of allowed
     if with_library:
@@ -226,7 +237,7 @@ def allreduce(
     return data
 
 
-class PersistentAllreduce(Generic[BufferT]):
+class PersistentAllreduce(partial[None]):
     """:func:`allreduce` bound to one buffer, its arguments checked once.
 
     What MPI-4's ``MPI_Allreduce_init`` is to ``MPI_Allreduce``, and what
@@ -236,9 +247,11 @@ class PersistentAllreduce(Generic[BufferT]):
     ``algorithm="auto"`` once; each call then reduces the bound buffer with
     neither.  Where the choice is the library's ``MPI_Allreduce`` and the
     buffer a numpy array or CPU tensor, a call is that ``MPI_Allreduce`` on
-    it (and the scaling of ``op="avg"``) and nothing else, so ``auto`` costs
-    what the library costs (docs/benchmarks.md, "Allreduce with auto").
+    it (and the scaling of ``op="avg"``) and nothing else: the object is a
+    ``functools.partial`` of the library's call, so calling it adds no
+    Python frame (docs/mpi.md, "``auto`` side by side with the library").
 
+    A call returns None; the result is in the bound buffer, :attr:`data`.
     The buffer is bound: write each call's input into it (``data[:] = x``,
     ``tensor.copy_(x)``); a tensor resized or re-pointed after construction
     (``resize_``, ``set_``) is not seen.  Every rank must call its persistent
@@ -257,43 +270,40 @@ class PersistentAllreduce(Generic[BufferT]):
     Args:
         data, comm, algorithm, op: as for :func:`allreduce`.
 
-    Attributes:
-        algorithm: the schedule each call runs (``auto`` resolved), a key of
-            :data:`ALLREDUCE_CHOICES`.
-
     Raises:
         ValueError, TypeError: on every rank, when any rank's arguments are
             bad or they differ across ranks (what :func:`allreduce` raises).
     """
 
-    def __init__(
-        self, data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
-    ) -> None:
+    #: The bound buffer.
+    data: Buffer
+    comm: Communicator
+    op: Op
+    #: The schedule each call runs (``auto`` resolved), a key of :data:`ALLREDUCE_CHOICES`.
+    algorithm: AllreduceChoice
+
+    def __new__(
+        cls, data: Buffer, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
+    ) -> PersistentAllreduce:
         chosen, _ = _prepare("allreduce", data, comm, algorithm, ALLREDUCE_CHOICES, op, True)
-        self.data: BufferT = data
-        self.comm, self.op = comm, op
-        self.algorithm: AllreduceChoice = chosen
         scale = _scale(op, comm)
         array = host_array(data) if chosen == "mpi" else None
         if array is None:
-            self._reduce: Callable[[], object] = partial(_run, ALLREDUCE_CHOICES[chosen], data, comm, scale)
+            self = super().__new__(cls, _run, ALLREDUCE_CHOICES[chosen], data, comm, scale)
         elif scale is None:
-            self._reduce = partial(comm.data.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
+            self = super().__new__(cls, comm.data.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
         else:
-            self._reduce = partial(_library_average, comm.data, array, scale)
-
-    def __call__(self) -> BufferT:
-        """Reduce the bound buffer over all ranks, in place; returns it."""
-        self._reduce()
-        return self.data
+            self = super().__new__(cls, _library_average, comm.data, array, scale)
+        self.data, self.comm, self.op, self.algorithm = data, comm, op, chosen
+        return self
 
     def __repr__(self) -> str:
         return f"PersistentAllreduce(algorithm={self.algorithm!r}, op={self.op!r}, ranks={self.comm.size})"
 
 
 def allreduce_init(
-    data: BufferT, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
-) -> PersistentAllreduce[BufferT]:
+    data: Buffer, *, comm: Communicator, algorithm: AllreduceAlgorithm = "auto", op: Op = "sum"
+) -> PersistentAllreduce:
     """A :class:`PersistentAllreduce` of ``data``: collective, checks once."""
     return PersistentAllreduce(data, comm=comm, algorithm=algorithm, op=op)
 

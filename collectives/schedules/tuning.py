@@ -97,7 +97,7 @@ class TuningTable:
         self.seconds = {name: [float(t) for t in times] for name, times in record["median_seconds"].items()}
         self.setting = {key: record[key] for key in ("library", "version", "ranks", "nodes", "ranks_per_node")}
         self.source = source
-        self._chosen: dict[tuple[int, tuple[str, ...]], str | None] = {}
+        self._chosen: dict[tuple[int, tuple[str, ...], str | None, float], str | None] = {}
         if (
             not self.sizes
             or self.sizes != sorted(self.sizes)
@@ -107,15 +107,23 @@ class TuningTable:
                 f"tuning table {source or record}: sizes must ascend and every algorithm must have one time per size"
             )
 
-    def fastest(self, nbytes: int, allowed: tuple[str, ...]) -> str | None:
+    def fastest(
+        self, nbytes: int, allowed: tuple[str, ...], prefer: str | None = None, margin: float = 1.0
+    ) -> str | None:
         """The fastest of ``allowed`` (a tuple of names) at the measured size nearest ``nbytes``
-        (log scale), or None if the table measured none of them."""
-        key = (nbytes, allowed)
+        (log scale), or None if the table measured none of them.  ``prefer``
+        (one of ``allowed``) is kept unless another was faster by the factor
+        ``margin``."""
+        key = (nbytes, allowed, prefer, margin)
         if key not in self._chosen:  # called for every auto allreduce: decide each size once
             candidates = [name for name in self.seconds if name in allowed]
             target = math.log2(max(nbytes, 1))
             index = min(range(len(self.sizes)), key=lambda i: abs(math.log2(self.sizes[i]) - target))
-            self._chosen[key] = min(candidates, key=lambda name: self.seconds[name][index]) if candidates else None
+            best = min(candidates, key=lambda name: self.seconds[name][index]) if candidates else None
+            if prefer in candidates and best is not None:
+                if self.seconds[best][index] * margin > self.seconds[prefer][index]:
+                    best = prefer
+            self._chosen[key] = best
         return self._chosen[key]
 
     def to_record(self) -> dict[str, Any]:

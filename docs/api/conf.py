@@ -60,7 +60,7 @@ html_theme = "alabaster"
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|torch|mpi4py|MPI|h5py|pandas)(\..*)?"),
     (r"py:.*", r"(argparse|collections|contextlib|dataclasses|hmac|inspect|os|secrets|signal)\..*"),
-    (r"py:.*", r"(subprocess|threading)\..*"),
+    (r"py:.*", r"(functools|subprocess|threading)\..*"),
     (r"py:.*", r"AbstractContextManager"),
 ]
 
