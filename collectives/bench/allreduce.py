@@ -24,13 +24,20 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
 
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
-from ..schedules.blocking import ALLREDUCE_ALGORITHMS, ALLREDUCE_CHOICES, allreduce, allreduce_init
+from ..schedules.blocking import (
+    ALLREDUCE_ALGORITHMS,
+    ALLREDUCE_CHOICES,
+    AllreduceChoice,
+    allreduce,
+    allreduce_init,
+)
 
 __all__ = ["CHOICES", "calls_per_repetition", "main", "measure_bytes", "parse_sizes"]
 
@@ -77,7 +84,7 @@ def _implementation(name: str, x: np.ndarray, comm: Communicator) -> Callable[[]
         return allreduce_init(x, comm=comm)
     if name == "auto_checked":
         return partial(allreduce, x, comm=comm)
-    return partial(allreduce, x, comm=comm, algorithm=name, check=False)
+    return partial(allreduce, x, comm=comm, algorithm=cast(AllreduceChoice, name), check=False)
 
 
 def measure_bytes(
