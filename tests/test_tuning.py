@@ -42,9 +42,9 @@ def test_auto_takes_the_fastest_at_the_nearest_measured_size(nbytes, expected):
     assert choose_allreduce(nbytes, 4, TuningTable(RECORD), "float32") == expected
 
 
-@pytest.mark.parametrize("ours_over_library, expected", [(1.05, "mpi"), (1.09, "mpi"), (1.11, "ring"), (2.0, "ring")])
+@pytest.mark.parametrize("ours_over_library, expected", [(1.05, "mpi"), (1.29, "mpi"), (1.31, "ring"), (2.0, "ring")])
 def test_ours_must_beat_the_library_by_the_margin(ours_over_library, expected):
-    # Within LIBRARY_MARGIN (1.1) of each other the two are within the noise: ties go to the library.
+    # Within LIBRARY_MARGIN (1.3) of each other the two are within the noise: ties go to the library.
     record = {**RECORD, "median_seconds": {"mpi": [1e-3] * 5, "ring": [1e-3 / ours_over_library] * 5}}
     assert choose_allreduce(MIB, 4, TuningTable(record), "float32") == expected
     assert choose_allreduce(MIB, 4, TuningTable(record), "float32", library=False) == "ring"
@@ -139,5 +139,5 @@ def test_benchmark_sizes_are_powers_of_four_or_a_list():
         parse_sizes("4kb:1MiB")
 
 
-def test_a_repetition_times_about_a_mebibyte_of_calls():
-    assert [calls_per_repetition(n) for n in (4 * KIB, 64 * KIB, MIB, 256 * MIB)] == [256, 16, 1, 1]
+def test_a_repetition_times_up_to_16_mib_of_calls_and_at_most_1024():
+    assert [calls_per_repetition(n) for n in (4 * KIB, 64 * KIB, MIB, 16 * MIB, 256 * MIB)] == [1024, 256, 16, 1, 1]

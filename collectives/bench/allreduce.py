@@ -13,9 +13,9 @@ with the others within every repetition:
   resolved once per buffer;
 * ``auto_checked``: ``allreduce(x)``, checked and resolved on every call.
 
-A repetition times ``calls`` back-to-back calls (enough for about a
-mebibyte, so that a 4 KiB call is not lost in the barrier's jitter) and
-records the time per call.
+A repetition times :func:`calls_per_repetition` back-to-back calls (so
+that a 4 KiB call is not lost in the barrier's jitter) and records the time
+per call.
 """
 
 from __future__ import annotations
@@ -46,8 +46,11 @@ MIB = 1 << 20
 #: What ``--algorithms`` accepts: our schedules, "mpi" (the library's
 #: Allreduce through our call), "auto" (persistent) and "auto_checked".
 CHOICES = (*ALLREDUCE_CHOICES, "auto", "auto_checked")
-#: A repetition's calls move about this many bytes in all.
-BYTES_PER_REPETITION = MIB
+#: A repetition's calls move about this many bytes in all, in at most
+#: :data:`MAX_CALLS_PER_REPETITION` calls: several calls up to 4 MiB, so that
+#: one descheduled call on ranks that share cores does not decide a median.
+BYTES_PER_REPETITION = 16 * MIB
+MAX_CALLS_PER_REPETITION = 1024
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -72,8 +75,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def calls_per_repetition(nbytes: int) -> int:
-    """How many calls one repetition times: 1 from a mebibyte on, 256 at 4 KiB."""
-    return max(1, BYTES_PER_REPETITION // max(int(nbytes), 1))
+    """How many calls one repetition times: 1024 at 4 KiB, 16 at 1 MiB, 1 from 16 MiB on."""
+    return min(MAX_CALLS_PER_REPETITION, max(1, BYTES_PER_REPETITION // max(int(nbytes), 1)))
 
 
 def _implementation(name: str, x: np.ndarray, comm: Communicator) -> Callable[[], object]:
