@@ -78,7 +78,7 @@ import numpy as np
 
 from ..buffers import Buffer, BufferT, describe
 from ..failures import wait
-from ..schedules.blocking import Op, allreduce
+from ..schedules.blocking import Op, allreduce, allreduce_init
 from .cost import break_even_lead
 from .generator import lower_bound
 from .prediction import StragglerPredictor
@@ -111,7 +111,9 @@ class PredictedStragglerSync:
         op: ``"sum"`` or ``"avg"``.
         fallback: ``callable(buffer)`` reducing over all ranks in place
             while no rank is predicted (default: ``allreduce(buffer,
-            comm=comm, op=op)``).
+            comm=comm, op=op)``, the templates themselves bound once by
+            :func:`~collectives.schedules.blocking.allreduce_init`, so that
+            ``auto`` costs what the library's call costs).
         cached_plans: the predicted stragglers whose StragglAR plans are
             kept (one plan per template shape; each plan holds a
             communicator of the other ranks).
@@ -144,8 +146,13 @@ class PredictedStragglerSync:
         if isinstance(cached_plans, bool) or not isinstance(cached_plans, int) or cached_plans < 1:
             raise ValueError(f"cached_plans must be an int >= 1, got {cached_plans!r}")
         self.comm, self.op = comm, op
+        templates = list(templates)
         self.predictor = StragglerPredictor(comm.size, **predictor)
         self._fallback = fallback or (lambda buf: allreduce(buf, comm=comm, op=op, check=False))
+        # The default fallback on the templates themselves: checked and resolved once (allreduce_init).
+        # Whether a buffer is a template is each rank's own view, but both paths send the same
+        # messages: neither agrees per call, and both resolve auto alike (one comm, one table).
+        self._bound = {} if fallback else {id(t): allreduce_init(t, comm=comm, op=op) for t in templates}
         self._plans: OrderedDict[tuple[int | None, int, str], StragglerAwareAllreduce] = OrderedDict()
         self._templates: dict[tuple[int, str], Buffer] = {}  # (numel, dtype) -> a buffer of that shape
         for template in templates:
@@ -192,7 +199,11 @@ class PredictedStragglerSync:
         key = (self.straggler, info.numel, info.dtype)
         plan = self._plans.get(key)
         if plan is None:  # no prediction, or a buffer shape not planned for
-            self._fallback(buffer)
+            bound = self._bound.get(id(buffer))
+            if bound is not None and bound.data is buffer:
+                bound()
+            else:
+                self._fallback(buffer)
             self._ran_stragglar = False
         else:
             self._plans.move_to_end(key)
