@@ -33,12 +33,12 @@ __all__ = [
     "AllreduceAlgorithm",
     "AllreduceChoice",
     "AllreduceSchedule",
+    "LIBRARY_MARGIN",
     "OPS",
     "Op",
     "PersistentAllreduce",
     "REDUCE_SCATTER_ALGORITHMS",
     "ReduceScatterAlgorithm",
-    "LIBRARY_MARGIN",
     "SMALL_ALLREDUCE_BYTES",
     "allgather",
     "allreduce",
@@ -93,9 +93,9 @@ ALLGATHER_ALGORITHMS: dict[AllgatherAlgorithm, Callable[..., None]] = {
 
 #: Below this many bytes ``algorithm="auto"`` takes recursive doubling (few
 #: messages); from it on a bandwidth-optimal schedule, where no tuning table
-#: applies and the library may not run.  On 4 ranks of this project's 2-core reference machine recursive
-#: doubling was the fastest of ours from 4 KiB to 1 MiB (docs/benchmarks.md,
-#: "Allreduce benchmark").
+#: applies and the library may not run.  On 4 ranks of this project's 2-core
+#: reference machine recursive doubling was the fastest of ours from 4 KiB to
+#: 1 MiB (docs/benchmarks.md, "Allreduce benchmark").
 SMALL_ALLREDUCE_BYTES = 1 << 20
 #: How much faster than the library's ``MPI_Allreduce`` a tuning table must
 #: have measured one of ours for ``auto`` to take it.  Near a crossover the
@@ -103,8 +103,9 @@ SMALL_ALLREDUCE_BYTES = 1 << 20
 #: the library would not: ties go to the library.  On the 2-core reference
 #: machine the sizes where a table had measured ours 1.10x to 1.25x ahead
 #: came out between 0.76x and 1.13x of the library in the next run (eight
-#: cells, three libraries; docs/mpi.md), no gain on average; from 1.38x on
-#: they held.
+#: cells, three libraries; docs/mpi.md), no gain on average.  Larger leads
+#: held, but for 4 MiB on 2 ranks, where both libraries' times swing by 2x
+#: between runs.
 LIBRARY_MARGIN = 1.3
 
 
