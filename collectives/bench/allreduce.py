@@ -39,7 +39,15 @@ from ..schedules.blocking import (
     allreduce_init,
 )
 
-__all__ = ["CHOICES", "calls_per_repetition", "main", "measure_bytes", "parse_sizes"]
+__all__ = [
+    "BYTES_PER_REPETITION",
+    "CHOICES",
+    "MAX_CALLS_PER_REPETITION",
+    "calls_per_repetition",
+    "main",
+    "measure_bytes",
+    "parse_sizes",
+]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -50,6 +58,7 @@ CHOICES = (*ALLREDUCE_CHOICES, "auto", "auto_checked")
 #: :data:`MAX_CALLS_PER_REPETITION` calls: several calls up to 4 MiB, so that
 #: one descheduled call on ranks that share cores does not decide a median.
 BYTES_PER_REPETITION = 16 * MIB
+#: The most calls one repetition times (4 KiB and below).
 MAX_CALLS_PER_REPETITION = 1024
 
 
