@@ -6,7 +6,6 @@ from collections.abc import Callable, Collection
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast, get_args
 
-import numpy as np
 from mpi4py import MPI
 
 from ..agreement import check_arguments
@@ -17,7 +16,13 @@ from .halving_doubling import (
     recursive_halving_reduce_scatter,
     rhd_allreduce,
 )
-from .library import host_array, library_allreduce, library_allreduce_in_place, library_dtype_problem
+from .library import (
+    host_array,
+    library_allreduce,
+    library_allreduce_array,
+    library_allreduce_in_place,
+    library_dtype_problem,
+)
 from .partition import block_offsets
 from .ring import ring_allgather, ring_allreduce, ring_reduce_scatter
 
@@ -297,7 +302,7 @@ class PersistentAllreduce(partial[None]):
         elif scale is None:
             self = super().__new__(cls, comm.data.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
         else:
-            self = super().__new__(cls, _library_average, comm.data, array, scale)
+            self = super().__new__(cls, library_allreduce_array, comm.data, array, scale)
         self.data, self.comm, self.op, self.algorithm = data, comm, op, chosen
         return self
 
@@ -310,11 +315,6 @@ def allreduce_init(
 ) -> PersistentAllreduce:
     """A :class:`PersistentAllreduce` of ``data``: collective, checks once."""
     return PersistentAllreduce(data, comm=comm, algorithm=algorithm, op=op)
-
-
-def _library_average(data_comm: MPI.Intracomm, array: np.ndarray, scale: float) -> None:
-    data_comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
-    np.multiply(array, scale, out=array)
 
 
 def reduce_scatter(

@@ -24,6 +24,7 @@ __all__ = [
     "LIBRARY_DTYPES",
     "host_array",
     "library_allreduce",
+    "library_allreduce_array",
     "library_allreduce_in_place",
     "library_dtype_problem",
 ]
@@ -55,6 +56,14 @@ def host_array(data: Buffer) -> np.ndarray | None:
     return None if data.is_cuda else data.detach().numpy()
 
 
+def library_allreduce_array(data_comm: MPI.Intracomm, array: np.ndarray, scale: float | None = None) -> None:
+    """``MPI_Allreduce(MPI_IN_PLACE, array, MPI_SUM)`` over ``data_comm`` on a
+    numpy array (a host buffer's own memory), then ``scale``."""
+    data_comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
+    if scale is not None:
+        np.multiply(array, scale, out=array)
+
+
 def library_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
     """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
     ``scale`` (averaging) on every rank alike: the schedule form, on a
@@ -74,7 +83,5 @@ def library_allreduce_in_place(data: Buffer, comm: Communicator, scale: float | 
     array = host_array(data)
     if array is None:
         return False
-    comm.data.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
-    if scale is not None:
-        np.multiply(array, scale, out=array)
+    library_allreduce_array(comm.data, array, scale)
     return True
