@@ -47,6 +47,7 @@ __all__ = [
     "main",
     "measure_bytes",
     "parse_sizes",
+    "size_label",
 ]
 
 KIB = 1 << 10

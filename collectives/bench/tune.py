@@ -22,18 +22,16 @@ from ..comm import Communicator
 from ..mpi_library import mpi_library
 from ..schedules.blocking import ALLREDUCE_ALGORITHMS, AllreduceChoice
 from ..schedules.tuning import DEFAULT_TUNING_DIR, TuningTable, table_name, tuning_setting
-from .allreduce import measure_bytes, parse_sizes
+from .allreduce import measure_bytes, parse_sizes, size_label
 
 __all__ = ["main"]
-
-KIB = 1 << 10
 
 
 def _table(sizes, names, median):
     head = f"{'size':>9} " + " ".join(f"{n:>18}" for n in names) + f" {'fastest':>18} {'auto/MPI':>9}"
     lines = ["median ms (max over ranks); auto/MPI: MPI_Allreduce's time over the fastest's", head]
     for j, nbytes in enumerate(sizes):
-        size = f"{nbytes // KIB} KiB" if nbytes < KIB * KIB else f"{nbytes // (KIB * KIB)} MiB"
+        size = size_label(nbytes)
         best = int(np.argmin(median[:, j]))
         cells = " ".join(f"{median[i, j] * 1e3:18.3f}" for i in range(len(names)))
         lines.append(f"{size:>9} {cells} {names[best]:>18} {median[0, j] / median[best, j]:8.2f}x")
