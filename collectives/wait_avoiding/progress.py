@@ -369,8 +369,7 @@ class ProgressEngine(Generic[LikeT]):
                     self._wake.wait()  # this one when it is done
                     continue
                 with self._messaging:
-                    progressed = self._take_posted() if self.idle == "park" else False
-                    progressed |= self._poll()
+                    progressed = self._receive()
                     progressed |= self._serve_requests()
                     self._complete_sends()
                 progressed |= self._execute_activated()
@@ -458,6 +457,13 @@ class ProgressEngine(Generic[LikeT]):
                 self._wakes.Recv(self._posted_payloads[1], 0, 0)
             MPI.Request.Waitall(sent)
 
+    def _receive(self) -> bool:
+        """Handle every control message that has come in (progress thread,
+        under the messaging lock): the posted receive's (``"park"``), then
+        those a probe finds."""
+        progressed = self._take_posted() if self.idle == "park" else False
+        return self._poll() or progressed
+
     def _poll(self) -> bool:
         """Receive every pending control message (matched probes, never a
         probe followed by a receive that another thread could race)."""
@@ -519,9 +525,7 @@ class ProgressEngine(Generic[LikeT]):
                 self._done.notify_all()
             progressed = True
             with self._messaging:  # forward activations that came in meanwhile
-                if self.idle == "park":
-                    self._take_posted()
-                self._poll()
+                self._receive()
 
     # -- either thread -------------------------------------------------------
 
