@@ -8,9 +8,10 @@ or hang.
 
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
-from collectives import Communicator, allgather, allreduce, group_allreduce, reduce_scatter
+from collectives import Communicator, allgather, allreduce, allreduce_init, group_allreduce, reduce_scatter
 
 pytestmark = pytest.mark.mpi
 
@@ -134,3 +135,42 @@ def test_neighbor_offsets_differ(comm):
 
     with pytest.raises(ValueError, match="offsets must be the same on every rank"):
         neighbor_sum(np.zeros(4), comm=comm, offsets=_on_last((1,), (-1,)))
+
+
+# Each case: the buffer and keyword arguments this rank passes (the last rank
+# alone passes the bad ones, or every rank where the problem is everyone's).
+BAD = {
+    "a different size": lambda: (np.zeros(_on_last(11, 10), np.float32), {}),
+    "a different dtype": lambda: (np.zeros(10, _on_last(np.float64, np.float32)), {}),
+    "a non-contiguous buffer": lambda: (_on_last(np.zeros((10, 2))[:, 0], np.zeros(10)), {}),
+    "not a buffer": lambda: (_on_last([0.0] * 4, np.zeros(4)), {}),
+    "a dtype no schedule sums": lambda: (np.zeros(4, complex), {}),
+    "an unknown algorithm": lambda: (np.zeros(4), {"algorithm": _on_last("tree", "ring")}),
+    "a dtype the library cannot sum": lambda: (
+        torch.zeros(4, dtype=_on_last(torch.float16, torch.float32)),
+        {"algorithm": "mpi"},
+    ),
+    "avg of integers": lambda: (np.zeros(4, np.int64), {"op": "avg"}),
+    "a different op": lambda: (np.zeros(4), {"op": _on_last("avg", "sum")}),
+    "a different algorithm": lambda: (np.zeros(4), {"algorithm": _on_last("ring", "rhd")}),
+}
+
+
+def _raised(call):
+    try:
+        call()
+    except (ValueError, TypeError) as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_a_persistent_allreduce_refuses_what_allreduce_refuses(comm, case):
+    data, kwargs = BAD[case]()
+    if WORLD.size < 2 and case.startswith("a different"):
+        pytest.skip("needs two ranks to disagree")
+    full = _raised(lambda: allreduce(data, comm=comm, **kwargs))
+    fast = _raised(lambda: allreduce_init(data, comm=comm, **kwargs))
+    assert full is not None, f"allreduce accepted {case}"
+    assert type(fast) is type(full) and str(fast) == str(full)
+    # Every rank raised, before any data moved: the fixture's allreduce still works.
