@@ -15,6 +15,7 @@ tensor is copied to a pinned host tensor, reduced there, and copied back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, TypeAlias, TypeGuard, TypeVar
@@ -38,6 +39,7 @@ __all__ = [
     "StagingArea",
     "Workspace",
     "describe",
+    "dtype_name",
     "open_buffer",
     "zeros_like",
 ]
@@ -76,6 +78,15 @@ class BufferInfo(NamedTuple):
     dtype: str
 
 
+@functools.cache
+def dtype_name(dtype: Any) -> str:
+    """The name of a numpy or torch dtype as :data:`SUPPORTED_DTYPES` spells
+    it (``float32``, ``bfloat16``), found once per dtype: numpy builds
+    ``str(dtype)`` anew each time (about 3 us), and every collective's call
+    asks for it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def describe(data: object) -> BufferInfo:
     """Check a candidate buffer without raising.
 
@@ -85,9 +96,9 @@ def describe(data: object) -> BufferInfo:
     them moves data.
     """
     if isinstance(data, np.ndarray):
-        dtype, contiguous = str(data.dtype), data.flags.c_contiguous
+        dtype, contiguous = dtype_name(data.dtype), data.flags.c_contiguous
     elif _is_tensor(data):
-        dtype = str(data.dtype).removeprefix("torch.")
+        dtype = dtype_name(data.dtype)
         contiguous = data.is_contiguous()
     else:
         return BufferInfo(
@@ -119,6 +130,11 @@ class FlatBuffer:
     is_integer: bool
     _bytes: Buffer  # the elements as bytes: a numpy uint8 array, or a uint8 torch tensor on the device
     _itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the buffer in bytes."""
+        return self.numel * self._itemsize
 
     def msg(self, lo: int, hi: int) -> Buffer:
         """The bytes of elements ``[lo, hi)``, as an MPI buffer."""
@@ -152,7 +168,7 @@ class _NumpyBuffer(FlatBuffer):
         self._bytes = self._typed.view(np.uint8)
         self._itemsize = array.itemsize
         self.numel = self._typed.size
-        self.dtype = str(array.dtype)
+        self.dtype = dtype_name(array.dtype)
         self.is_integer = array.dtype.kind in "iu"
 
     def scratch(self, numel):
@@ -186,7 +202,7 @@ class _TorchBuffer(FlatBuffer):
         self._itemsize = tensor.element_size()
         self._cuda = tensor.is_cuda
         self.numel = tensor.numel()
-        self.dtype = str(tensor.dtype).removeprefix("torch.")
+        self.dtype = dtype_name(tensor.dtype)
         self.is_integer = not tensor.is_floating_point()
 
     def scratch(self, numel):
