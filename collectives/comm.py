@@ -6,8 +6,9 @@ import copy
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from mpi4py import MPI
 
@@ -111,6 +112,8 @@ class Communicator:
         self.fault_tolerant = fault_tolerant()
         # Under fault tolerance the latest sends, persistent and unfreed (isend).
         self._kept_sends: deque[MPI.Prequest] | None = deque() if self.fault_tolerant else None
+        # What derived() made from this communicator, closed with it.
+        self._derived: dict[Hashable, Any] = {}
 
     @property
     def tuning(self) -> TuningTable | None:
@@ -142,6 +145,16 @@ class Communicator:
         return open_buffer(
             data, cuda_aware=self.cuda_aware, staging=self.staging, workspace=self.workspace, writeback=writeback
         )
+
+    def derived(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """What ``make()`` makes from this communicator for ``key``, made the
+        first time it is asked for and closed (its ``close()``) with this
+        communicator: the butterfly groups' communicators, for example.
+        Collective where ``make`` is: every rank must ask at the same point."""
+        if key not in self._derived:
+            self._check_open()
+            self._derived[key] = make()
+        return self._derived[key]
 
     def waiting(self, yield_while_waiting: bool) -> Communicator:
         """This communicator (same duplicates, staging area and workspace)
@@ -245,6 +258,9 @@ class Communicator:
                     request.Free()
                 else:
                     hold(request)
+            for made in self._derived.values():
+                made.close()
+            self._derived.clear()
             self._kept_sends = None if self._kept_sends is None else deque()
             if let_go:
                 self._let_go = True

@@ -320,9 +320,9 @@ def test_paper_groups_are_kept_and_a_fold_example():
     assert (g.core_size, g.num_groups, g.num_phases) == (4, 2, 1)
     assert g.groups(0) == [[0, 1, 4], [2, 3, 5]]
     assert g.groups(1) == [[0, 2, 4], [1, 3, 5]]
-    assert g.plan(1, 4) == GroupPlan((), 3, folded_into=0)
-    assert g.plan(1, 0) == GroupPlan((2,), 3, folded_from=4)
-    assert g.plan(1, 2) == GroupPlan((2,), 3)
+    assert g.plan(1, 4) == GroupPlan((), 3, folded_into=0, members=(0, 2, 4))
+    assert g.plan(1, 0) == GroupPlan((2,), 3, folded_from=4, members=(0, 2, 4))
+    assert g.plan(1, 2) == GroupPlan((2,), 3, members=(0, 2, 4))
     assert g.partners(1, 5) == ()
     assert ButterflyGrouping(7, 2).groups(0) == [[0, 1, 4, 6], [2, 3, 5]]  # 2S = 4 at most
 
@@ -367,7 +367,7 @@ def _check_plans(P, S):
     for t in range(grouping.period):
         for group in grouping.groups(t):
             plans = {r: grouping.plan(t, r) for r in group}
-            assert all(p.size == len(group) for p in plans.values())
+            assert all(p.size == len(group) and p.members == tuple(group) for p in plans.values())
             members = [r for r in group if r < core]
             assert len(members) == 1 << grouping.num_phases
             for r in group:

@@ -8,7 +8,9 @@ from collectives.schedules import blocking
 from collectives.wait_avoiding import LATE, collective
 from collectives.wait_avoiding.group_allreduce import (
     GROUP_ALLREDUCE_ALGORITHMS,
+    GROUP_ALLREDUCE_CHOICES,
     GroupAllreduceAlgorithm,
+    GroupAllreduceChoice,
     GroupAllreduceSchedule,
 )
 from wagma.algorithms import ALGORITHMS
@@ -39,7 +41,8 @@ def test_a_registry_has_the_names_of_its_literal(registry, names):
 def test_the_choices_extend_the_schedules():
     assert get_args(blocking.AllreduceChoice) == (*blocking.ALLREDUCE_ALGORITHMS, "mpi")
     assert get_args(blocking.AllreduceAlgorithm) == (*blocking.ALLREDUCE_CHOICES, "auto")
-    assert get_args(GroupAllreduceAlgorithm) == (*GROUP_ALLREDUCE_ALGORITHMS, "auto")
+    assert get_args(GroupAllreduceChoice) == GROUP_ALLREDUCE_CHOICES == (*GROUP_ALLREDUCE_ALGORITHMS, "mpi")
+    assert get_args(GroupAllreduceAlgorithm) == (*GROUP_ALLREDUCE_CHOICES, "auto")
 
 
 def test_the_options_spell_the_collectives_values():

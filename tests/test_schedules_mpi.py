@@ -29,7 +29,7 @@ from collectives.schedules.blocking import (
     ALLREDUCE_CHOICES,
     REDUCE_SCATTER_ALGORITHMS,
 )
-from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_ALGORITHMS
+from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, group_schedule
 from collectives.wait_avoiding.groups import ButterflyGrouping
 
 pytestmark = pytest.mark.mpi
@@ -193,7 +193,7 @@ def _group_sizes(P):
     return sorted({1 << k for k in range(P.bit_length())} | {min(3, P), P})
 
 
-@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_CHOICES, "auto"])
 def test_group_allreduce_equals_mpi_allreduce_within_group(sub, algorithm):
     comm = member(sub)
     for group_size in _group_sizes(comm.size):
@@ -215,17 +215,18 @@ def test_group_allreduce_equals_mpi_allreduce_within_group(sub, algorithm):
             group_comm.Free()
 
 
-@pytest.mark.parametrize("algorithm", GROUP_ALLREDUCE_ALGORITHMS)
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_CHOICES, "auto"])
 @pytest.mark.parametrize("library", ["numpy", "torch"])
 def test_group_schedules_out_of_place_equal_in_place(sub, algorithm, library):
     """With ``src`` (how the wait-avoiding collective runs them) the
     schedules write the in-place result bitwise into ``buf``, whatever it
     held, and leave ``src`` as it was; folded ranks and their hosts too."""
     comm = member(sub)
-    schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
     for group_size in sorted({1, min(2, comm.size), comm.size}):
-        plan = ButterflyGrouping(comm.size, group_size).plan(5, comm.rank)
+        grouping = ButterflyGrouping(comm.size, group_size)
+        plan = grouping.plan(5, comm.rank)
         for n in (0, 1, 7, 1001, 300_001):
+            schedule = group_schedule(algorithm, comm, grouping, 4 * n, "float32")
             x = _random(n, np.float32, seed=(comm.rank, group_size, n))
             source, in_place = x.copy(), x.copy()
             out = np.full(n, np.nan, dtype=np.float32)
@@ -239,7 +240,7 @@ def test_group_schedules_out_of_place_equal_in_place(sub, algorithm, library):
             assert np.asarray(source).tobytes() == x.tobytes(), "src was written"
 
 
-@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_ALGORITHMS, "auto"])
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_CHOICES, "auto"])
 def test_group_allreduce_with_fixed_groups_averages_in_iteration_0s_groups(sub, algorithm):
     """``dynamic_groups=False`` (WAGMA's ablation 2): at every t the mean over
     iteration 0's group (for powers of two blocks of S consecutive ranks);

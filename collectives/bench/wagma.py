@@ -15,15 +15,27 @@ from mpi4py import MPI
 from ..comm import Communicator
 from ..provenance import results_file, run_attributes
 from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
-from ..wait_avoiding.group_allreduce import group_allreduce
+from ..wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, group_allreduce
+from ..wait_avoiding.groups import ButterflyGrouping
 
 __all__ = ["main"]
 
 MIB = 1 << 20
 SCENARIOS = ("none", "random2", "straggler")
-IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce")
+#: The implementations that can be timed, in turn the wait-avoiding
+#: collective, the blocking group allreduce (both with ``--group-algorithm``),
+#: ``MPI_Allreduce`` over all ranks, and ``MPI_Allreduce`` on a communicator
+#: of the group's ranks (the library's floor for a group allreduce).
+IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce", "group_library")
+#: What runs without ``--implementations``.
+DEFAULT_IMPLEMENTATIONS = IMPLEMENTATIONS[:3]
 #: The ratios reported, ``(label, numerator, denominator)``, where both ran.
-RATIOS = (("WA/blocking", "wait_avoiding", "group_blocking"), ("global/WA", "global_allreduce", "wait_avoiding"))
+RATIOS = (
+    ("WA/blocking", "wait_avoiding", "group_blocking"),
+    ("global/WA", "global_allreduce", "wait_avoiding"),
+    ("blocking/library", "group_blocking", "group_library"),
+    ("WA/library", "wait_avoiding", "group_library"),
+)
 
 
 def delayed_ranks(scenario, size, iterations, seed):
@@ -58,7 +70,7 @@ def kept_steps(bounds, warmup):
     return kept
 
 
-def round_order(round_index, implementations=IMPLEMENTATIONS):
+def round_order(round_index, implementations=DEFAULT_IMPLEMENTATIONS):
     """``implementations`` in the order round ``round_index`` runs them.
 
     Rotated by one each round, so none always runs first or last, and every
@@ -108,7 +120,19 @@ def _process_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
+def group_communicators(comm, grouping):
+    """``{members: communicator}`` of this rank's groups over ``grouping``'s
+    period (collective): what ``group_library`` reduces over."""
+    made = {}
+    for t in range(grouping.period):
+        groups = grouping.groups(t)
+        mine = next(i for i, g in enumerate(groups) if comm.rank in g)
+        if tuple(groups[mine]) not in made:
+            made[tuple(groups[mine])] = comm.data.Split(mine, comm.rank)
+    return made
+
+
+def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, algorithm="auto"):
     """Steps ``first, first + 1, ...`` of one implementation (``delays``:
     their rows of the delay table), as :class:`Steps`.  On an oversubscribed
     node the CPU per step is the cost that matters: every cycle one rank
@@ -118,11 +142,14 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
     collective is opened for the round and closed after it (untimed), so its
     progress thread does not run while the others are timed."""
     steps = Steps.empty(len(delays))
-    wa = None
+    wa = groups = None
+    grouping = ButterflyGrouping(comm.size, group_size)
     if implementation == "wait_avoiding":
         wa = WaitAvoidingGroupAllreduce(
-            comm.data, buf, group_size=group_size, op="avg", waits=waits, first_iteration=first
+            comm.data, buf, group_size=group_size, op="avg", waits=waits, first_iteration=first, algorithm=algorithm
         ).open()
+    elif implementation == "group_library":
+        groups = group_communicators(comm, grouping)
     comm.data.Barrier()
     for i, delayed in enumerate(delays[:, comm.rank]):
         t = first + i
@@ -137,7 +164,11 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
                 combine_stale(result.value, buf, group_size)
             buf = result.value
         elif implementation == "group_blocking":
-            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg", check=False)
+            group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg", algorithm=algorithm, check=False)
+        elif groups is not None:
+            members = tuple(grouping.group_of(t, comm.rank))
+            groups[members].Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            buf *= 1.0 / len(members)
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / comm.size
@@ -146,6 +177,8 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first):
         steps.main_cpu[i] = time.thread_time() - main_cpu
     if wa is not None:
         wa.close()
+    for group in (groups or {}).values():
+        group.Free()
     return steps
 
 
@@ -209,8 +242,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS)
     )
     parser.add_argument(
+        "--group-algorithm",
+        choices=(*GROUP_ALLREDUCE_CHOICES, "auto"),
+        default="auto",
+        help="the group allreduce of wait_avoiding and group_blocking [auto: per group "
+        "what allreduce would take, the library where it may run]",
+    )
+    parser.add_argument(
         "--implementations",
-        default=",".join(IMPLEMENTATIONS),
+        default=",".join(DEFAULT_IMPLEMENTATIONS),
         help="comma-separated, from: "
         + ", ".join(IMPLEMENTATIONS)
         + " (a pair alone: no third one's after-effects in the "
@@ -261,7 +301,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         first,
                         end,
                         _run(
-                            implementation, comm, buf, group_size, delays[first:end], args.delay_ms / 1e3, waits, first
+                            implementation,
+                            comm,
+                            buf,
+                            group_size,
+                            delays[first:end],
+                            args.delay_ms / 1e3,
+                            waits,
+                            first,
+                            args.group_algorithm,
                         ),
                     )
             steps[scenario] = delays, {i: measured[i].gather(comm.data) for i in chosen}
@@ -317,7 +365,8 @@ def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
     print(
         f"wait-avoiding group allreduce: {size} ranks, {os.cpu_count()} cores, "
         f"{args.size_mib:g} MiB float32, S={group_size}, no sync steps, "
-        f"{args.iterations} iterations in {args.rounds} interleaved rounds, delay "
+        f"{args.iterations} iterations in {args.rounds} interleaved rounds, group algorithm "
+        f"{args.group_algorithm}, delay "
         f"{args.delay_ms:g} ms, group allreduces' "
         f"waits {waits}; {attrs['mpi_library']}"
     )
@@ -383,6 +432,7 @@ def _report(size, group_size, args, attrs, chosen, steps, idle, waits, bounds):
             sync_steps="none",
             dtype="float32",
             waits=waits,
+            group_algorithm=args.group_algorithm,
         )
         f["idle_progress_cpu_fraction"] = np.array(idle)
         f["kept_steps"] = kept

@@ -18,7 +18,7 @@ from ..comm import Communicator, node_oversubscribed
 from ..failures import hold
 from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
-from .group_allreduce import GROUP_ALLREDUCE_ALGORITHMS, GroupAllreduceAlgorithm, choose_group_allreduce
+from .group_allreduce import GROUP_ALLREDUCE_CHOICES, GroupAllreduceAlgorithm, group_schedule
 from .groups import ButterflyGrouping, GroupPlan
 from .progress import IDLE_POLICIES, Idle, ProgressEngine
 
@@ -217,8 +217,15 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         activation: one of :data:`ACTIVATIONS`.
         activator_seed: with ``activation="random"``, the seed of the
             activator sequence, an int >= 0 (the same on every rank).
-        algorithm: the butterfly schedule, ``"recursive_doubling"``,
-            ``"halving_doubling"`` or ``"auto"`` (by buffer size).
+        algorithm: the group allreduce, ``"recursive_doubling"``,
+            ``"halving_doubling"``, ``"mpi"`` (the library's
+            ``MPI_Allreduce`` on the group's communicator) or ``"auto"``
+            (per group what ``allreduce`` would take over its ranks, the
+            library where it may run:
+            :func:`~collectives.wait_avoiding.group_allreduce.group_schedule`).
+            Versions run it from either thread, one at a time and in
+            order, so every member calls the library on a group's
+            communicator in the same order.
         history: keep the last ``history`` ``(version,
             contribution_iteration)`` pairs executed on this rank in
             :attr:`history`, for tests and staleness statistics.
@@ -319,7 +326,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             return f"tau must be an int >= 1 or None, got {self.tau!r}", ValueError
         if self.late is not None and self.late not in LATE:
             return (f"late must be None or one of {', '.join(map(repr, LATE))}, got {self.late!r}"), ValueError
-        problem = reduction_problem(info, self.algorithm, (*GROUP_ALLREDUCE_ALGORITHMS, "auto"), self.op)
+        problem = reduction_problem(info, self.algorithm, (*GROUP_ALLREDUCE_CHOICES, "auto"), self.op)
         if problem:
             return problem, ValueError
         if self.activation not in ACTIVATIONS:
@@ -393,9 +400,6 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             self._main.close()
             self._state = "closed"
             raise
-        algorithm = self.algorithm
-        if algorithm == "auto":
-            algorithm = choose_group_allreduce(self._like.nbytes)
         self.waits_used = resolve_waits(self.waits, self._main.data)
         self.idle_used = resolve_idle(self.idle, self._main.data, self._main.fault_tolerant)
         self._t = self.first_iteration
@@ -403,11 +407,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
+            schedule = group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes, info.dtype)
             self._engine = ProgressEngine(
                 self._progress,
                 self._like,
                 plan=self._plan,
-                schedule=GROUP_ALLREDUCE_ALGORITHMS[algorithm],
+                schedule=schedule,
                 is_group_version=self.is_group_version,
                 average=self.op == "avg",
                 activation=self.activation,

@@ -10,11 +10,14 @@ both sides, and MPI's non-overtaking rule matches them in that order.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from ..agreement import check_arguments
 from ..buffers import BufferT, FlatBuffer, describe
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
+from ..schedules.library import library_dtype_problem
+from .group_library import GroupCommunicators, library_group_allreduce
 from .groups import ButterflyGrouping, GroupPlan
 
 if TYPE_CHECKING:
@@ -22,12 +25,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GROUP_ALLREDUCE_ALGORITHMS",
+    "GROUP_ALLREDUCE_CHOICES",
     "GroupAllreduceAlgorithm",
+    "GroupAllreduceChoice",
     "GroupAllreduceSchedule",
     "butterfly_halving_doubling",
     "butterfly_recursive_doubling",
     "choose_group_allreduce",
     "group_allreduce",
+    "group_schedule",
+    "tuned_group_allreduce",
 ]
 
 #: Default tag of the blocking group allreduce on the data channel.  The
@@ -36,8 +43,12 @@ TAG_GROUP = 31
 
 #: The butterfly schedules, the keys of :data:`GROUP_ALLREDUCE_ALGORITHMS`.
 GroupAllreduceSchedule = Literal["recursive_doubling", "halving_doubling"]
-#: What ``group_allreduce(algorithm=...)`` accepts: a schedule or ``"auto"`` (:func:`choose_group_allreduce`).
-GroupAllreduceAlgorithm = Literal[GroupAllreduceSchedule, "auto"]
+#: The group allreduces that run, a butterfly or ``"mpi"``, the library's
+#: ``MPI_Allreduce`` on the group's communicator (:data:`GROUP_ALLREDUCE_CHOICES`).
+GroupAllreduceChoice = Literal[GroupAllreduceSchedule, "mpi"]
+#: What ``group_allreduce(algorithm=...)`` accepts: a choice or ``"auto"``
+#: (:func:`group_schedule`).
+GroupAllreduceAlgorithm = Literal[GroupAllreduceChoice, "auto"]
 
 
 def _fold_in(
@@ -187,10 +198,71 @@ GROUP_ALLREDUCE_ALGORITHMS: dict[GroupAllreduceSchedule, Callable[..., None]] = 
 }
 
 
+#: What ``algorithm=`` accepts besides ``"auto"``: the butterflies and ``"mpi"``.
+GROUP_ALLREDUCE_CHOICES: tuple[GroupAllreduceChoice, ...] = (*GROUP_ALLREDUCE_ALGORITHMS, "mpi")
+
+
 def choose_group_allreduce(nbytes: int) -> GroupAllreduceSchedule:
-    """The schedule ``algorithm="auto"`` runs: recursive doubling below
+    """The butterfly for ``nbytes`` where the library may not run (MPI fault
+    tolerance, float16 and bfloat16): recursive doubling below
     :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
     return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
+
+
+def tuned_group_allreduce(
+    groups: GroupCommunicators,
+    buf: FlatBuffer,
+    comm: Communicator,
+    plan: GroupPlan,
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
+    """The group allreduce of ``plan``'s group as ``groups`` chooses it for
+    ``buf`` (:meth:`~collectives.wait_avoiding.group_library.GroupCommunicators.choice`):
+    the library's ``MPI_Allreduce`` on the group's communicator, or a
+    butterfly; the schedules' signature once ``groups`` is bound."""
+    chosen = groups.choice(plan.members, buf.nbytes, buf.dtype)
+    if chosen == "mpi":
+        library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
+    else:
+        GROUP_ALLREDUCE_ALGORITHMS[chosen](buf, comm, plan, scale, tag, src)
+
+
+def _library_only(
+    groups: GroupCommunicators,
+    buf: FlatBuffer,
+    comm: Communicator,
+    plan: GroupPlan,
+    scale: float | None = None,
+    tag: int = TAG_GROUP,
+    src: FlatBuffer | None = None,
+) -> None:
+    library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
+
+
+def group_schedule(
+    algorithm: GroupAllreduceAlgorithm, comm: Communicator, grouping: ButterflyGrouping, nbytes: int, dtype: str
+) -> Callable[..., None]:
+    """The schedule that ``algorithm`` names for buffers of ``nbytes`` of
+    ``dtype``, ``schedule(buf, comm, plan, scale, tag, src)``.
+
+    A butterfly named is itself.  ``"mpi"``, and ``"auto"`` where the
+    library may run (a dtype MPI can sum, no MPI fault tolerance: the
+    reasons of :func:`~collectives.schedules.blocking.choose_allreduce`),
+    run on the groups' communicators, made the first time ``comm`` is
+    asked for them with ``grouping`` (collective over ``comm`` then, and
+    kept until it closes); ``"auto"`` then takes per group what
+    ``allreduce(algorithm="auto")`` would over the group's ranks.  Else
+    ``"auto"`` is :func:`choose_group_allreduce`'s butterfly.
+    """
+    if algorithm in GROUP_ALLREDUCE_ALGORITHMS:
+        return GROUP_ALLREDUCE_ALGORITHMS[algorithm]
+    library = not comm.fault_tolerant and not library_dtype_problem(dtype)
+    if algorithm == "auto" and not library:
+        return GROUP_ALLREDUCE_ALGORITHMS[choose_group_allreduce(nbytes)]
+    groups = comm.derived(("butterfly groups", grouping, library), lambda: GroupCommunicators(comm, grouping, library))
+    return partial(tuned_group_allreduce if algorithm == "auto" else _library_only, groups)
 
 
 def group_allreduce(
@@ -223,9 +295,13 @@ def group_allreduce(
         t: the iteration (>= 0) whose grouping is used.
         op: ``"sum"`` or ``"avg"`` (divides by the size of the group, S
             for powers of two).
-        algorithm: ``"recursive_doubling"``, ``"halving_doubling"`` or
-            ``"auto"`` (recursive doubling below
-            :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`).
+        algorithm: ``"recursive_doubling"``, ``"halving_doubling"``,
+            ``"mpi"`` (the library's ``MPI_Allreduce`` on the group's
+            communicator; float32, float64, int32 and int64) or ``"auto"``
+            (:func:`group_schedule`: per group what ``allreduce`` would
+            take over its ranks, the library where it may run).  With
+            ``"mpi"`` or ``"auto"`` the first call with a grouping makes
+            its groups' communicators (collective), which ``comm`` keeps.
         dynamic_groups: Algorithm 1's groups of iteration ``t`` (default);
             False: the groups of iteration 0 whatever ``t`` (the same
             hypercube dimensions at every iteration: WAGMA's ablation 2,
@@ -240,12 +316,11 @@ def group_allreduce(
     try:
         if not isinstance(dynamic_groups, bool):
             raise TypeError(f"dynamic_groups must be True or False, got {dynamic_groups!r}")
-        plan = ButterflyGrouping(comm.size, group_size, dynamic_groups).plan(t, comm.rank)
+        grouping = ButterflyGrouping(comm.size, group_size, dynamic_groups)
+        plan = grouping.plan(t, comm.rank)
     except (TypeError, ValueError) as exc:
         problem, error = problem or str(exc), error if problem else type(exc)
-    if algorithm == "auto" and not problem:
-        algorithm = choose_group_allreduce(data.nbytes)
-    problem = problem or reduction_problem(info, algorithm, GROUP_ALLREDUCE_ALGORITHMS, op)
+    problem = problem or reduction_problem(info, algorithm, (*GROUP_ALLREDUCE_CHOICES, "auto"), op)
     check_arguments(
         comm,
         "group_allreduce",
@@ -260,8 +335,7 @@ def group_allreduce(
         t=t,
         dynamic_groups=dynamic_groups,
     )
-    assert algorithm != "auto"  # chosen above unless a problem, which check_arguments raised
-    schedule = GROUP_ALLREDUCE_ALGORITHMS[algorithm]
+    schedule = group_schedule(algorithm, comm, grouping, data.nbytes, info.dtype)
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, plan, 1.0 / plan.size if op == "avg" else None)
     return data

@@ -114,6 +114,9 @@ class GroupPlan:
     folded_into: int | None = None
     #: The folded rank this rank hosts, or None.
     folded_from: int | None = None
+    #: The ranks of this rank's group, sorted (the library's group
+    #: allreduce runs on their communicator).
+    members: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -304,11 +307,14 @@ class ButterflyGrouping:
         if rank >= core:  # folded into member j // n of core group j mod n
             index, position = divmod(rank - core, self._groups)[::-1]
             host = _deposit(index, free) | _deposit(position, span)
-            return GroupPlan((), self._size_of(index), folded_into=host)
+            members = tuple(self._members(span, index))
+            return GroupPlan((), self._size_of(index), folded_into=host, members=members)
         index = _extract(rank, free)
         guest = index + _extract(rank, span) * self._groups
         folded_from = core + guest if guest < self.world_size - core else None
-        return GroupPlan(masks, self._size_of(index), folded_from=folded_from)
+        return GroupPlan(
+            masks, self._size_of(index), folded_from=folded_from, members=tuple(self._members(span, index))
+        )
 
     def _size_of(self, index: int) -> int:
         extras = self.world_size - self.core_size
