@@ -33,6 +33,9 @@ from wagma.results import NOTICED, load_run
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "healing.py"
 RANKS, KILL_AT, JOIN_AT, STEPS = 4, 5, 10, 20
+#: Below the stages' 120 s per test (Makefile's TEST_TIMEOUT), so that a job that
+#: hangs fails with what its ranks printed rather than with pytest's bare timeout.
+JOB_TIMEOUT_S = 100
 
 #: Per algorithm: (options, victim, whether the members' models end equal), with the reasons.
 CASES = {
@@ -60,21 +63,27 @@ pytestmark = [
 
 def _job(tmp_path, algorithm, *extra):
     options, victim, _ = CASES[algorithm]
-    job = subprocess.run(
-        [
-            *mpiexec_command(RANKS, fault_tolerant=True),
-            sys.executable,
-            str(PROGRAM),
-            str(tmp_path),
-            algorithm,
-            json.dumps(options),
-            *map(str, (victim, KILL_AT, JOIN_AT, STEPS, *extra)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, SECRET_VARIABLE: new_secret()},  # as experiments.mpirun --fault-tolerant gives a job
-    )
+    try:
+        job = subprocess.run(
+            [
+                *mpiexec_command(RANKS, fault_tolerant=True),
+                sys.executable,
+                str(PROGRAM),
+                str(tmp_path),
+                algorithm,
+                json.dumps(options),
+                *map(str, (victim, KILL_AT, JOIN_AT, STEPS, *extra)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+            env={**os.environ, SECRET_VARIABLE: new_secret()},  # as experiments.mpirun --fault-tolerant gives a job
+        )
+    except subprocess.TimeoutExpired as late:  # what the ranks said before they stopped: the reason they did
+        so_far = b"".join(part or b"" for part in (late.stdout, late.stderr))  # bytes, whatever text=
+        pytest.fail(
+            f"the job ran past {JOB_TIMEOUT_S} s; its output so far:\n{so_far.decode(errors='replace')[-5000:]}"
+        )
     context = job.stdout[-2000:] + job.stderr[-3000:]
     assert job.returncode == 0, context
     return context

@@ -55,7 +55,7 @@ from collectives.admission import SECRET_VARIABLE, Verdict, admit, job_secret, p
 from collectives.comm import Communicator
 from collectives.failures import every_one_done, hold, mpi_failure, revoke_tracked, shrink, track
 
-from .membership import Membership, MembershipChange, Noticed
+from .membership import Membership, MembershipChange, Noticed, RecoveryAgreed, members_agree
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -131,18 +131,23 @@ def replace(
         )
     if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s > 0:
         raise ValueError(f"wait_s must be a positive number of seconds, got {wait_s!r}")
-    # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of its
-    # rounds, and the others need not know) leave the communicator first, so that no collective below
-    # waits for them and their rows can be taken: a fault-tolerant agreement, whose answer (or failure,
-    # where a member died) is the same on every member, says whether any member knows of a dead one,
-    # and then a shrink leaves out every dead member.  A death no member has noticed yet fails the
-    # allgather below on every member (it needs each one's part): they recover, as from any failure
-    # (wagma.membership.survive, by the caller), and call again on their communicator.
+    # The members' agreement opens the change, as it opens a recovery (wagma.membership.members_agree):
+    # where a member is recovering from a failure, every member joins it (RecoveryAgreed, which the
+    # caller passes to wagma.membership.survive) and calls again on the survivors' communicator.
+    # Members found dead without a shrink (ensemble_sync's coordinator, on rank 0, leaves them out of
+    # its rounds, and the others need not know) leave the communicator first, so that no collective
+    # below waits for them and their rows can be taken: the agreement says whether any member knows of
+    # a dead one, and then a shrink leaves out every dead member.  A death no member has noticed yet
+    # fails the allgather below on every member (it needs each one's part): they recover, as from any
+    # failure (survive, by the caller), and call again on their communicator.
     members, rows = membership.comm, membership.original_ranks
     # What the members recover from where a failure ends the call: their communicator as it was before
     # it, the dead it shrinks out below included, so that the recovery's change records them as left.
     before = members, rows
-    if not every_one_done(members, not (algo.dead_ranks & set(rows))):
+    recovering, dead_known = members_agree(members, recovering=False, knows_dead=bool(algo.dead_ranks & set(rows)))
+    if recovering:
+        raise RecoveryAgreed()
+    if dead_known:
         members = shrink(members)
     # With this member's row, and its view of the spares: those every member knows alive, in the pool's order.
     views = members.allgather((membership.original_rank, spares.available() if spares else [], _joined_a_job))

@@ -15,8 +15,10 @@ which
    (:meth:`~wagma.algorithms.base.Algorithm.abandon`), and puts back the
    model this rank had before the step that failed where that step had
    begun to change it;
-3. shrinks the algorithm's communicator to the survivors
-   (``MPI_Comm_shrink``, fault tolerant) and learns who left;
+3. joins the members' agreement (:func:`members_agree`, ``MPIX_Comm_agree``)
+   on the algorithm's communicator, saying it recovers, then shrinks that
+   communicator to the survivors (``MPI_Comm_shrink``, fault tolerant) and
+   learns who left;
 4. agrees, in one allgather over the survivors, on the step to go on from
    (the furthest any survivor completed: a survivor behind it skips to it,
    as ensemble_sync's late ranks do) and on the options for the smaller
@@ -44,8 +46,23 @@ which
      away; what is lost is the dead rank's replica.
 
 A failure during the recovery itself (another rank dies) starts it again
-on the communicator it reached.  A new failure counts as a new membership
-change.
+on the communicator it reached, from the agreement.  A new failure counts
+as a new membership change.
+
+**Why an agreement first.**  Survivors do not notice a death at the same
+point of their programs: one that shared a group with the dead rank fails
+at once, one that did not may reach a membership change of its own first
+(:func:`wagma.healing.replace`, which starts with the same agreement).  Two
+members that entered different collectives on one communicator, a shrink
+here and an agreement there, an allgather of the recovery there and one of
+the replacement here, match each other's messages: under Open MPI 5.0.11 a
+replacement's allgather received a recovery's rows (``'>' not supported
+between instances of 'int' and 'list'``), about 1 job in 15 of
+``tests/test_healing.py``'s AD-PSGD case, whose survivors can go five steps
+without meeting the dead rank.  Every change on the members' communicator
+therefore opens with this one agreement, and its answer, the same on every
+member, says whether any member recovers: then all do, the members that
+came to replace included, and they go through the same collectives.
 
 Where there is no fault tolerance the launcher ends the job when a rank
 dies; nothing here runs.
@@ -149,6 +166,48 @@ class Membership:
         return sorted({r for change in self.changes for r in change.left} - set(self.original_ranks))
 
 
+#: :func:`members_agree`'s bits: the member is not recovering from a failure,
+#: and it knows of no dead member of the communicator.
+_HEALTHY, _NONE_DEAD = 1, 2
+
+
+class RecoveryAgreed(MPI.Exception):
+    """The members agreed that one of them recovers from a failure
+    (:func:`members_agree`): raised by a membership change that met the
+    recovery's agreement; :func:`survive` then shrinks at once, its
+    agreement done.  Of class ``MPI_ERR_PROC_FAILED``."""
+
+    def __init__(self) -> None:
+        super().__init__(MPI.ERR_PROC_FAILED)
+
+
+def members_agree(comm: MPI.Intracomm, recovering: bool, knows_dead: bool = False) -> tuple[bool, bool]:
+    """The agreement every membership change on the members' communicator
+    ``comm`` opens with (``MPIX_Comm_agree``, the same answer on every live
+    member): ``(any member recovers, any member knows of a dead one)``.
+
+    A member that recovers (:func:`survive`) says so; one that changes the
+    membership otherwise (:func:`wagma.healing.replace`) says whether it
+    knows of a dead member.  Where the agreement reports a failure instead
+    (a member died and not every member had acknowledged it, as where
+    ensemble_sync's coordinator alone knows a member dead), the answer is
+    lost in mpi4py's exception; the error is the same on every member, and
+    after it every member acknowledges the processes that did not
+    contribute (``MPI_Comm_ack_failed``), so the agreement asked again
+    answers (the ULFM man page of ``MPIX_Comm_agree``).  A death during it
+    starts it once more."""
+    flags = 0 if recovering else _HEALTHY | (0 if knows_dead else _NONE_DEAD)
+    while True:
+        try:
+            agreed = comm.Agree(flags)
+            break
+        except MPI.Exception as error:
+            if mpi_failure(error) is None:
+                raise
+            comm.Ack_failed()
+    return not agreed & _HEALTHY, not agreed & _NONE_DEAD
+
+
 def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipChange:
     """Carry ``algo`` over to the survivors of the failure behind ``error``
     (see the module docstring); collective over the survivors, every one of
@@ -179,7 +238,11 @@ def survive(algo: Algorithm, error: BaseException, where: Where) -> MembershipCh
     revoke_tracked()
     algo.abandon()
     comm = algo.membership.comm
+    agreed = isinstance(error, RecoveryAgreed)
     while True:
+        if not agreed:
+            members_agree(comm, recovering=True)
+        agreed = False
         survivors = shrink(comm)
         try:
             return _rebuild(algo, survivors, noticed, where, noticed_at)
