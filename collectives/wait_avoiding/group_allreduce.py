@@ -229,18 +229,6 @@ def tuned_group_allreduce(
         GROUP_ALLREDUCE_ALGORITHMS[chosen](buf, comm, plan, scale, tag, src)
 
 
-def _library_only(
-    groups: GroupCommunicators,
-    buf: FlatBuffer,
-    comm: Communicator,
-    plan: GroupPlan,
-    scale: float | None = None,
-    tag: int = TAG_GROUP,
-    src: FlatBuffer | None = None,
-) -> None:
-    library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
-
-
 def group_schedule(
     algorithm: GroupAllreduceAlgorithm, comm: Communicator, grouping: ButterflyGrouping, nbytes: int, dtype: str
 ) -> Callable[..., None]:
@@ -258,11 +246,11 @@ def group_schedule(
     """
     if algorithm in GROUP_ALLREDUCE_ALGORITHMS:
         return GROUP_ALLREDUCE_ALGORITHMS[algorithm]
-    library = not comm.fault_tolerant and not library_dtype_problem(dtype)
-    if algorithm == "auto" and not library:
+    library = algorithm == "mpi" or (not comm.fault_tolerant and not library_dtype_problem(dtype))
+    if not library:
         return GROUP_ALLREDUCE_ALGORITHMS[choose_group_allreduce(nbytes)]
-    groups = comm.derived(("butterfly groups", grouping, library), lambda: GroupCommunicators(comm, grouping, library))
-    return partial(tuned_group_allreduce if algorithm == "auto" else _library_only, groups)
+    key = ("butterfly groups", grouping, algorithm)
+    return partial(tuned_group_allreduce, comm.derived(key, lambda: GroupCommunicators(comm, grouping, algorithm)))
 
 
 def group_allreduce(

@@ -83,18 +83,18 @@ class GroupCommunicators:
     tuning table (collective within the group).  :meth:`choice` says what
     a group runs for a buffer, :meth:`communicator` gives the group's
     communicator (:func:`~collectives.wait_avoiding.group_allreduce.tuned_group_allreduce`
-    runs the choice).  ``library=False`` (MPI fault tolerance, or a dtype
-    MPI cannot sum) keeps ``auto`` to the butterflies.
+    runs the choice).
 
     Args:
         comm: the :class:`~collectives.comm.Communicator` the group
             allreduces run on (its data channel is split).
         grouping: the :class:`~collectives.wait_avoiding.groups.ButterflyGrouping`.
-        library: whether ``auto`` may take the library.
+        algorithm: ``"auto"`` (each group's table, else the library) or
+            ``"mpi"`` (the library for every group and buffer).
     """
 
-    def __init__(self, comm: Communicator, grouping: ButterflyGrouping, library: bool = True) -> None:
-        self.library = library
+    def __init__(self, comm: Communicator, grouping: ButterflyGrouping, algorithm: str = "auto") -> None:
+        self.algorithm = algorithm
         self._groups: dict[tuple[int, ...], tuple[MPI.Intracomm, TuningTable | None]] = {}
         self._chosen: dict[tuple[tuple[int, ...], int, str], GroupAllreduceChoice] = {}
         partitions = set()
@@ -115,7 +115,7 @@ class GroupCommunicators:
         key = (members, nbytes, dtype)
         if key not in self._chosen:
             _, table = self._groups[members]
-            picked = choose_allreduce(nbytes, len(members), table, dtype, self.library)
+            picked = "mpi" if self.algorithm == "mpi" else choose_allreduce(nbytes, len(members), table, dtype)
             self._chosen[key] = picked if picked in ("mpi", "recursive_doubling") else "halving_doubling"
         return self._chosen[key]
 
