@@ -258,9 +258,9 @@ class Communicator:
                     request.Free()
                 else:
                     hold(request)
-            for made in self._derived.values():
-                made.close()
-            self._derived.clear()
+            made, self._derived = list(self._derived.values()), {}
+            for each in made:
+                each.close()
             self._kept_sends = None if self._kept_sends is None else deque()
             if let_go:
                 self._let_go = True

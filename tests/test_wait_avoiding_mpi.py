@@ -216,6 +216,24 @@ def test_both_wait_policies_give_the_same_semantics(comm, waits):
 
 
 @pytest.mark.timing
+@pytest.mark.parametrize("waits", ["spin", "yield"])
+@pytest.mark.parametrize("comm", ["world", "odd"], indirect=True)
+def test_the_librarys_group_allreduce_gives_the_same_semantics(comm, waits):
+    """``algorithm="mpi"``: every version runs the library's blocking
+    ``MPI_Allreduce`` on its group's communicator, from the main thread on
+    one member and the progress thread on another (a mix of blocking and
+    nonblocking calls hung here); groups of 2, and on the odd blocks groups
+    that fold a rank, with a sync step every 10 iterations."""
+    size = comm.Get_size()
+    iterations = ITERATIONS if comm is WORLD else ODD_ITERATIONS
+    wa = WaitAvoidingGroupAllreduce(
+        comm, value(comm.rank, -1), group_size=min(2, size), tau=10, algorithm="mpi", waits=waits, history=iterations
+    )
+    records, history, _ = _run(comm, wa, _delays(comm, "random", iterations=iterations))
+    _check(comm, wa, records, history)
+
+
+@pytest.mark.timing
 @pytest.mark.parametrize("tau", [None, 4])
 def test_fixed_groups_average_in_iteration_0s_groups(comm, tau):
     """``dynamic_groups=False`` (WAGMA's ablation 2): every version's result

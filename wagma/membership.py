@@ -194,17 +194,19 @@ def members_agree(comm: MPI.Intracomm, recovering: bool, knows_dead: bool = Fals
     lost in mpi4py's exception; the error is the same on every member, and
     after it every member acknowledges the processes that did not
     contribute (``MPI_Comm_ack_failed``), so the agreement asked again
-    answers (the ULFM man page of ``MPIX_Comm_agree``).  A death during it
-    starts it once more."""
+    answers (the ULFM man page of ``MPIX_Comm_agree``), each member now
+    saying that it knows of a dead one.  A death during it starts it once
+    more; any other error is raised."""
     flags = 0 if recovering else _HEALTHY | (0 if knows_dead else _NONE_DEAD)
     while True:
         try:
             agreed = comm.Agree(flags)
             break
         except MPI.Exception as error:
-            if mpi_failure(error) is None:
+            if error.Get_error_class() not in FAILURE_CLASSES:
                 raise
             comm.Ack_failed()
+            flags &= ~_NONE_DEAD  # the agreement found a member dead: every member knows it now
     return not agreed & _HEALTHY, not agreed & _NONE_DEAD
 
 

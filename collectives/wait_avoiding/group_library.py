@@ -80,7 +80,9 @@ class GroupCommunicators:
     Construction is collective over ``comm`` (every rank, the same
     ``grouping``): one ``MPI_Comm_split`` of ``comm.data`` per distinct
     partition of ranks over ``grouping``'s period, then each group's
-    tuning table (collective within the group).  :meth:`choice` says what
+    tuning table (collective within the group; a table that cannot be
+    read raises ``ValueError`` on every rank of ``comm``, the communicators
+    freed).  :meth:`choice` says what
     a group runs for a buffer, :meth:`communicator` gives the group's
     communicator (:func:`~collectives.wait_avoiding.group_allreduce.tuned_group_allreduce`
     runs the choice).
@@ -97,7 +99,7 @@ class GroupCommunicators:
         self.algorithm = algorithm
         self._groups: dict[tuple[int, ...], tuple[MPI.Intracomm, TuningTable | None]] = {}
         self._chosen: dict[tuple[tuple[int, ...], int, str], GroupAllreduceChoice] = {}
-        partitions = set()
+        partitions, problem = set(), None
         for t in range(grouping.period):
             groups = tuple(tuple(g) for g in grouping.groups(t))
             if groups in partitions:
@@ -105,7 +107,17 @@ class GroupCommunicators:
             partitions.add(groups)
             mine = next(i for i, g in enumerate(groups) if comm.rank in g)
             group: MPI.Intracomm = track(comm.data.Split(mine, comm.rank))  # type: ignore[assignment]
-            self._groups[groups[mine]] = group, load_tuning(group)
+            table = None
+            try:
+                table = load_tuning(group) if algorithm == "auto" else None
+            except ValueError as exc:  # a table that cannot be read: its group's ranks alone know
+                problem = problem or str(exc)
+            self._groups[groups[mine]] = group, table
+        # Said on every rank, as load_tuning says it over one communicator, not in some groups only.
+        problems = [p for p in comm.control.allgather(problem) if p]
+        if problems:
+            self.close()
+            raise ValueError(problems[0])
 
     def choice(self, members: tuple[int, ...], nbytes: int, dtype: str) -> GroupAllreduceChoice:
         """What the group of ``members`` runs for ``nbytes`` of ``dtype``:
@@ -124,8 +136,8 @@ class GroupCommunicators:
         return self._groups[members][0]
 
     def close(self) -> None:
-        """Free the communicators; those a failure revoked are let go
-        (peers may be dead), as :meth:`~collectives.comm.Communicator.close` does."""
+        """Free the communicators; those a failure revoked are not freed
+        (peers may be dead: a free is collective)."""
         for group, _ in self._groups.values():
             if not revoked(group):
                 group.Free()
