@@ -18,12 +18,7 @@ from ..comm import Communicator, node_oversubscribed
 from ..failures import hold
 from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
-from .group_allreduce import (
-    GROUP_ALLREDUCE_CHOICES,
-    GroupAllreduceAlgorithm,
-    choose_group_allreduce,
-    group_schedule,
-)
+from .group_allreduce import GROUP_ALLREDUCE_CHOICES, GroupAllreduceAlgorithm, group_schedule
 from .groups import ButterflyGrouping, GroupPlan
 from .progress import IDLE_POLICIES, Idle, ProgressEngine
 
@@ -225,20 +220,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         algorithm: the group allreduce, ``"recursive_doubling"``,
             ``"halving_doubling"``, ``"mpi"`` (the library's
             ``MPI_Allreduce`` on the group's communicator) or ``"auto"``
-            (the butterfly by size,
-            :func:`~collectives.wait_avoiding.group_allreduce.choose_group_allreduce`).
+            (per group what ``allreduce`` would take over its ranks, the
+            library where it may run:
+            :func:`~collectives.wait_avoiding.group_allreduce.group_schedule`).
             Versions run it from either thread, one at a time and in
             order, so every member calls the library on a group's
-            communicator in the same order.  ``"auto"`` is not the
-            library, unlike the blocking ``group_allreduce``'s: the
-            library's call waits as the library does (MPICH spins), and a
-            progress thread that spins through a passive version takes
-            the core of the computation it overlaps.  On 8 ranks of 2
-            cores at 64 KiB (MPICH) the library made the versions 2 to 6
-            times faster without delays, but with two ranks 50 ms late per
-            step the others' steps took 4.64 ms against the butterflies'
-            2.55, and with a core per rank (2 ranks) it was no faster
-            (docs/benchmarks.md, "Small buffers").
+            communicator in the same order.
         history: keep the last ``history`` ``(version,
             contribution_iteration)`` pairs executed on this rank in
             :attr:`history`, for tests and staleness statistics.
@@ -420,9 +407,13 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
-            # auto: the butterfly by size, not the library (see the class's algorithm argument).
-            algorithm = choose_group_allreduce(self._like.nbytes) if self.algorithm == "auto" else self.algorithm
-            schedule = group_schedule(algorithm, self._progress, self.grouping, self._like.nbytes, info.dtype)
+            try:
+                schedule = group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes, info.dtype)
+            except ValueError:  # a tuning table that cannot be read, on every rank
+                self._progress.close()
+                self._main.close()
+                self._state = "closed"
+                raise
             self._engine = ProgressEngine(
                 self._progress,
                 self._like,

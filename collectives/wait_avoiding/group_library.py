@@ -109,7 +109,7 @@ class GroupCommunicators:
             group: MPI.Intracomm = track(comm.data.Split(mine, comm.rank))  # type: ignore[assignment]
             table = None
             try:
-                table = load_tuning(group) if algorithm == "auto" else None
+                table = load_tuning(group) if algorithm == "auto" else None  # "mpi" needs none
             except ValueError as exc:  # a table that cannot be read: its group's ranks alone know
                 problem = problem or str(exc)
             self._groups[groups[mine]] = group, table
