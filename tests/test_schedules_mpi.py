@@ -226,7 +226,7 @@ def test_group_schedules_out_of_place_equal_in_place(sub, algorithm, library):
         grouping = ButterflyGrouping(comm.size, group_size)
         plan = grouping.plan(5, comm.rank)
         for n in (0, 1, 7, 1001, 300_001):
-            schedule = group_schedule(algorithm, comm, grouping, 4 * n, "float32")
+            schedule = group_schedule(algorithm, comm, grouping, 4 * n)
             x = _random(n, np.float32, seed=(comm.rank, group_size, n))
             source, in_place = x.copy(), x.copy()
             out = np.full(n, np.nan, dtype=np.float32)

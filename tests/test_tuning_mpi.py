@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from collectives import Communicator, allreduce, group_allreduce
+from collectives import Communicator, allreduce
 from collectives.mpi_library import mpi_library
 from collectives.schedules.blocking import choose_allreduce
 from collectives.schedules.tuning import TUNING_ENV, node_shape, table_name
@@ -92,37 +92,6 @@ def test_an_unreadable_table_fails_on_every_rank(tuning_env):
         assert not comm.data.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
     if path:
         os.remove(path)
-
-
-def test_an_unreadable_table_of_one_groups_setting_fails_every_rank(tuning_env):
-    """Group allreduces read the table of each group's own setting: on 3
-    ranks with S = 1 the groups are {0, 2} and {1}, and only the 1-rank
-    table is unreadable.  Rank 1 alone reads it, and every rank raises
-    (rank 0's group has no table and would otherwise go on to the next
-    collective, waiting for rank 1 for ever); the communicator still works."""
-    if WORLD.size < 3:
-        pytest.skip("needs 3 ranks: groups of 2 and of 1")
-    library, version, _ = mpi_library()
-    folder = WORLD.bcast(tempfile.mkdtemp(prefix="tuning-") if WORLD.rank == 0 else None)
-    if WORLD.rank == 0:
-        with open(os.path.join(folder, table_name(library, version, 1, 1, 1)), "w") as f:
-            f.write("{not json")
-    WORLD.Barrier()
-    os.environ[TUNING_ENV] = folder
-    sub = WORLD.Split(0 if WORLD.rank < 3 else MPI.UNDEFINED, WORLD.rank)
-    if sub != MPI.COMM_NULL:
-        with Communicator(sub) as comm:
-            with pytest.raises(ValueError, match="cannot read the tuning table"):
-                group_allreduce(np.ones(4, dtype=np.float32), comm=comm, group_size=1, t=0)
-            x = np.ones(4, dtype=np.float32)
-            allreduce(x, comm=comm, algorithm="ring")
-            assert np.all(x == 3)
-        sub.Free()
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        for name in os.listdir(folder):
-            os.remove(os.path.join(folder, name))
-        os.rmdir(folder)
 
 
 def test_node_shape_counts_this_machine_once():

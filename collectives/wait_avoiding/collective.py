@@ -219,13 +219,14 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
             activator sequence, an int >= 0 (the same on every rank).
         algorithm: the group allreduce, ``"recursive_doubling"``,
             ``"halving_doubling"``, ``"mpi"`` (the library's
-            ``MPI_Allreduce`` on the group's communicator) or ``"auto"``
-            (per group what ``allreduce`` would take over its ranks, the
-            library where it may run:
-            :func:`~collectives.wait_avoiding.group_allreduce.group_schedule`).
-            Versions run it from either thread, one at a time and in
-            order, so every member calls the library on a group's
-            communicator in the same order.
+            ``MPI_Allreduce`` on the group's communicator: faster for
+            small buffers, in the library's order of additions, which
+            :mod:`wagma.emulate` cannot replay) or ``"auto"`` (the
+            butterfly by size,
+            :func:`~collectives.wait_avoiding.group_allreduce.choose_group_allreduce`).
+            Versions run the library from either thread, one at a time and
+            in order, so every member calls it on a group's communicator
+            in the same order.
         history: keep the last ``history`` ``(version,
             contribution_iteration)`` pairs executed on this rank in
             :attr:`history`, for tests and staleness statistics.
@@ -407,13 +408,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
-            try:
-                schedule = group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes, info.dtype)
-            except ValueError:  # a tuning table that cannot be read, on every rank
-                self._progress.close()
-                self._main.close()
-                self._state = "closed"
-                raise
+            schedule = group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes)
             self._engine = ProgressEngine(
                 self._progress,
                 self._like,

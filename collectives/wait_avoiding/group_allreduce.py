@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Literal
 from ..agreement import check_arguments
 from ..buffers import BufferT, FlatBuffer, describe
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
-from ..schedules.library import library_dtype_problem
 from .group_library import GroupCommunicators, library_group_allreduce
 from .groups import ButterflyGrouping, GroupPlan
 
@@ -34,7 +33,7 @@ __all__ = [
     "choose_group_allreduce",
     "group_allreduce",
     "group_schedule",
-    "tuned_group_allreduce",
+    "library_schedule",
 ]
 
 #: Default tag of the blocking group allreduce on the data channel.  The
@@ -203,13 +202,14 @@ GROUP_ALLREDUCE_CHOICES: tuple[GroupAllreduceChoice, ...] = (*GROUP_ALLREDUCE_AL
 
 
 def choose_group_allreduce(nbytes: int) -> GroupAllreduceSchedule:
-    """The butterfly for ``nbytes`` where the library may not run (MPI fault
-    tolerance, float16 and bfloat16): recursive doubling below
-    :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`, else halving/doubling."""
+    """The schedule ``algorithm="auto"`` runs: recursive doubling below
+    :data:`~collectives.schedules.blocking.SMALL_ALLREDUCE_BYTES`, else
+    halving/doubling.  Never the library (``"mpi"``), whose order of
+    additions is its own (:mod:`~collectives.wait_avoiding.group_library`)."""
     return "recursive_doubling" if nbytes < SMALL_ALLREDUCE_BYTES else "halving_doubling"
 
 
-def tuned_group_allreduce(
+def library_schedule(
     groups: GroupCommunicators,
     buf: FlatBuffer,
     comm: Communicator,
@@ -218,44 +218,33 @@ def tuned_group_allreduce(
     tag: int = TAG_GROUP,
     src: FlatBuffer | None = None,
 ) -> None:
-    """The group allreduce of ``plan``'s group as ``groups`` chooses it for
-    ``buf`` (:meth:`~collectives.wait_avoiding.group_library.GroupCommunicators.choice`):
-    the library's ``MPI_Allreduce`` on the group's communicator, or a
-    butterfly; the schedules' signature once ``groups`` is bound."""
-    chosen = groups.choice(plan.members, buf.nbytes, buf.dtype)
-    if chosen == "mpi":
-        library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
-    else:
-        GROUP_ALLREDUCE_ALGORITHMS[chosen](buf, comm, plan, scale, tag, src)
+    """``algorithm="mpi"``: the library's ``MPI_Allreduce`` on the
+    communicator of ``plan``'s group; the schedules' signature once
+    ``groups`` is bound (``comm`` and ``tag`` unused)."""
+    library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
 
 
 def group_schedule(
-    algorithm: GroupAllreduceAlgorithm, comm: Communicator, grouping: ButterflyGrouping, nbytes: int, dtype: str
+    algorithm: GroupAllreduceAlgorithm, comm: Communicator, grouping: ButterflyGrouping, nbytes: int
 ) -> Callable[..., None]:
-    """The schedule that ``algorithm`` names for buffers of ``nbytes`` of
-    ``dtype``, ``schedule(buf, comm, plan, scale, tag, src)``.
+    """The schedule that ``algorithm`` names for buffers of ``nbytes``,
+    ``schedule(buf, comm, plan, scale, tag, src)``.
 
-    A butterfly named is itself.  ``"mpi"``, and ``"auto"`` where the
-    library may run (a dtype MPI can sum, no MPI fault tolerance: the
-    reasons of :func:`~collectives.schedules.blocking.choose_allreduce`),
-    run on the groups' communicators, made the first time ``comm`` is
-    asked for them with ``grouping`` and ``algorithm`` (collective over
-    ``comm`` then, and kept until it closes); ``"auto"`` then takes per
-    group what ``allreduce(algorithm="auto")`` would over the group's
-    ranks.  Else ``"auto"`` is :func:`choose_group_allreduce`'s butterfly.
-    The library's results are bitwise equal within a group where the
-    library gives every member the same result, as MPICH's, Open MPI's
-    and Intel MPI's shared-memory allreduces did in the tests at 2, 4 and
-    8 ranks (the MPI standard advises it, for ``MPI_Allreduce`` on the same
-    arguments, without requiring it).
+    A butterfly named is itself, and ``"auto"`` is
+    :func:`choose_group_allreduce`'s.  ``"mpi"`` runs on the groups'
+    communicators, made the first time ``comm`` is asked for them with
+    ``grouping`` (collective over ``comm`` then, and kept until it
+    closes).  Its results are bitwise equal within a group where the
+    library gives every member the same result, as MPICH's, Open MPI's and
+    Intel MPI's did in the tests at 2, 4 and 8 ranks (the MPI standard
+    advises it without requiring it).
     """
+    if algorithm == "auto":
+        return GROUP_ALLREDUCE_ALGORITHMS[choose_group_allreduce(nbytes)]
     if algorithm in GROUP_ALLREDUCE_ALGORITHMS:
         return GROUP_ALLREDUCE_ALGORITHMS[algorithm]
-    library = algorithm == "mpi" or (not comm.fault_tolerant and not library_dtype_problem(dtype))
-    if not library:
-        return GROUP_ALLREDUCE_ALGORITHMS[choose_group_allreduce(nbytes)]
-    key = ("butterfly groups", grouping, algorithm)
-    return partial(tuned_group_allreduce, comm.derived(key, lambda: GroupCommunicators(comm, grouping, algorithm)))
+    groups = comm.derived(("butterfly groups", grouping), lambda: GroupCommunicators(comm, grouping))
+    return partial(library_schedule, groups)
 
 
 def group_allreduce(
@@ -290,11 +279,11 @@ def group_allreduce(
             for powers of two).
         algorithm: ``"recursive_doubling"``, ``"halving_doubling"``,
             ``"mpi"`` (the library's ``MPI_Allreduce`` on the group's
-            communicator; float32, float64, int32 and int64) or ``"auto"``
-            (:func:`group_schedule`: per group what ``allreduce`` would
-            take over its ranks, the library where it may run).  With
-            ``"mpi"`` or ``"auto"`` the first call with a grouping makes
-            its groups' communicators (collective), which ``comm`` keeps.
+            communicator; float32, float64, int32 and int64: faster for
+            small buffers, in the library's order of additions) or
+            ``"auto"`` (:func:`choose_group_allreduce`).  With ``"mpi"`` the
+            first call with a grouping makes its groups' communicators
+            (collective), which ``comm`` keeps.
         dynamic_groups: Algorithm 1's groups of iteration ``t`` (default);
             False: the groups of iteration 0 whatever ``t`` (the same
             hypercube dimensions at every iteration: WAGMA's ablation 2,
@@ -328,7 +317,7 @@ def group_allreduce(
         t=t,
         dynamic_groups=dynamic_groups,
     )
-    schedule = group_schedule(algorithm, comm, grouping, data.nbytes, info.dtype)
+    schedule = group_schedule(algorithm, comm, grouping, data.nbytes)
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, plan, 1.0 / plan.size if op == "avg" else None)
     return data

@@ -153,9 +153,9 @@ class Network:
         ``core_size`` phases of the whole buffer) below the runtime's size
         threshold, else halving/doubling (a ReduceScatter over the masks in
         order, halving the message each phase, then an Allgather over them
-        in reverse).  Where the runtime's ``auto`` takes the library's
-        ``MPI_Allreduce`` on the group's communicator, the library runs these
-        same algorithms (MPICH's and Open MPI's recursive doubling and
+        in reverse).  Where a run takes the library's ``MPI_Allreduce`` on
+        the group's communicator (``algorithm="mpi"``), the library runs
+        these same algorithms (MPICH's and Open MPI's recursive doubling and
         Rabenseifner's), so the same phases model it."""
         levels = core_size.bit_length() - 1
         if choose_group_allreduce(int(nbytes)) == "recursive_doubling":
