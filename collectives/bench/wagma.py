@@ -16,6 +16,7 @@ from ..comm import Communicator
 from ..provenance import results_file, run_attributes
 from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
 from ..wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, group_allreduce
+from ..wait_avoiding.group_library import GroupCommunicators
 from ..wait_avoiding.groups import ButterflyGrouping
 
 __all__ = ["main"]
@@ -120,18 +121,6 @@ def _process_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def group_communicators(comm, grouping):
-    """``{members: communicator}`` of this rank's groups over ``grouping``'s
-    period (collective): what ``group_library`` reduces over."""
-    made = {}
-    for t in range(grouping.period):
-        groups = grouping.groups(t)
-        mine = next(i for i, g in enumerate(groups) if comm.rank in g)
-        if tuple(groups[mine]) not in made:
-            made[tuple(groups[mine])] = comm.data.Split(mine, comm.rank)
-    return made
-
-
 def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, algorithm="auto"):
     """Steps ``first, first + 1, ...`` of one implementation (``delays``:
     their rows of the delay table), as :class:`Steps`.  On an oversubscribed
@@ -149,7 +138,7 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
             comm.data, buf, group_size=group_size, op="avg", waits=waits, first_iteration=first, algorithm=algorithm
         ).open()
     elif implementation == "group_library":
-        groups = group_communicators(comm, grouping)
+        groups = GroupCommunicators(comm, grouping)
     comm.data.Barrier()
     for i, delayed in enumerate(delays[:, comm.rank]):
         t = first + i
@@ -167,7 +156,7 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
             group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg", algorithm=algorithm, check=False)
         elif groups is not None:
             members = tuple(grouping.group_of(t, comm.rank))
-            groups[members].Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            groups.communicator(members).Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf *= 1.0 / len(members)
         else:
             comm.data.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -177,8 +166,8 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
         steps.main_cpu[i] = time.thread_time() - main_cpu
     if wa is not None:
         wa.close()
-    for group in (groups or {}).values():
-        group.Free()
+    if groups is not None:
+        groups.close()
     return steps
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "LIBRARY_DTYPES",
     "host_array",
     "library_allreduce",
+    "library_allreduce_flat",
     "library_allreduce_array",
     "library_allreduce_in_place",
     "library_dtype_problem",
@@ -64,13 +65,25 @@ def library_allreduce_array(data_comm: MPI.Intracomm, array: np.ndarray, scale: 
         np.multiply(array, scale, out=array)
 
 
-def library_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
-    """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
-    ``scale`` (averaging) on every rank alike: the schedule form, on a
-    :class:`~collectives.buffers.FlatBuffer` (CUDA tensors, staged or not)."""
-    comm.data.Allreduce(MPI.IN_PLACE, [buf.msg(0, buf.numel), buf.numel, LIBRARY_DTYPES[buf.dtype]], MPI.SUM)
+def library_allreduce_flat(
+    data_comm: MPI.Intracomm, buf: FlatBuffer, scale: float | None = None, src: FlatBuffer | None = None
+) -> None:
+    """``MPI_Allreduce`` (``MPI_SUM``) over ``data_comm`` into a
+    :class:`~collectives.buffers.FlatBuffer` (CUDA tensors, staged or not),
+    of ``src`` where given (out of place), else of ``buf`` itself
+    (``MPI_IN_PLACE``); then ``scale`` on every rank alike."""
+    datatype = LIBRARY_DTYPES[buf.dtype]
+    send = MPI.IN_PLACE if src is None else [src.msg(0, buf.numel), buf.numel, datatype]
+    data_comm.Allreduce(send, [buf.msg(0, buf.numel), buf.numel, datatype], MPI.SUM)
     if scale is not None:
         buf.scale_(0, buf.numel, scale)
+
+
+def library_allreduce(buf: FlatBuffer, comm: Communicator, scale: float | None = None) -> None:
+    """``MPI_Allreduce(MPI_IN_PLACE, buf, MPI_SUM)`` over ``comm.data``, then
+    ``scale`` (averaging) on every rank alike: the schedule form of
+    :func:`library_allreduce_flat`."""
+    library_allreduce_flat(comm.data, buf, scale)
 
 
 def library_allreduce_in_place(data: Buffer, comm: Communicator, scale: float | None = None) -> bool:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Literal
 from ..agreement import check_arguments
 from ..buffers import BufferT, FlatBuffer, describe
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
-from .group_library import GroupCommunicators, library_group_allreduce
+from ..schedules.library import library_allreduce_flat
+from .group_library import GroupCommunicators
 from .groups import ButterflyGrouping, GroupPlan
 
 if TYPE_CHECKING:
@@ -220,8 +221,23 @@ def library_schedule(
 ) -> None:
     """``algorithm="mpi"``: the library's ``MPI_Allreduce`` on the
     communicator of ``plan``'s group; the schedules' signature once
-    ``groups`` is bound (``comm`` and ``tag`` unused)."""
-    library_group_allreduce(buf, groups.communicator(plan.members), scale, src)
+    ``groups`` is bound (``comm`` and ``tag`` unused).
+
+    Always the blocking ``MPI_Allreduce``, whoever runs it: a version may
+    run on one member's main thread and on another's progress thread, and
+    MPI matches a blocking collective only with blocking ones (MPI-4.1,
+    section 6.12: "nonblocking collective operations do not match with
+    blocking collective operations"); mixing ``MPI_Iallreduce`` on progress
+    threads with ``MPI_Allreduce`` on main threads hung a 4-rank run.  The
+    nonblocking call everywhere would match, but MPICH runs it over
+    point-to-point schedules that progress only when tested: at 4 ranks on
+    2 cores it took 1.06 ms at 4 KiB where the blocking call took 0.07 ms
+    and our butterfly 0.34 ms (``collectives.bench wagma``).  So the call
+    waits as the library waits (MPICH spins, Open MPI yields on an
+    oversubscribed node), not as ``comm`` would.  An execution blocks its
+    thread either way, as a butterfly's does.
+    """
+    library_allreduce_flat(groups.communicator(plan.members), buf, scale, src)
 
 
 def group_schedule(

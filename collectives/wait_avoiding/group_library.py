@@ -27,45 +27,12 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from ..failures import revoked, track
-from ..schedules.library import LIBRARY_DTYPES
 
 if TYPE_CHECKING:
-    from ..buffers import FlatBuffer
     from ..comm import Communicator
     from .groups import ButterflyGrouping
 
-__all__ = ["GroupCommunicators", "library_group_allreduce"]
-
-
-def library_group_allreduce(
-    buf: FlatBuffer,
-    group: MPI.Intracomm,
-    scale: float | None = None,
-    src: FlatBuffer | None = None,
-) -> None:
-    """Sum over ``group`` (the library's ``MPI_Allreduce``) into ``buf``, then
-    ``scale``; the inputs are ``src`` where given (out of place), else ``buf``.
-
-    Always the blocking ``MPI_Allreduce``, whoever runs it: a version may
-    run on one member's main thread and on another's progress thread, and
-    MPI matches a blocking collective only with blocking ones (MPI-4.1,
-    section 6.12: "nonblocking collective operations do not match with
-    blocking collective operations"); mixing ``MPI_Iallreduce`` on progress
-    threads with ``MPI_Allreduce`` on main threads hung a 4-rank run.  The
-    nonblocking call everywhere would match, but MPICH runs it over
-    point-to-point schedules that progress only when tested: at 4 ranks on
-    2 cores it took 1.06 ms at 4 KiB where the blocking call took 0.07 ms
-    and our butterfly 0.34 ms (``collectives.bench wagma``).  So the call
-    waits as the library waits (MPICH spins, Open MPI yields on an
-    oversubscribed node), not as the caller's ``Communicator`` would.  An
-    execution blocks its thread either way, as a butterfly's does.
-    """
-    datatype = LIBRARY_DTYPES[buf.dtype]
-    recv = [buf.msg(0, buf.numel), buf.numel, datatype]
-    send = MPI.IN_PLACE if src is None else [src.msg(0, buf.numel), buf.numel, datatype]
-    group.Allreduce(send, recv, MPI.SUM)
-    if scale is not None:
-        buf.scale_(0, buf.numel, scale)
+__all__ = ["GroupCommunicators"]
 
 
 class GroupCommunicators:
