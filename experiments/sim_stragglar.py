@@ -28,8 +28,7 @@ import h5py
 import numpy as np
 
 from collectives.logs import configure_logging
-from collectives.stragglar.cost import break_even_lead
-from collectives.stragglar.generator import lower_bound
+from collectives.stragglar.cost import stragglar_min_lead
 from wagma.options import auto_group_size
 from wagma.sim import Network, Scenario, simulate
 from wagma.sim.cli import model_parameters
@@ -125,7 +124,7 @@ def measure(
         "predictor": {
             "decay": Scenario.decay,
             "confidence": Scenario.confidence,
-            "min_lead_s": "the runtime's: break_even_lead(P) x the allreduce's time",
+            "min_lead_s": "the runtime's: stragglar_min_lead(ReduceScatter, rounds, the allreduce's time)",
         },
     }
     return setting, records, syncs
@@ -140,7 +139,7 @@ def _costs(setting, ranks):
     ]
     for p in ranks:
         auto, planned = network.allreduce(p, nbytes), network.allreduce(p, nbytes, "stragglar")
-        gate = break_even_lead(p, lower_bound(p)) * auto.after_last
+        gate = stragglar_min_lead(planned.reduce_scatter, planned.after_straggler, auto.after_last)
         lines.append(
             f"| {p} | {auto.after_last * 1e3:.2f} ms | {planned.reduce_scatter * 1e3:.2f} ms "
             f"| {planned.after_straggler * 1e3:.2f} ms "
@@ -195,8 +194,9 @@ def format_table(setting, records):
         "WAGMA-SGD with S = sqrt(P) and tau = 10. Predictor: decay "
         f"{setting['predictor']['decay']}, confidence {setting['predictor']['confidence']} "
         "(`StragglerPredictor`'s defaults), and the runtime's lead gate (`PredictedStragglerSync`: the "
-        "predicted rank's decayed lead must reach `break_even_lead(P)` times the allreduce's time, "
-        "last column below); its warm-up is three synchronizations, and a late rank that moves after a long "
+        "predicted rank's decayed lead must reach StragglAR's ReduceScatter and rounds less the allreduce's "
+        "time, `stragglar_min_lead`, last column below: what a wrong prediction costs); its warm-up is "
+        "three synchronizations, and a late rank that moves after a long "
         "stay costs three misses. Throughput counts every step, the warm-up's too.",
         "",
         "**Why 50 ms.** A right prediction saves the allreduce's time less StragglAR's rounds (about 10 ms "

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from collectives.stragglar.cost import break_even_lead, plan_time, rhd_time, ring_time, stragglar_time
+from collectives.stragglar.cost import plan_time, rhd_time, ring_time, stragglar_min_lead, stragglar_time
 from collectives.stragglar.generator import lower_bound
 from collectives.stragglar.prediction import StragglerPredictor
 from collectives.stragglar.training_sync import PredictedStragglerSync
@@ -344,8 +344,13 @@ def test_stragglar_hides_the_reduce_scatter_behind_a_late_rank():
 
 
 WARMUP = 3  # syncs the default predictor needs to name a persistent straggler (0.25, 0.44, 0.58 >= 0.5)
-# The runtime's gate from the second sync on: the break-even share of the allreduce's time.
-GATE = break_even_lead(8, lower_bound(8)) * rhd_time(8, 4 * BIG, NET.alpha, NET.beta)
+# The runtime's gate from the second sync on: StragglAR's ReduceScatter (a ring's half over
+# the 7 others) and rounds less the allreduce's time, which at 4 MB is the library's RHD.
+GATE = stragglar_min_lead(
+    ring_time(7, 4 * BIG, NET.alpha, NET.beta) / 2,
+    stragglar_time(8, 4 * BIG, NET.alpha, NET.beta, lower_bound(8)),
+    rhd_time(8, 4 * BIG, NET.alpha, NET.beta),
+)
 SYNCED = [("allreduce_sgd", {}), ("local_sgd", {"period": 5}), ("wagma", {"group_size": 4, "tau": 5})]
 
 

@@ -80,6 +80,10 @@ def test_late_straggler_random_floats_bitwise_equal_on_all_ranks(sub, algorithm)
             np.testing.assert_allclose(y, expected / comm.size, rtol=1e-12, atol=1e-12)
             everyone = comm.data.allgather(y.tobytes())
             assert all(b == everyone[0] for b in everyone), "ranks disagree bitwise"
+            # The non-stragglers time their ReduceScatter (it prices StragglAR's rounds); the
+            # straggler runs none. The Broadcast baseline's pre-phase is an allreduce: not timed.
+            timed = algorithm == "stragglar" and comm.rank != straggler
+            assert np.isfinite(ar.reduce_scatter_s) == timed and not ar.reduce_scatter_s <= 0
 
 
 def test_torch_tensors_and_one_shot_function(sub):

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from straggler_log import replayed_predictions
 from subcomms import first_ranks, member
 
+from collectives.stragglar.cost import stragglar_min_lead
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from wagma.algorithms import create
 
@@ -97,6 +98,36 @@ def test_every_rank_holds_the_same_prediction_from_measured_arrivals(comm, recor
             _agreed(comm, (sync.straggler, sync.predictor.min_lead_s))
         np.testing.assert_array_equal(x, 1.0)  # averages of ones
         _check_log(comm, sync.rows(), comm.size - 1, record_measurement)
+
+
+@pytest.mark.timing
+def test_stragglars_measured_times_set_the_same_gate_on_every_rank(comm):
+    """After StragglAR ran for the rank that came last, every rank holds the
+    fastest non-straggler's ReduceScatter and the straggler's rounds (its
+    entry-to-return time less its wait for the ReduceScatter), and the gate
+    is stragglar_min_lead of them and the fallback's tail: infinite, and the
+    fallback at every later synchronization, where the rounds take longer
+    than the fallback (small buffers).  Which of the two it is depends on
+    the machine; that every rank does the same does not."""
+    comm = member(comm)
+    n, late = comm.size, comm.size - 1
+    x = np.zeros(1001, dtype=np.float32)
+    with PredictedStragglerSync(comm, [x], op="sum") as sync:
+        for k in range(8):
+            x[:] = comm.rank + np.arange(x.size) % 7  # integers: exact in any order
+            sync([x], 1.0 if comm.rank == late else 0.0)
+            np.testing.assert_array_equal(x, n * (np.arange(x.size) % 7) + n * (n - 1) // 2)
+            if k < 4:  # StragglAR from the 4th synchronization, measured at the end of the 5th
+                assert np.isnan(sync.rounds_s)
+        log = sync.rows()
+        assert log[3, 1] == late and np.all(log[:3, 1] == -1)
+        reduce_scatter, rounds, tail = _agreed(comm, (sync.reduce_scatter_s, sync.rounds_s, sync.tail_s))
+        assert reduce_scatter > 0 and rounds >= 0 and tail > 0
+        gate = stragglar_min_lead(reduce_scatter, rounds, tail)
+        assert _agreed(comm, sync.predictor.min_lead_s) == gate == log[-1, 4]
+        # The late rank's decayed lead (over 0.6 s) passes any finite gate: StragglAR
+        # runs on after each synchronization whose gate is finite, the fallback after the others.
+        assert np.array_equal(log[5:, 1], np.where(np.isfinite(log[4:-1, 4]), late, -1))
 
 
 def _data(rank, steps, batch=32):

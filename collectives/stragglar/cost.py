@@ -11,6 +11,7 @@ __all__ = [
     "plan_time",
     "rhd_time",
     "ring_time",
+    "stragglar_min_lead",
     "stragglar_time",
 ]
 
@@ -72,6 +73,27 @@ def break_even_lead(n: int, rounds: int) -> float:
     if rounds / (n - 1) >= ring:
         return math.inf
     return max(0.0, ((n - 2) / (n - 1) + rounds / (n - 1) - ring) / ring)
+
+
+def stragglar_min_lead(reduce_scatter_s: float, rounds_s: float, tail_s: float) -> float:
+    """The straggler's lead (seconds) from which StragglAR with it as the
+    straggler ends before the fallback allreduce, whatever the message size.
+
+    With the straggler ``L`` seconds after the others, StragglAR ends
+    ``max(RS, L) + rounds`` after their arrival (``reduce_scatter_s`` and
+    ``rounds_s``) and the fallback ``L + F`` (``tail_s``: what it still
+    does once the last rank is there).  StragglAR is ahead when
+    ``L > RS + rounds - F`` and ``rounds < F``; where its rounds alone take
+    as long as the fallback's tail, no lead makes it win: infinity.  That
+    is the small-message case: below some size the rounds' n + ceil(log2 n)
+    - 2 message latencies (:func:`~collectives.stragglar.generator.lower_bound`)
+    cost more than the library's log2 n, and StragglAR loses however late
+    the straggler is.
+    :func:`break_even_lead` is the same rule in Table 1's bandwidth terms.
+    """
+    if not rounds_s < tail_s:
+        return math.inf
+    return max(0.0, reduce_scatter_s + rounds_s - tail_s)
 
 
 def plan_time(n: int, alpha: float, beta: float) -> tuple[float, float]:

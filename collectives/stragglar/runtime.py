@@ -21,6 +21,7 @@ that benchmarks compare algorithms and not transports.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
@@ -100,6 +101,14 @@ class StragglerAwareAllreduce:
         reduce_scatter: the non-stragglers' ReduceScatter schedule, a key
             of :data:`collectives.schedules.blocking.REDUCE_SCATTER_ALGORITHMS`.
 
+    Attributes:
+        reduce_scatter_s: the seconds this rank spent in the
+            non-stragglers' ReduceScatter at its last call of
+            ``"stragglar"`` (NaN on the straggler and before the first
+            call): its n - 2 ring steps move chunks of the size the rounds
+            move, so it prices a round too
+            (:mod:`collectives.stragglar.training_sync`).
+
     Raises:
         ValueError, TypeError: on every rank, before any data moves.
 
@@ -146,6 +155,7 @@ class StragglerAwareAllreduce:
         self.numel, self.dtype = info.numel, info.dtype
         self._reduce_scatter = REDUCE_SCATTER_ALGORITHMS[reduce_scatter]
         self._chunks = block_offsets(self.numel, max(comm.size - 1, 1))
+        self.reduce_scatter_s = float("nan")
         self._steps: list = []
         if algorithm == "stragglar" and schedule is not None:
             self._steps = _my_steps(schedule, comm.rank, self._chunks)
@@ -195,7 +205,9 @@ class StragglerAwareAllreduce:
     def _stragglar(self, buf):
         """ReduceScatter among the non-stragglers, then the schedule's rounds."""
         if self.peers is not None:
+            started = time.perf_counter()
             self._reduce_scatter(buf, self.peers)
+            self.reduce_scatter_s = time.perf_counter() - started
         scale = self._scale()
         scratch = buf.scratch(self._chunks[1] - self._chunks[0])
         nothing = buf.msg(0, 0)

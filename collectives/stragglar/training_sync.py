@@ -48,19 +48,39 @@ the straggler's lead covers part of them.  With the straggler ``L``
 seconds after the others, StragglAR ends ``max(RS, L) + rounds`` after
 their arrival and the fallback ``L + F``, where ``F`` is what the fallback
 still has to do once the last rank is there.  So the predictor's
-``min_lead_s`` is set before every prediction to ``RS + rounds - F``:
-``RS + rounds`` is ``(1 + b) T`` with ``T`` the whole allreduce's time and
-``b`` :func:`~collectives.stragglar.cost.break_even_lead` (n) (Table 1's
-bandwidth terms against a ring: 1/3 at n = 4, 0.22 at n = 8, never at
-n = 3).  Both are measured online at the fallback synchronizations on the
-rank that arrived last (it did not wait): ``T`` from the start of its
-reduction, ``F`` from its arrival.  For local SGD and WAGMA they are the
-same and the gate is ``b T``; Allreduce-SGD's buckets start during
-backward (``reduction_started`` of :meth:`~PredictedStragglerSync.begin`), so its ``F`` is the
-tail that backward did not hide, and the gate is higher by what was
-hidden.  Under the WAGMA paper's random-k imbalance, where the two late
-ranks are late by the same delay, no rank leads and none is predicted; a
-persistent straggler leads by its delay and is.
+``min_lead_s`` is set before every prediction to ``RS + rounds - F``, or
+to infinity where ``rounds >= F``
+(:func:`~collectives.stragglar.cost.stragglar_min_lead`).  ``F`` is
+measured online at the fallback synchronizations on the rank that arrived
+last (it did not wait), from its arrival; so is ``T``, the whole
+allreduce's time, from the start of its reduction.  For local SGD and
+WAGMA they are the same; Allreduce-SGD's buckets start during backward
+(``reduction_started`` of :meth:`~PredictedStragglerSync.begin`), so its
+``F`` is the tail that backward did not hide.
+
+``RS`` and ``rounds`` are measured too, once StragglAR has run for a
+rank that did arrive last: the non-stragglers time their ReduceScatter
+(the fastest of them, the last to enter it, waited for no one), and the
+straggler its time from entry to return, ``A = max(RS - L, 0) + rounds``
+at its lead ``L``, so ``rounds = A - max(RS - L, 0)``.  Before that the
+gate takes Table 1's bandwidth terms: ``RS + rounds = (1 + b) T`` with
+``b`` :func:`~collectives.stragglar.cost.break_even_lead` (n) (1/3 at n =
+4, 0.22 at n = 8, never at n = 3).  The rounds are measured, not derived
+from the ReduceScatter's steps, because they run when the straggler
+arrives, after the others have been waiting: on a node with fewer cores
+than ranks, the waiting ranks' polling takes the cores from the rounds'
+Python loop (8 ranks on 2 cores, 4 KiB: rounds of 1.3 ms after a
+ReduceScatter of 0.3).  The measured rounds are StragglAR's
+small-message rule: for a small buffer they are n + ceil(log2 n) - 2
+message latencies of a Python loop against the library's log2 n inside
+one call, they take longer than the whole fallback, the gate turns
+infinite, and every later synchronization runs the fallback, however late
+the straggler.  For large buffers the rounds are below ``F`` (at n = 8,
+9/7 s beta against the ring's 7/4) and the gate is the lead that the
+ReduceScatter needs.  Under the WAGMA paper's random-k
+imbalance, where the two late ranks are late by the same delay, no rank
+leads and none is predicted; a persistent straggler leads by its delay
+and is.
 
 Every synchronization is logged: :attr:`PredictedStragglerSync.log` rows of
 ``(sync, predicted, last, lead_s, min_lead_s)`` (predicted -1: the
@@ -79,7 +99,7 @@ import numpy as np
 from ..buffers import Buffer, BufferT, describe
 from ..failures import wait
 from ..schedules.blocking import Op, allreduce, allreduce_init
-from .cost import break_even_lead
+from .cost import break_even_lead, stragglar_min_lead
 from .generator import lower_bound
 from .prediction import StragglerPredictor
 from .runtime import StragglerAwareAllreduce
@@ -128,6 +148,9 @@ class PredictedStragglerSync:
             after it required).
         allreduce_s, tail_s: ``T`` and ``F`` of the module's gate, as last
             measured (NaN before).
+        reduce_scatter_s, rounds_s: ``RS`` and ``rounds`` of the
+            module's gate, as last measured (NaN before StragglAR has run
+            for a rank that arrived last).
     """
 
     #: Column names of :attr:`log`'s rows.
@@ -160,11 +183,16 @@ class PredictedStragglerSync:
             self._templates.setdefault((info.numel, info.dtype), template)
         self._cached = cached_plans * max(1, len(self._templates))
         self._break_even = break_even_lead(comm.size, lower_bound(comm.size)) if comm.size > 1 else 0.0
-        self.allreduce_s = self.tail_s = float("nan")
+        self.allreduce_s = self.tail_s = self.reduce_scatter_s = self.rounds_s = float("nan")
         self._reduce_s = (float("nan"),) * 2  # this rank's T and F at its last fallback synchronization
-        self._mine = np.zeros(3)
-        self._received = np.zeros((comm.size, 3))
+        # Its ReduceScatter (summed over the buffers) and its time from entry, at the last synchronization
+        # if it ran StragglAR.
+        self._stragglar_s = (float("nan"),) * 2
+        self._reduce_scatter_sum = 0.0
+        self._mine = np.zeros(5)
+        self._received = np.zeros((comm.size, 5))
         self._request: MPI.Request | None = None
+        self._planned_for: int | None = None
         self._ran_stragglar = False
         self.log: list[tuple[int, int, int, float, float]] = []
         self._left = time.perf_counter()
@@ -184,10 +212,12 @@ class PredictedStragglerSync:
         if self._request is not None:
             raise RuntimeError("begin() twice without end()")
         entered = time.perf_counter()
-        self._mine[:] = entered - self._left if arrival_s is None else arrival_s, *self._reduce_s
+        self._mine[:] = entered - self._left if arrival_s is None else arrival_s, *self._reduce_s, *self._stragglar_s
+        self._reduce_scatter_sum = 0.0
         self._started = entered if reduction_started is None else min(reduction_started, entered)
         self._request = self.comm.control.Iallgather(self._mine, self._received)
-        self._ran_stragglar = self.straggler is not None
+        self._planned_for = self.straggler
+        self._ran_stragglar = self._planned_for is not None
         self._began = entered
 
     def reduce(self, buffer: BufferT) -> BufferT:
@@ -208,6 +238,8 @@ class PredictedStragglerSync:
         else:
             self._plans.move_to_end(key)
             plan(buffer, check=False)
+            if plan.peers is not None:  # a non-straggler
+                self._reduce_scatter_sum += plan.reduce_scatter_s
         return buffer
 
     def end(self) -> None:
@@ -220,17 +252,31 @@ class PredictedStragglerSync:
         arrivals = self._received[:, 0]
         # T and F of the rank that arrived last at the previous
         # synchronization, if the fallback ran there (it did not wait).
-        if self.log and self.log[-1][1] < 0 and np.all(np.isfinite(self._received[int(self.log[-1][2]), 1:])):
-            self.allreduce_s, self.tail_s = map(float, self._received[int(self.log[-1][2]), 1:])
-        if np.isfinite(self.allreduce_s):
+        if self.log and self.log[-1][1] < 0 and np.all(np.isfinite(self._received[int(self.log[-1][2]), 1:3])):
+            self.allreduce_s, self.tail_s = map(float, self._received[int(self.log[-1][2]), 1:3])
+        # RS and the rounds, if StragglAR ran at the previous synchronization for the rank that came last.
+        if self.log and self.log[-1][1] >= 0 and self.log[-1][1] == self.log[-1][2]:
+            straggler, lead = int(self.log[-1][1]), self.log[-1][3]
+            reduce_scatters, entry_to_return = self._received[:, 3], self._received[straggler, 4]
+            reduce_scatters = reduce_scatters[np.isfinite(reduce_scatters)]
+            if reduce_scatters.size and np.isfinite(entry_to_return):
+                self.reduce_scatter_s = float(reduce_scatters.min())
+                self.rounds_s = max(0.0, float(entry_to_return) - max(0.0, self.reduce_scatter_s - lead))
+        if np.isfinite(self.rounds_s) and np.isfinite(self.tail_s):
+            self.predictor.min_lead_s = stragglar_min_lead(self.reduce_scatter_s, self.rounds_s, self.tail_s)
+        elif np.isfinite(self.allreduce_s):
             gate = (1 + self._break_even) * self.allreduce_s - self.tail_s
             self.predictor.min_lead_s = max(0.0, gate) if np.isfinite(gate) else np.inf
         predicted, last, lead = self.predictor.observe(arrivals)
         self.log.append(
             (len(self.log), predicted if self._ran_stragglar else -1, last, lead, self.predictor.min_lead_s)
         )
-        if not self._ran_stragglar:
+        if self._ran_stragglar:
+            mine = self._reduce_scatter_sum if self.comm.rank != self._planned_for else float("nan")
+            self._stragglar_s = (mine, reduced - self._began)
+        else:
             self._reduce_s = (reduced - self._started, reduced - self._began)
+            self._stragglar_s = (float("nan"),) * 2
         if self.straggler is not None:
             for (numel, dtype), template in self._templates.items():
                 self._plan((self.straggler, numel, dtype), template)

@@ -12,8 +12,7 @@ import h5py
 import numpy as np
 from numpy.typing import ArrayLike
 
-from collectives.stragglar.cost import break_even_lead, plan_time
-from collectives.stragglar.generator import lower_bound
+from collectives.stragglar.cost import plan_time, stragglar_min_lead
 from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
 from collectives.stragglar.training_sync import PredictedStragglerSync
 from collectives.wait_avoiding.activation import RandomActivators
@@ -83,9 +82,11 @@ class Scenario:
             whose defaults these are), for ``sync="stragglar"``.
         min_lead_s: the lead (seconds) a predicted rank must have; None:
             the runtime's rule (:mod:`collectives.stragglar.training_sync`):
-            :func:`~collectives.stragglar.cost.break_even_lead` (P) times
-            the allreduce's time, from the second synchronization on (the
-            predictor's default before it has measured one).
+            :func:`~collectives.stragglar.cost.stragglar_min_lead` of
+            StragglAR's ReduceScatter and rounds and the allreduce's time
+            (infinite where the rounds alone take longer: small buffers),
+            from the second synchronization on (the predictor's default
+            before it has measured one).
     """
 
     ranks: int
@@ -195,8 +196,11 @@ def _prediction(scenario, options, tau, fallback):
     if options.get("sync") != "stragglar":
         return (planned, *kernels.no_prediction(p))
     if scenario.min_lead_s is None:
+        # The runtime's gate, with the ReduceScatter and the rounds priced by the network
+        # model; the runtime measures them from its first StragglAR synchronization on and
+        # takes Table 1's bandwidth terms before (break_even_lead, close for large buffers).
         first = _PREDICTOR["min_lead_s"]
-        gate = (break_even_lead(p, lower_bound(p)) if p > 1 else 0.0) * fallback
+        gate = stragglar_min_lead(planned[2], planned[3], fallback) if p > 2 else 0.0
     else:
         first = gate = scenario.min_lead_s
     first_plan_s, new_plan_s = plan_time(p, net.alpha, net.beta)
