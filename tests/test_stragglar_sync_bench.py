@@ -15,9 +15,16 @@ from collectives.bench.stragglar import SYNC_IMPLEMENTATIONS, sync_speedups, syn
 ROOT = Path(__file__).resolve().parent.parent
 
 # Median totals in seconds [implementation, factor] in SYNC_IMPLEMENTATIONS order:
-# stragglar, stragglar_wrong, ring, rhd, MPI_Allreduce.
+# stragglar, stragglar_wrong, ring, rhd, MPI_Allreduce, predicted.
 TOTALS = np.array(
-    [[0.010, 0.012, 0.020], [0.012, 0.024, 0.030], [0.008, 0.015, 0.025], [0.009, 0.016, 0.030], [0.007, 0.013, 0.022]]
+    [
+        [0.010, 0.012, 0.020],
+        [0.012, 0.024, 0.030],
+        [0.008, 0.015, 0.025],
+        [0.009, 0.016, 0.030],
+        [0.007, 0.013, 0.022],
+        [0.0007, 0.013, 0.020],
+    ]
 )
 
 
@@ -38,6 +45,7 @@ def test_speedups_are_the_others_time_over_stragglars_and_slowdowns_over_ring_an
     assert r["over_MPI_Allreduce"] == pytest.approx([0.7, 13 / 12, 1.1])
     assert r["wrong_vs_ring"] == pytest.approx([1.5, 1.6, 1.2])
     assert r["wrong_vs_right"] == pytest.approx([1.2, 2.0, 1.5])
+    assert r["predicted_vs_MPI_Allreduce"] == pytest.approx([0.1, 1.0, 20 / 22])
     # Any leading axes: [implementation, size, factor] gives [size, factor].
     assert sync_speedups(np.stack([TOTALS, TOTALS], axis=1))["over_ring"].shape == (2, 3)
 
@@ -47,6 +55,7 @@ def test_stragglar_wins_where_it_beats_ring_rhd_and_mpi_but_not_its_wrong_twin()
     totals = TOTALS.copy()
     totals[4, 1] = 0.011  # MPI_Allreduce faster at factor 1
     totals[1, 2] = 0.001  # the wrong prediction is no rival
+    totals[5, 2] = 0.001  # nor is the training's synchronization, which may run StragglAR
     assert sync_wins([0, 1, 2], totals) == [2]
 
 
@@ -56,12 +65,21 @@ def test_the_table_has_a_row_per_factor_with_times_in_ms_and_the_ratios():
     assert head == (
         ["factor", "delay ms"]
         + [f"{n} ms" for n in SYNC_IMPLEMENTATIONS]
-        + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right"]
+        + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right", "pred/MPI"]
     )
     assert lines[1] == "|" + "---:|" * len(head)
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    assert rows[1] == ["0.5", "4.0", "12.0", "24.0", "15.0", "16.0", "13.0", "1.25", "1.33", "1.08", "1.60", "2.00"]
+    assert rows[1] == ["0.5", "4.0", "12.0", "24.0", "15.0", "16.0", "13.0", "13.0"] + [
+        "1.25",
+        "1.33",
+        "1.08",
+        "1.60",
+        "2.00",
+        "1.00",
+    ]
     assert [row[0] for row in rows] == ["0", "0.5", "2"]
+    # Below a millisecond, three decimals: a small buffer's times are tenths of one.
+    assert rows[0][1:3] == ["0.000", "10.0"] and rows[0][7] == "0.700"
 
 
 @pytest.mark.launcher
@@ -75,6 +93,7 @@ def test_a_4_rank_run_writes_every_field_and_checks_the_wrong_prediction(tmp_pat
     table = (tmp_path / "sync" / "sync_n4.md").read_text()
     assert "4 ranks" in table and f"({os.cpu_count()} cores)" in table
     assert table.count("\n| ") == 1 + 2  # the header and one row per factor
+    assert "`predicted` ran StragglAR at this share of its synchronizations: 0% at factor 0" in table
     with h5py.File(out) as f:
         assert (
             f.attrs["mode"],
@@ -91,7 +110,7 @@ def test_a_4_rank_run_writes_every_field_and_checks_the_wrong_prediction(tmp_pat
         assert f["ring_no_delay_seconds"].shape == (1, 1) and base[0] > 0
         assert f["delays_s"][()] == pytest.approx(np.outer(base, [0, 1]))
         seconds = f["seconds"][()]
-        assert seconds.shape == (5, 1, 2, 1, 2) and np.all(seconds[..., 0] > 0)
+        assert seconds.shape == (6, 1, 2, 1, 2) and np.all(seconds[..., 0] > 0)
         # With the late rank asleep, every implementation's total lasts the sleep.
         assert np.all(seconds[:, 0, 1, :, 0] >= f["delays_s"][0, 1])
         totals = f["median_total_s"][()]
@@ -103,13 +122,17 @@ def test_a_4_rank_run_writes_every_field_and_checks_the_wrong_prediction(tmp_pat
             "speedup_over_MPI_Allreduce",
             "wrong_vs_ring",
             "wrong_vs_right",
+            "predicted_vs_MPI_Allreduce",
         ):
             assert f[name].shape == f[f"paired_{name}"].shape == (1, 2)
         # One repetition: the median of the per-repetition ratios is the ratio.
         assert f["paired_wrong_vs_ring"][()] == pytest.approx(totals[1] / totals[2])
         assert f.attrs["loadavg_before"] >= 0 and f.attrs["loadavg_after"] >= 0
+        ran = f["predicted_ran_stragglar"][()]
+        assert ran.shape == (1, 2) and np.all((ran >= 0) & (ran <= 1))
+        assert ran[0, 0] == 0  # nobody late, nobody leads: never StragglAR
         errors = f["check_max_abs_error"][()]
-        assert errors.shape == (5, 1) and errors[names.index("stragglar_wrong"), 0] == 0
+        assert errors.shape == (6, 1) and errors[names.index("stragglar_wrong"), 0] == 0
         assert np.all(errors <= f.attrs["check_tolerance"])
 
 

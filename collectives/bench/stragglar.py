@@ -47,6 +47,16 @@ right prediction and ``d + 2 (n - 1) alpha + 2 (n - 1) / n s beta`` for ring:
 in bandwidth terms (n - 2 + R) / (n - 1) s beta against 2 (n - 1) / n s beta,
 2 against 1.5 s beta at n = 4 (R = 4) and 15/7 against 7/4 at n = 8
 (R = 9), a constant loss to ring that the delay does not change.
+
+``predicted`` is what training runs with ``--sync stragglar``: a
+:class:`~collectives.stragglar.training_sync.PredictedStragglerSync` over
+the buffer, which decides for itself between StragglAR planned for the
+rank it predicts and the library's allreduce (``auto``), by the lead gate
+of its module.  Its arrivals are the injected delays (the late rank's
+sleep, 0 for the others); before each factor's repetitions it runs
+:data:`PREDICTED_WARMUP` synchronizations untimed, so that its predictor
+and its measured prices have settled.  ``pred/MPI``: its time over
+``MPI_Allreduce``'s, at most 1/0.95 where it runs the library's speed.
 """
 
 from __future__ import annotations
@@ -64,14 +74,20 @@ from ..provenance import results_file, run_attributes
 from ..schedules.blocking import allreduce
 from ..stragglar import broadcast_time, generate, rhd_time, ring_time, stragglar_time
 from ..stragglar.runtime import StragglerAwareAllreduce
+from ..stragglar.training_sync import PredictedStragglerSync
 
 __all__ = ["main"]
 
 MIB = 1 << 20
 IMPLEMENTATIONS = ("stragglar", "broadcast", "ring", "rhd", "MPI_Allreduce")
 #: The implementations of the ``--delay-factors`` mode, in the order of its
-#: arrays; ``stragglar_wrong`` is StragglAR planned for (late + 1) % n.
-SYNC_IMPLEMENTATIONS = ("stragglar", "stragglar_wrong", "ring", "rhd", "MPI_Allreduce")
+#: arrays; ``stragglar_wrong`` is StragglAR planned for (late + 1) % n,
+#: ``predicted`` the training's synchronization, which chooses by itself.
+SYNC_IMPLEMENTATIONS = ("stragglar", "stragglar_wrong", "ring", "rhd", "MPI_Allreduce", "predicted")
+#: Untimed synchronizations of ``predicted`` before each factor's
+#: repetitions: four to predict a persistent straggler, one to run
+#: StragglAR and one to report its price, and two to spare.
+PREDICTED_WARMUP = 8
 
 
 def _implementations(comm, straggler, x, plans=None):
@@ -197,7 +213,8 @@ def sync_speedups(totals):
     ``over_MPI_Allreduce`` are the other's time over StragglAR's (above 1:
     StragglAR is faster); ``wrong_vs_ring`` and ``wrong_vs_right`` are the
     wrong prediction's time over ring's and over the right prediction's
-    (above 1: the wrong prediction is slower)."""
+    (above 1: the wrong prediction is slower); ``predicted_vs_MPI_Allreduce``
+    is the training's synchronization's time over the library's."""
     t = dict(zip(SYNC_IMPLEMENTATIONS, np.asarray(totals, dtype=float)))
     return {
         "over_ring": t["ring"] / t["stragglar"],
@@ -205,6 +222,7 @@ def sync_speedups(totals):
         "over_MPI_Allreduce": t["MPI_Allreduce"] / t["stragglar"],
         "wrong_vs_ring": t["stragglar_wrong"] / t["ring"],
         "wrong_vs_right": t["stragglar_wrong"] / t["stragglar"],
+        "predicted_vs_MPI_Allreduce": t["predicted"] / t["MPI_Allreduce"],
     }
 
 
@@ -216,22 +234,28 @@ def sync_table(factors, delays, totals):
     head = (
         ["factor", "delay ms"]
         + [f"{name} ms" for name in SYNC_IMPLEMENTATIONS]
-        + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right"]
+        + ["S/ring", "S/rhd", "S/MPI", "wrong/ring", "wrong/right", "pred/MPI"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for k, factor in enumerate(factors):
         cells = (
-            [f"{factor:g}", f"{delays[k] * 1e3:.1f}"]
-            + [f"{totals[i][k] * 1e3:.1f}" for i in range(len(SYNC_IMPLEMENTATIONS))]
+            [f"{factor:g}", _ms(delays[k])]
+            + [_ms(totals[i][k]) for i in range(len(SYNC_IMPLEMENTATIONS))]
             + [f"{ratios[key][k]:.2f}" for key in ratios]
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _ms(seconds):
+    """Milliseconds with one decimal, three below 1 ms (small buffers)."""
+    return f"{seconds * 1e3:.1f}" if seconds >= 1e-3 else f"{seconds * 1e3:.3f}"
+
+
 def sync_wins(factors, totals):
     """The factors at which StragglAR's median total is below ring's, RHD's
-    and MPI_Allreduce's (the wrong prediction is not a competitor)."""
+    and MPI_Allreduce's (the wrong prediction and the training's
+    synchronization, which may run StragglAR itself, are not competitors)."""
     t = np.asarray(totals, dtype=float)
     rivals = [SYNC_IMPLEMENTATIONS.index(name) for name in ("ring", "rhd", "MPI_Allreduce")]
     return [f for k, f in enumerate(factors) if t[0, k] < t[rivals, k].min()]
@@ -287,6 +311,7 @@ def measure_sync(comm, late, sizes_mib, factors, reps, warmup):
     base_samples = np.zeros((len(sizes_mib), reps))
     base = np.zeros(len(sizes_mib))
     errors = np.zeros((count, len(sizes_mib)))
+    ran_stragglar = np.zeros((len(sizes_mib), len(factors)))
     wrong = (late + 1) % comm.size
     for j, mib in enumerate(sizes_mib):
         x = np.zeros(int(mib * MIB) // 4, dtype=np.float32)
@@ -299,6 +324,9 @@ def measure_sync(comm, late, sizes_mib, factors, reps, warmup):
                 "stragglar_wrong": StragglerAwareAllreduce(comm, wrong, x),
             },
         )
+        sync = PredictedStragglerSync(comm, [x], op="sum")
+        arrival = [0.0]  # the late rank's: the factor's delay
+        runs["predicted"] = lambda y: sync([y], arrival[0])
         ring = [_timed(runs["ring"], x, comm, late, 0.0)[0] for _ in range(warmup + reps)]
         base_samples[j] = ring[warmup:]
         base[j] = comm.data.bcast(float(np.median(base_samples[j])), root=0)
@@ -315,15 +343,21 @@ def measure_sync(comm, late, sizes_mib, factors, reps, warmup):
                 f"the exact sum); tolerance {check_tolerance(comm.size):g}"
             )
         for k, factor in enumerate(factors):
+            arrival[0] = factor * base[j] if comm.rank == late else 0.0
+            for _ in range(PREDICTED_WARMUP):
+                _timed(runs["predicted"], x, comm, late, factor * base[j])
+            first = len(sync.log)
             for rep in range(-warmup, reps):
                 for step in range(count):
                     i = (step + rep) % count
                     sample = _timed(runs[SYNC_IMPLEMENTATIONS[i]], x, comm, late, factor * base[j])
                     if rep >= 0:
                         times[i, j, k, rep] = sample
+            ran_stragglar[j, k] = np.mean(sync.rows()[first:, 1] >= 0)
         for plan in plans.values():
             plan.close()
-    return times, base_samples, base, errors
+        sync.close()
+    return times, base_samples, base, errors, ran_stragglar
 
 
 def _parse(argv):
@@ -433,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             _report(args, attrs, straggler, scan, sweep, alpha, beta)
 
 
-def _report_sync(args, attrs, late, times, base_samples, base, errors):
+def _report_sync(args, attrs, late, times, base_samples, base, errors, ran_stragglar):
     """Print the ``--delay-factors`` tables, write them as Markdown and the
     HDF5 file next to it (rank 0)."""
     n = attrs["ranks"]
@@ -457,7 +491,10 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
         "factor times ring's median total without delay at that size (measured first "
         "in the same run). S/x: x's time over StragglAR's (above 1: StragglAR is "
         "faster). wrong/ring, wrong/right: the wrong prediction's time over ring's and "
-        "over StragglAR's with the right prediction (above 1: slower). Results checked "
+        "over StragglAR's with the right prediction (above 1: slower). predicted: "
+        "the training's synchronization (PredictedStragglerSync), which picks StragglAR "
+        "or the library's allreduce by itself; pred/MPI: its time over MPI_Allreduce's. "
+        "Results checked "
         "against ring's once per size: max error "
         f"{errors.max():g} (tolerance {check_tolerance(n):g}).",
     ]
@@ -470,6 +507,9 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
             sync_table(args.factors, delays[j], totals[:, j]),
             "",
             "StragglAR fastest at factors: " + (", ".join(f"{f:g}" for f in wins) if wins else "none"),
+            "",
+            "`predicted` ran StragglAR at this share of its synchronizations: "
+            + ", ".join(f"{share:.0%} at factor {f:g}" for f, share in zip(args.factors, ran_stragglar[j])),
         ]
     text = "\n".join(lines) + "\n"
     print(text, end="")
@@ -504,7 +544,7 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
         f["median_total_s"].attrs["axes"] = "implementation, size, factor"
         paired = sync_speedups(times[..., 0])  # size, factor, repetition
         for key, value in sync_speedups(totals).items():
-            name = key if key.startswith("wrong") else f"speedup_{key}"
+            name = key if "_vs_" in key else f"speedup_{key}"
             f[name] = value
             f[name].attrs["axes"] = "size, factor"
             f[name].attrs["rule"] = "ratio of the median totals (the table's)"
@@ -514,6 +554,11 @@ def _report_sync(args, attrs, late, times, base_samples, base, errors):
                 "median over repetitions of the ratio within a repetition (the "
                 "implementations run back to back, so load from elsewhere hits both)"
             )
+        f["predicted_ran_stragglar"] = ran_stragglar
+        f["predicted_ran_stragglar"].attrs["axes"] = "size, factor"
+        f["predicted_ran_stragglar"].attrs["rule"] = (
+            "share of predicted's timed synchronizations (warm-up repetitions included) that ran StragglAR"
+        )
         f["check_max_abs_error"] = errors
         f["check_max_abs_error"].attrs["axes"] = "implementation, size"
     table = os.path.splitext(out)[0] + ".md"
