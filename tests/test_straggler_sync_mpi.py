@@ -100,7 +100,6 @@ def test_every_rank_holds_the_same_prediction_from_measured_arrivals(comm, recor
         _check_log(comm, sync.rows(), comm.size - 1, record_measurement)
 
 
-@pytest.mark.timing
 def test_stragglars_measured_times_set_the_same_gate_on_every_rank(comm):
     """After StragglAR ran for the rank that came last, every rank holds the
     fastest non-straggler's ReduceScatter and the straggler's rounds (its
