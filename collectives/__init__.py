@@ -30,10 +30,12 @@ from .stragglar.runtime import StragglerAwareAllreduce, stragglar_allreduce
 from .wait_avoiding import (
     ButterflyGrouping,
     GroupResult,
+    PersistentGroupAllreduce,
     WaitAvoidingGroupAllreduce,
     butterfly_groups,
     butterfly_partners,
     group_allreduce,
+    group_allreduce_init,
     majority_allreduce,
     solo_allreduce,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "WaitAvoidingGroupAllreduce",
     "Communicator",
     "PersistentAllreduce",
+    "PersistentGroupAllreduce",
     "StragglerAwareAllreduce",
     "allgather",
     "allreduce",
@@ -53,6 +56,7 @@ __all__ = [
     "butterfly_groups",
     "butterfly_partners",
     "group_allreduce",
+    "group_allreduce_init",
     "majority_allreduce",
     "reduce_scatter",
     "solo_allreduce",

@@ -11,7 +11,15 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from collectives import Communicator, allgather, allreduce, allreduce_init, group_allreduce, reduce_scatter
+from collectives import (
+    Communicator,
+    allgather,
+    allreduce,
+    allreduce_init,
+    group_allreduce,
+    group_allreduce_init,
+    reduce_scatter,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -173,4 +181,36 @@ def test_a_persistent_allreduce_refuses_what_allreduce_refuses(comm, case):
     fast = _raised(lambda: allreduce_init(data, comm=comm, **kwargs))
     assert full is not None, f"allreduce accepted {case}"
     assert type(fast) is type(full) and str(fast) == str(full)
+    # Every rank raised, before any data moved: the fixture's allreduce still works.
+
+
+# The group allreduce's cases: the buffer and keyword arguments this rank passes.
+BAD_GROUP = {
+    "a different size": lambda: (np.zeros(_on_last(11, 10), np.float32), {"group_size": 1}),
+    "a group size of zero": lambda: (np.zeros(4), {"group_size": _on_last(0, 1)}),
+    "a group larger than the world": lambda: (np.zeros(4), {"group_size": 2 * WORLD.size}),
+    "a dynamic_groups that is not a bool": lambda: (np.zeros(4), {"group_size": 1, "dynamic_groups": "no"}),
+    "an unknown algorithm": lambda: (np.zeros(4), {"group_size": 1, "algorithm": _on_last("ring", "mpi")}),
+    "a dtype the library cannot sum": lambda: (
+        torch.zeros(4, dtype=_on_last(torch.float16, torch.float32)),
+        {"group_size": 1, "algorithm": "mpi"},
+    ),
+    "avg of integers": lambda: (np.zeros(4, np.int64), {"group_size": 1, "op": "avg"}),
+    "a different algorithm": lambda: (
+        np.zeros(4),
+        {"group_size": 1, "algorithm": _on_last("recursive_doubling", "halving_doubling")},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_GROUP)
+def test_a_persistent_group_allreduce_refuses_what_group_allreduce_refuses(comm, case):
+    data, kwargs = BAD_GROUP[case]()
+    if WORLD.size < 2 and case.startswith(("a different", "a group size of zero")):
+        pytest.skip("needs two ranks to disagree")
+    full = _raised(lambda: group_allreduce(data, comm=comm, t=0, **kwargs))
+    bound = _raised(lambda: group_allreduce_init(data, comm=comm, **kwargs))
+    assert full is not None, f"group_allreduce accepted {case}"
+    assert type(bound) is type(full)
+    assert str(bound) == str(full).replace("group_allreduce:", "group_allreduce_init:", 1)
     # Every rank raised, before any data moved: the fixture's allreduce still works.

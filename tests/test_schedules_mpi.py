@@ -21,6 +21,7 @@ from collectives import (
     block_offsets,
     butterfly_groups,
     group_allreduce,
+    group_allreduce_init,
     reduce_scatter,
 )
 from collectives.schedules.blocking import (
@@ -29,7 +30,7 @@ from collectives.schedules.blocking import (
     ALLREDUCE_CHOICES,
     REDUCE_SCATTER_ALGORITHMS,
 )
-from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, group_schedule
+from collectives.wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, choose_group_allreduce, group_schedule
 from collectives.wait_avoiding.groups import ButterflyGrouping
 
 pytestmark = pytest.mark.mpi
@@ -264,6 +265,36 @@ def test_group_allreduce_with_fixed_groups_averages_in_iteration_0s_groups(sub, 
             # The schedules scale by the reciprocal of the group's size, exactly as here.
             expected = sum(data(q, t) for q in group) * (1.0 / len(group))
             np.testing.assert_array_equal(x, expected, err_msg=f"S={group_size}, t={t}")
+
+
+@pytest.mark.parametrize("algorithm", [*GROUP_ALLREDUCE_CHOICES, "auto"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_persistent_group_allreduce_is_group_allreduce_bit_for_bit(sub, algorithm, library):
+    """Bound once, called with any t (the iterations of several periods and
+    a large one), sum and average, dynamic and fixed groups: the bytes of
+    group_allreduce with the same arguments."""
+    comm = member(sub)
+    for group_size in _group_sizes(comm.size):
+        for op, dynamic in (("sum", True), ("avg", True), ("avg", False)):
+            bound_data = np.zeros(1001, dtype=np.float32)
+            if library == "torch":
+                bound_data = torch.from_numpy(bound_data)
+            average = group_allreduce_init(
+                bound_data, comm=comm, group_size=group_size, op=op, algorithm=algorithm, dynamic_groups=dynamic
+            )
+            assert average.algorithm == (choose_group_allreduce(4 * 1001) if algorithm == "auto" else algorithm)
+            for t in (0, 1, 2, 3, 4, 5, 2**40 + 3):
+                x = _random(1001, np.float32, seed=(comm.rank, group_size, t))
+                expected = x.copy()
+                group_allreduce(
+                    expected, comm=comm, group_size=group_size, t=t, op=op, algorithm=algorithm, dynamic_groups=dynamic
+                )
+                bound_data[:] = torch.from_numpy(x) if library == "torch" else x
+                assert average(t) is None
+                got = bound_data.numpy() if library == "torch" else bound_data
+                assert got.tobytes() == expected.tobytes(), f"S={group_size}, {op}, dynamic={dynamic}, t={t}"
+    with pytest.raises(ValueError, match="group_allreduce_init: t must be >= 0, got -1"):
+        average(-1)
 
 
 def test_group_allreduce_refuses_a_dynamic_groups_that_is_not_a_bool(sub):

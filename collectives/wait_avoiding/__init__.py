@@ -1,7 +1,8 @@
 """WAGMA-SGD's communication: butterfly groups, the group allreduce, and the wait-avoiding engine.
 
 ``groups`` is Algorithm 1 (which ranks average together at iteration t, no
-MPI) and ``group_allreduce`` the blocking allreduce within those groups.  The
+MPI) and ``group_allreduce`` the blocking allreduce within those groups
+(``persistent_group``: bound to one buffer, checked once).  The
 wait-avoiding engine is the rest: ``collective``
 (:class:`~collectives.wait_avoiding.collective.WaitAvoidingGroupAllreduce` and eager-SGD's
 ``solo_allreduce`` / ``majority_allreduce``, section 3.1 of the WAGMA paper),
@@ -25,6 +26,7 @@ from .collective import (
 )
 from .group_allreduce import GroupAllreduceAlgorithm, group_allreduce
 from .groups import ButterflyGrouping, butterfly_groups, butterfly_partners
+from .persistent_group import PersistentGroupAllreduce, group_allreduce_init
 
 __all__ = [
     "ACTIVATIONS",
@@ -36,10 +38,12 @@ __all__ = [
     "ButterflyGrouping",
     "GroupAllreduceAlgorithm",
     "GroupResult",
+    "PersistentGroupAllreduce",
     "WaitAvoidingGroupAllreduce",
     "butterfly_groups",
     "butterfly_partners",
     "group_allreduce",
+    "group_allreduce_init",
     "majority_allreduce",
     "resolve_waits",
     "solo_allreduce",

@@ -31,8 +31,10 @@ __all__ = [
     "GroupAllreduceSchedule",
     "butterfly_halving_doubling",
     "butterfly_recursive_doubling",
+    "check_group_arguments",
     "choose_group_allreduce",
     "group_allreduce",
+    "group_communicators",
     "group_schedule",
     "library_schedule",
 ]
@@ -259,8 +261,58 @@ def group_schedule(
         return GROUP_ALLREDUCE_ALGORITHMS[choose_group_allreduce(nbytes)]
     if algorithm in GROUP_ALLREDUCE_ALGORITHMS:
         return GROUP_ALLREDUCE_ALGORITHMS[algorithm]
-    groups = comm.derived(("butterfly groups", grouping), lambda: GroupCommunicators(comm, grouping))
-    return partial(library_schedule, groups)
+    return partial(library_schedule, group_communicators(comm, grouping))
+
+
+def group_communicators(comm: Communicator, grouping: ButterflyGrouping) -> GroupCommunicators:
+    """The communicators of ``grouping``'s groups, made the first time
+    ``comm`` is asked for them (collective over ``comm`` then) and kept
+    until it closes."""
+    return comm.derived(("butterfly groups", grouping), lambda: GroupCommunicators(comm, grouping))
+
+
+def check_group_arguments(
+    name: str,
+    data: BufferT,
+    comm: Communicator,
+    group_size: int,
+    t: int,
+    op: Op,
+    algorithm: GroupAllreduceAlgorithm,
+    dynamic_groups: bool,
+    check: bool,
+) -> tuple[ButterflyGrouping, GroupPlan]:
+    """The grouping and this rank's plan of iteration ``t``, once the
+    arguments of :func:`group_allreduce` passed its checks (agreed across
+    ranks where ``check``: :func:`~collectives.agreement.check_arguments`,
+    errors raised as ``name``'s on every rank)."""
+    info = describe(data)
+    problem, error = info.problem, info.error
+    grouping = plan = None
+    try:
+        if not isinstance(dynamic_groups, bool):
+            raise TypeError(f"dynamic_groups must be True or False, got {dynamic_groups!r}")
+        grouping = ButterflyGrouping(comm.size, group_size, dynamic_groups)
+        plan = grouping.plan(t, comm.rank)
+    except (TypeError, ValueError) as exc:
+        problem, error = problem or str(exc), error if problem else type(exc)
+    problem = problem or reduction_problem(info, algorithm, (*GROUP_ALLREDUCE_CHOICES, "auto"), op)
+    check_arguments(
+        comm,
+        name,
+        problem,
+        error,
+        check,
+        numel=info.numel,
+        dtype=info.dtype,
+        algorithm=algorithm,
+        op=op,
+        group_size=group_size,
+        t=t,
+        dynamic_groups=dynamic_groups,
+    )
+    assert grouping is not None and plan is not None  # else check_arguments raised
+    return grouping, plan
 
 
 def group_allreduce(
@@ -309,29 +361,8 @@ def group_allreduce(
     Raises:
         ValueError, TypeError: on every rank, before any data moves.
     """
-    info = describe(data)
-    problem, error = info.problem, info.error
-    try:
-        if not isinstance(dynamic_groups, bool):
-            raise TypeError(f"dynamic_groups must be True or False, got {dynamic_groups!r}")
-        grouping = ButterflyGrouping(comm.size, group_size, dynamic_groups)
-        plan = grouping.plan(t, comm.rank)
-    except (TypeError, ValueError) as exc:
-        problem, error = problem or str(exc), error if problem else type(exc)
-    problem = problem or reduction_problem(info, algorithm, (*GROUP_ALLREDUCE_CHOICES, "auto"), op)
-    check_arguments(
-        comm,
-        "group_allreduce",
-        problem,
-        error,
-        check,
-        numel=info.numel,
-        dtype=info.dtype,
-        algorithm=algorithm,
-        op=op,
-        group_size=group_size,
-        t=t,
-        dynamic_groups=dynamic_groups,
+    grouping, plan = check_group_arguments(
+        "group_allreduce", data, comm, group_size, t, op, algorithm, dynamic_groups, check
     )
     schedule = group_schedule(algorithm, comm, grouping, data.nbytes)
     with comm.open_buffer(data) as buf:
