@@ -146,6 +146,22 @@ def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
         assert f["none/group_blocking"].shape == (2, 8)
 
 
+def test_the_persistent_group_allreduce_runs_beside_the_librarys_call(tmp_path):
+    out = tmp_path / "persistent.h5"
+    job = _bench(
+        *("--size-mib", "0.0625", "--iterations", "8", "--rounds", "2", "--warmup", "1"),
+        *("--scenarios", "none", "--implementations", "group_persistent,group_library"),
+        *("--group-algorithm", "mpi", "--idle-seconds", "0.1", "--out", str(out)),
+    )
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "persistent/library" in job.stdout and "blocking/library" not in job.stdout
+    with h5py.File(out) as f:
+        assert f.attrs["implementations"] == "group_persistent,group_library"
+        assert f.attrs["group_algorithm"] == "mpi"
+        seconds = f["none/group_persistent"][()]
+        assert seconds.shape == (2, 8) and np.all(seconds[:, 1:] > 0)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -155,7 +171,7 @@ def test_a_pair_alone_runs_and_is_stored_without_the_third(tmp_path):
         (
             ["--implementations", "wait_avoiding,wait_avoiding"],
             "--implementations must be distinct names from wait_avoiding, group_blocking, global_allreduce, "
-            "group_library",
+            "group_library, group_persistent",
         ),
         (["--implementations", "ring"], "--implementations must be distinct names"),
     ],

@@ -18,6 +18,7 @@ from ..wait_avoiding import WAITS, WaitAvoidingGroupAllreduce, resolve_waits
 from ..wait_avoiding.group_allreduce import GROUP_ALLREDUCE_CHOICES, group_allreduce
 from ..wait_avoiding.group_library import GroupCommunicators
 from ..wait_avoiding.groups import ButterflyGrouping
+from ..wait_avoiding.persistent_group import group_allreduce_init
 
 __all__ = ["main"]
 
@@ -25,9 +26,10 @@ MIB = 1 << 20
 SCENARIOS = ("none", "random2", "straggler")
 #: The implementations that can be timed, in turn the wait-avoiding
 #: collective, the blocking group allreduce (both with ``--group-algorithm``),
-#: ``MPI_Allreduce`` over all ranks, and ``MPI_Allreduce`` on a communicator
-#: of the group's ranks (the library's floor for a group allreduce).
-IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce", "group_library")
+#: ``MPI_Allreduce`` over all ranks, ``MPI_Allreduce`` on a communicator
+#: of the group's ranks (the library's floor for a group allreduce), and the
+#: blocking group allreduce bound once (``group_allreduce_init``).
+IMPLEMENTATIONS = ("wait_avoiding", "group_blocking", "global_allreduce", "group_library", "group_persistent")
 #: What runs without ``--implementations``.
 DEFAULT_IMPLEMENTATIONS = IMPLEMENTATIONS[:3]
 #: The ratios reported, ``(label, numerator, denominator)``, where both ran.
@@ -36,6 +38,7 @@ RATIOS = (
     ("global/WA", "global_allreduce", "wait_avoiding"),
     ("blocking/library", "group_blocking", "group_library"),
     ("WA/library", "wait_avoiding", "group_library"),
+    ("persistent/library", "group_persistent", "group_library"),
 )
 
 
@@ -131,7 +134,7 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
     collective is opened for the round and closed after it (untimed), so its
     progress thread does not run while the others are timed."""
     steps = Steps.empty(len(delays))
-    wa = groups = None
+    wa = groups = persistent = None
     grouping = ButterflyGrouping(comm.size, group_size)
     if implementation == "wait_avoiding":
         wa = WaitAvoidingGroupAllreduce(
@@ -139,6 +142,8 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
         ).open()
     elif implementation == "group_library":
         groups = GroupCommunicators(comm, grouping)
+    elif implementation == "group_persistent":
+        persistent = group_allreduce_init(buf, comm=comm, group_size=group_size, op="avg", algorithm=algorithm)
     comm.data.Barrier()
     for i, delayed in enumerate(delays[:, comm.rank]):
         t = first + i
@@ -152,6 +157,8 @@ def _run(implementation, comm, buf, group_size, delays, delay_s, waits, first, a
             if not result.fresh:
                 combine_stale(result.value, buf, group_size)
             buf = result.value
+        elif persistent is not None:
+            persistent(t)
         elif implementation == "group_blocking":
             group_allreduce(buf, comm=comm, group_size=group_size, t=t, op="avg", algorithm=algorithm, check=False)
         elif groups is not None:
@@ -234,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--group-algorithm",
         choices=(*GROUP_ALLREDUCE_CHOICES, "auto"),
         default="auto",
-        help="the group allreduce of wait_avoiding and group_blocking [auto: per group "
-        "what allreduce would take, the library where it may run]",
+        help="the group allreduce of wait_avoiding, group_blocking and group_persistent "
+        "[auto: the butterfly that choose_group_allreduce picks for the size]",
     )
     parser.add_argument(
         "--implementations",
