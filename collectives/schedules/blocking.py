@@ -6,8 +6,6 @@ from collections.abc import Callable, Collection
 from functools import partial
 from typing import TYPE_CHECKING, Literal, cast, get_args
 
-from mpi4py import MPI
-
 from ..agreement import check_arguments
 from ..buffers import Buffer, BufferInfo, BufferT, describe
 from .halving_doubling import (
@@ -17,9 +15,9 @@ from .halving_doubling import (
     rhd_allreduce,
 )
 from .library import (
+    bound_library_allreduce,
     host_array,
     library_allreduce,
-    library_allreduce_array,
     library_allreduce_in_place,
     library_dtype_problem,
 )
@@ -299,10 +297,9 @@ class PersistentAllreduce(partial[None]):
         array = host_array(data) if chosen == "mpi" else None
         if array is None:
             self = super().__new__(cls, _run, ALLREDUCE_CHOICES[chosen], data, comm, scale)
-        elif scale is None:
-            self = super().__new__(cls, comm.data.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
         else:
-            self = super().__new__(cls, library_allreduce_array, comm.data, array, scale)
+            bound = bound_library_allreduce(comm.data, array, scale)
+            self = super().__new__(cls, bound.func, *bound.args)
         self.data, self.comm, self.op, self.algorithm = data, comm, op, chosen
         return self
 

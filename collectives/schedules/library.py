@@ -11,6 +11,7 @@ bfloat16 have none in MPI 3.1, so they stay with our schedules.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LIBRARY_DTYPES",
+    "bound_library_allreduce",
     "host_array",
     "library_allreduce",
     "library_allreduce_flat",
@@ -63,6 +65,15 @@ def library_allreduce_array(data_comm: MPI.Intracomm, array: np.ndarray, scale: 
     data_comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)
     if scale is not None:
         np.multiply(array, scale, out=array)
+
+
+def bound_library_allreduce(data_comm: MPI.Intracomm, array: np.ndarray, scale: float | None) -> partial[None]:
+    """:func:`library_allreduce_array` of ``array`` over ``data_comm``
+    bound as a ``functools.partial``: without ``scale`` the library's
+    ``MPI_Allreduce`` itself, so that a call adds no Python frame to it."""
+    if scale is None:
+        return partial(data_comm.Allreduce, MPI.IN_PLACE, array, MPI.SUM)
+    return partial(library_allreduce_array, data_comm, array, scale)
 
 
 def library_allreduce_flat(

@@ -17,11 +17,9 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from mpi4py import MPI
-
 from ..buffers import Buffer
 from ..schedules.blocking import Op
-from ..schedules.library import host_array, library_allreduce_array
+from ..schedules.library import bound_library_allreduce, host_array
 from .group_allreduce import (
     GroupAllreduceAlgorithm,
     GroupAllreduceChoice,
@@ -98,19 +96,19 @@ class PersistentGroupAllreduce:
         self.algorithm = choose_group_allreduce(data.nbytes) if algorithm == "auto" else algorithm
         self.group_size = group_size
         array = host_array(data) if self.algorithm == "mpi" else None
-        schedule = group_schedule(self.algorithm, comm, grouping, data.nbytes)
+        if array is None:
+            schedule = group_schedule(self.algorithm, comm, grouping, data.nbytes)
+        else:
+            groups = group_communicators(comm, grouping)
         self._calls: list[Callable[[], object]] = []
         for t in range(grouping.period):
             plan = grouping.plan(t, comm.rank)
             scale = 1.0 / plan.size if op == "avg" else None
-            if array is None:
-                self._calls.append(partial(_scheduled, schedule, data, comm, plan, scale))
-                continue
-            group = group_communicators(comm, grouping).communicator(plan.members)
-            if scale is None:
-                self._calls.append(partial(group.Allreduce, MPI.IN_PLACE, array, MPI.SUM))
-            else:
-                self._calls.append(partial(library_allreduce_array, group, array, scale))
+            self._calls.append(
+                partial(_scheduled, schedule, data, comm, plan, scale)
+                if array is None
+                else bound_library_allreduce(groups.communicator(plan.members), array, scale)
+            )
 
     def __call__(self, t: int) -> None:
         """Reduce the bound buffer within this rank's group of iteration ``t`` (>= 0)."""
