@@ -105,9 +105,8 @@ class StragglerAwareAllreduce:
         reduce_scatter_s: the seconds this rank spent in the
             non-stragglers' ReduceScatter at its last call of
             ``"stragglar"`` (NaN on the straggler and before the first
-            call): its n - 2 ring steps move chunks of the size the rounds
-            move, so it prices a round too
-            (:mod:`collectives.stragglar.training_sync`).
+            call): the ``RS`` of the lead gate of
+            :mod:`collectives.stragglar.training_sync`.
 
     Raises:
         ValueError, TypeError: on every rank, before any data moves.

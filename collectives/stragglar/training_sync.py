@@ -70,8 +70,9 @@ from the ReduceScatter's steps, because they run when the straggler
 arrives, after the others have been waiting: on a node with fewer cores
 than ranks, the waiting ranks' polling takes the cores from the rounds'
 Python loop (8 ranks on 2 cores, 4 KiB: 9 rounds in 1.05 ms, 0.12 ms
-each, after 6 ReduceScatter steps in 0.26 ms, 0.04 ms each).  The measured rounds are StragglAR's
-small-message rule: for a small buffer they are n + ceil(log2 n) - 2
+each, after 6 ReduceScatter steps in 0.26 ms, 0.04 ms each).  The
+measured rounds are StragglAR's small-message rule: for a small buffer
+they are n + ceil(log2 n) - 2
 message latencies of a Python loop against the library's log2 n inside
 one call, they take longer than the whole fallback, the gate turns
 infinite, and every later synchronization runs the fallback, however late
