@@ -173,9 +173,9 @@ def test_bad_arguments_raise_on_every_rank(comm):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(
         ValueError,
-        match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'dpsgd', "
+        match="algorithm must be one of 'adpsgd', 'allreduce_sgd', 'diloco', 'dpsgd', "
         "'eager_sgd', 'ensemble_sync', 'hierarchical_sgd', 'local_sgd', "
-        "'sgp', 'wagma'",
+        "'sgp', 'streaming_diloco', 'wagma'",
     ):
         create("gossip" if last else "local_sgd", model, opt, comm)
     with pytest.raises(ValueError, match="period must be an int >= 1, got 0"):
@@ -200,12 +200,14 @@ def test_bad_arguments_raise_on_every_rank(comm):
     assert set(ALGORITHMS) == {
         "adpsgd",
         "allreduce_sgd",
+        "diloco",
         "dpsgd",
         "eager_sgd",
         "ensemble_sync",
         "hierarchical_sgd",
         "local_sgd",
         "sgp",
+        "streaming_diloco",
         "wagma",
     }
 

@@ -41,7 +41,7 @@ def test_warm_up_then_step_decay():
         ),
         (
             ("dpsgd", "--sync", "stragglar"),
-            "--sync is an option of allreduce_sgd and local_sgd and wagma, not of dpsgd",
+            "--sync is an option of allreduce_sgd and diloco and local_sgd and wagma, not of dpsgd",
         ),
         (("ensemble_sync", "--sync", "stragglar"), "not of ensemble_sync"),
     ],
@@ -141,6 +141,9 @@ def test_algorithm_options_follow_the_paper_by_default():
         "fixed_groups": False,
         "reallocate": False,
         "sync": "allreduce",
+        "outer_lr": 1.0,
+        "outer_momentum": 0.0,
+        "outer_nesterov": True,
     }
     assert (
         algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"), 8)[
@@ -152,6 +155,27 @@ def test_algorithm_options_follow_the_paper_by_default():
         "period": 4,
         "reallocate": False,
         "sync": "allreduce",
+        "outer_lr": 1.0,
+        "outer_momentum": 0.0,
+        "outer_nesterov": True,
+    }
+    # DiLoCo's H = 500 and outer Nesterov momentum (lr 0.7, momentum 0.9), section 3 of the paper;
+    # Streaming DiLoCo's H = 100, alpha = 0.5 and an overlap of one step.
+    assert algorithm_options(_args("diloco"), 8) == {
+        "period": 500,
+        "outer_lr": 0.7,
+        "outer_momentum": 0.9,
+        "outer_nesterov": True,
+        "sync": "allreduce",
+    }
+    assert algorithm_options(_args("streaming_diloco"), 8) == {
+        "period": 100,
+        "fragments": 2,
+        "overlap_steps": 1,
+        "mixing": 0.5,
+        "outer_lr": 0.7,
+        "outer_momentum": 0.9,
+        "outer_nesterov": True,
     }
     assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
@@ -179,7 +203,8 @@ def test_algorithm_options_follow_the_paper_by_default():
         (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers)"),
         (
             ["local_sgd", "--tau", "3"],
-            "--tau is an option of wagma, not of local_sgd (its options: --period, --reallocate, --sync)",
+            "--tau is an option of wagma, not of local_sgd (its options: --period, --reallocate, --sync, --outer-lr, "
+            "--outer-momentum, --outer-nesterov)",
         ),
         (["dpsgd", "--peers", "2"], "--peers is an option of sgp"),
         (["local_sgd", "--batch-size", "0"], "--batch-size must be >= 1"),
@@ -326,7 +351,8 @@ def test_library_and_command_line_problems_come_from_one_check():
     )
     assert (
         options_problem("local_sgd", 8, {"tau": 4})
-        == "tau: not an option of local_sgd; its options: period, reallocate, sync"
+        == "tau: not an option of local_sgd; its options: period, reallocate, sync, outer_lr, outer_momentum, "
+        "outer_nesterov"
     )
 
 

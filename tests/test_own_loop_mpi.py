@@ -37,6 +37,8 @@ OPTIONS = {
     "eager_sgd": {},
     "hierarchical_sgd": {"warmup_steps": 2},
     "ensemble_sync": {"period": 2, "timeout_s": 60.0},
+    "diloco": {"period": 2},
+    "streaming_diloco": {"period": 2, "fragments": 2, "overlap_steps": 1},
 }
 
 

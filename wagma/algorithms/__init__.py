@@ -12,12 +12,14 @@ from ..replicas import require_communicator
 from .adpsgd import ADPSGD
 from .allreduce_sgd import AllreduceSGD
 from .base import Algorithm
+from .diloco import DiLoCo
 from .dpsgd import DPSGD
 from .eager_sgd import EagerSGD
 from .ensemble_sync import EnsembleSync
 from .hierarchical_sgd import HierarchicalSGD
 from .local_sgd import LocalSGD
 from .sgp import SGP
+from .streaming_diloco import StreamingDiLoCo
 from .wagma_sgd import WagmaSGD
 
 __all__ = [
@@ -26,11 +28,13 @@ __all__ = [
     "Algorithm",
     "AllreduceSGD",
     "DPSGD",
+    "DiLoCo",
     "EagerSGD",
     "EnsembleSync",
     "HierarchicalSGD",
     "LocalSGD",
     "SGP",
+    "StreamingDiLoCo",
     "WagmaSGD",
     "create",
 ]
@@ -38,7 +42,19 @@ __all__ = [
 #: Algorithms by the name the CLI and the Slurm scripts use.
 ALGORITHMS = {
     cls.name: cls
-    for cls in (ADPSGD, AllreduceSGD, DPSGD, EagerSGD, EnsembleSync, HierarchicalSGD, LocalSGD, SGP, WagmaSGD)
+    for cls in (
+        ADPSGD,
+        AllreduceSGD,
+        DiLoCo,
+        DPSGD,
+        EagerSGD,
+        EnsembleSync,
+        HierarchicalSGD,
+        LocalSGD,
+        SGP,
+        StreamingDiLoCo,
+        WagmaSGD,
+    )
 }
 
 

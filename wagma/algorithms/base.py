@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from collectives import allreduce
 from collectives.agreement import agree
 from collectives.comm import Communicator
 from collectives.failures import fault_tolerant, hold
@@ -22,6 +23,7 @@ from ..membership import Membership
 from ..options import options_problem
 from ..options.base import Options as AlgorithmOptions
 from ..options.base import keyword_signature
+from ..outer import OuterOptimizer
 from ..reallocation import Reallocation
 from ..replicas import broadcast_model, require_communicator, same_parameters_problem
 
@@ -164,6 +166,10 @@ class Algorithm:
         #: from.
         self.work_measured: list[tuple[int, float]] = []
         self.straggler_sync: PredictedStragglerSync | None = None
+        #: The outer optimizer of the global averages (DiLoCo's, and local
+        #: SGD's and WAGMA-SGD's with ``outer_lr`` or ``outer_momentum``
+        #: set: :mod:`wagma.outer`); None for plain averaging.
+        self.outer: OuterOptimizer | None = None
         self._scaler: torch.amp.GradScaler | None = None
         self._inside_step, self._outside_steps = False, 0
         #: After :meth:`step`, the seconds the step's backward passes spent in
@@ -335,6 +341,33 @@ class Algorithm:
             self.straggler_sync = PredictedStragglerSync(self.comm, templates, op="avg")
         return self.straggler_sync
 
+    def _open_outer(self, lr: float, momentum: float, nesterov: bool) -> OuterOptimizer:
+        """The :class:`~wagma.outer.OuterOptimizer` of the whole model's flat
+        buffers, kept in :attr:`outer`."""
+        self.outer = OuterOptimizer(list(self.flat.params.values()), lr=lr, momentum=momentum, nesterov=nesterov)
+        return self.outer
+
+    def outer_optimizers(self) -> list[OuterOptimizer]:
+        """The algorithm's outer optimizers: :attr:`outer` where there is
+        one (Streaming DiLoCo: one per fragment)."""
+        return [self.outer] if self.outer is not None else []
+
+    def _average_globally(self, tensors: list[torch.Tensor]) -> None:
+        """The ranks' average of ``tensors``, in place: StragglAR with the
+        predicted straggler under ``sync="stragglar"``, else the allreduce
+        (one per tensor)."""
+        if self.straggler_sync is not None:
+            self.straggler_sync(tensors)
+        else:
+            for tensor in tensors:
+                allreduce(tensor, comm=self.comm, op="avg")
+
+    def _outer_step(self) -> None:
+        """A global synchronization through :attr:`outer`: the ranks average
+        their pseudo-gradients and every model becomes the outer step's theta^(t)."""
+        assert self.outer is not None
+        self.outer.step(list(self.flat.params.values()), self._average_globally)
+
     def sync_tables(self) -> dict[str, tuple[np.ndarray, list[str]]]:
         """Tables for the run file's ``sync/`` group, ``name -> (rows,
         columns)``: the straggler predictor's log with ``sync="stragglar"``
@@ -413,7 +446,14 @@ class Algorithm:
             )
         }
         total, batch = self.total_steps, self.samples_per_step
+        outer = [o.state_dict() for o in self.outer_optimizers()]
         type(self).__init__(self, self.model, self.optimizer, comm, init_sync=False, **options)
+        if outer:
+            # The anchors and the momenta are the same on every member, unless the failure
+            # cut an outer step short on some: the source's are every member's from now on.
+            states = comm.control.bcast(outer if comm.rank == source else None, root=source)
+            for optimizer, state in zip(self.outer_optimizers(), states):
+                optimizer.load_state_dict(state)
         for name, value in kept.items():
             setattr(self, name, value)
         self.own_communicator(comm)
@@ -470,8 +510,13 @@ class Algorithm:
         self.flat.zero_grad()
 
     def state_dict(self) -> dict[str, Any]:
-        """The algorithm's counters and options (not the model or optimizer)."""
-        return {"algorithm": self.name, "steps": self.steps, "options": dict(self.options)}
+        """The algorithm's counters and options (not the model or optimizer),
+        and the outer optimizers' states where there are any (``outer``:
+        each one's anchor and momentum buffer)."""
+        state = {"algorithm": self.name, "steps": self.steps, "options": dict(self.options)}
+        if self.outer_optimizers():
+            state["outer"] = [o.state_dict() for o in self.outer_optimizers()]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("algorithm") != self.name:
@@ -485,6 +530,8 @@ class Algorithm:
             or self.Options(**saved).fit(self.comm.size)[0].resolve(self.comm.size).as_dict() != self.options
         ):
             raise ValueError(f"state_dict options {saved} differ from this run's {self.options}")
+        for optimizer, saved in zip(self.outer_optimizers(), state.get("outer", [])):
+            optimizer.load_state_dict(saved)
         self.steps = int(state["steps"])
 
     def __repr__(self) -> str:

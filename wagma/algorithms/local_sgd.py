@@ -4,10 +4,9 @@ from typing import Any
 
 import torch
 
-from collectives import allreduce
 from collectives.comm import Communicator
 
-from ..options.algorithms import LocalSGDOptions
+from ..options.algorithms import LocalSGDOptions, has_outer_optimizer
 from .base import Algorithm
 
 __all__ = ["LocalSGD"]
@@ -28,9 +27,18 @@ class LocalSGD(Algorithm):
     Between ``backward()`` and :meth:`~wagma.algorithms.base.Algorithm.step` the gradients are this rank's
     own (model averaging, by design): clipping clips the local gradient.
 
+    With an outer optimizer (``outer_lr`` other than 1 or ``outer_momentum``
+    other than 0), the average is DiLoCo's outer step instead
+    (:class:`~wagma.outer.OuterOptimizer`): the ranks average their
+    pseudo-gradients, the model of the last average minus their own, and
+    every rank takes SGD's step (Nesterov's with ``outer_nesterov``) from
+    the model of the last average.  With the inner optimizer AdamW that is
+    DiLoCo with H = ``period``; with plain SGD it is local SGD whose
+    averages take a server-side learning rate and momentum (FedOpt).
+
     Options (:class:`~wagma.options.algorithms.LocalSGDOptions`): ``period``
     (tau), ``reallocate`` (one more allgather of two numbers per average),
-    ``sync``.
+    ``sync``, ``outer_lr``, ``outer_momentum``, ``outer_nesterov``.
 
     Example::
 
@@ -49,16 +57,18 @@ class LocalSGD(Algorithm):
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator, **options: Any
     ) -> None:
         super().__init__(model, optimizer, comm, **options)
-        self.period = self.config.period
-        self._open_straggler_sync(self.config.sync, self.flat.params.values())
+        c = self.config
+        self.period = c.period
+        self._open_straggler_sync(c.sync, self.flat.params.values())
+        if has_outer_optimizer(c):
+            self._open_outer(c.outer_lr, c.outer_momentum, c.outer_nesterov)
 
     def _step(self):
         self._optimizer_step()
         if (self.steps + 1) % self.period == 0:
-            if self.straggler_sync is not None:
-                self.straggler_sync(list(self.flat.params.values()))
+            if self.outer is not None:
+                self._outer_step()
             else:
-                for tensor in self.flat.params.values():
-                    allreduce(tensor, comm=self.comm, op="avg")
+                self._average_globally(list(self.flat.params.values()))
             if self._policy is not None:
                 self._reallocate()

@@ -7,7 +7,7 @@ import torch
 from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
 from collectives.comm import Communicator
 
-from ..options.algorithms import WagmaOptions
+from ..options.algorithms import WagmaOptions, has_outer_optimizer
 from .base import Algorithm
 
 __all__ = ["WagmaSGD", "averages_globally", "stale_average"]
@@ -81,6 +81,17 @@ class WagmaSGD(Algorithm):
             averages the wait-avoiding groups let a slow rank fall behind
             without holding anyone up, so the tau-step average is where its
             lateness shows, and where StragglAR can hide it.
+        outer_lr, outer_momentum, outer_nesterov: an outer optimizer on the
+            global average (off at their defaults, 1 and 0).  With it, line
+            8 becomes DiLoCo's outer step (:class:`~wagma.outer.OuterOptimizer`):
+            the ranks average their pseudo-gradients, W_a - W'_t with W_a the
+            model of the last global average, and W_{t+1} is SGD's step
+            from W_a (Nesterov's by default).  The tau steps between global
+            averages, local steps and group averages together, are then
+            DiLoCo's inner phase: the group averages keep the replicas near
+            one another, and the outer step extrapolates along their
+            averaged progress since W_a.  Nothing else changes, so the
+            wait-avoiding groups' staleness and the outer momentum combine.
     """
 
     name = "wagma"
@@ -97,6 +108,8 @@ class WagmaSGD(Algorithm):
         self.fixed_groups = c.fixed_groups
         self._collectives: dict[torch.dtype, WaitAvoidingGroupAllreduce[torch.Tensor]] | None = None
         self._open_straggler_sync(c.sync, self.flat.params.values())
+        if has_outer_optimizer(c):
+            self._open_outer(c.outer_lr, c.outer_momentum, c.outer_nesterov)
 
     def _step(self):
         t = self.steps
@@ -144,7 +157,14 @@ class WagmaSGD(Algorithm):
                 )
 
     def _global_average(self, t):
-        """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t."""
+        """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t
+        (or, with an outer optimizer, its outer step)."""
+        if self.outer is not None:
+            self._outer_step()
+            for dtype, tensor in self.flat.params.items():
+                if self.wait_avoiding:
+                    self._collectives[dtype].sync_reduced(tensor, t)
+            return
         sync = self.straggler_sync
         if sync is not None:
             sync.begin()

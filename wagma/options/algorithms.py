@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .base import Options, Wording, option, options_of
-from .checks import boolean, int_at_least, one_of, positive_number
+from .checks import boolean, int_at_least, number_in, one_of, positive_number
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
@@ -19,6 +19,7 @@ __all__ = [
     "AllreduceSGDOptions",
     "Auto",
     "DPSGDOptions",
+    "DiLoCoOptions",
     "EAGER_LIMITER",
     "EagerSGDOptions",
     "EnsembleSyncOptions",
@@ -31,9 +32,11 @@ __all__ = [
     "Quorum",
     "SGPOptions",
     "SYNCS",
+    "StreamingDiLoCoOptions",
     "Sync",
     "WagmaOptions",
     "auto_group_size",
+    "has_outer_optimizer",
     "parse_levels",
 ]
 
@@ -110,6 +113,38 @@ def _reallocate() -> Any:
     )
 
 
+def _outer_lr(default: float, off: str) -> Any:
+    return option(
+        default,
+        check=positive_number,
+        parse=float,
+        help=f"the outer optimizer's learning rate on the averaged pseudo-gradient (DiLoCo: 0.7){off}.",
+    )
+
+
+def _outer_momentum(default: float) -> Any:
+    return option(
+        default,
+        check=number_in(0, 1, high_included=False),
+        parse=float,
+        help="the outer optimizer's momentum, in [0, 1) (DiLoCo: 0.9).",
+    )
+
+
+def _outer_nesterov() -> Any:
+    return option(True, check=boolean, help="Nesterov's momentum for the outer optimizer (DiLoCo's), else heavy ball.")
+
+
+#: What the outer options of local SGD and WAGMA-SGD say of their defaults.
+_OUTER_OFF = "; 1 with outer_momentum 0 (the default) is the plain average, no outer optimizer"
+
+
+def has_outer_optimizer(options: "Options") -> bool:
+    """Whether local SGD's or WAGMA-SGD's options ask for an outer step on
+    the global average (``outer_lr`` other than 1 or ``outer_momentum`` other than 0)."""
+    return getattr(options, "outer_lr", 1.0) != 1.0 or getattr(options, "outer_momentum", 0.0) != 0.0
+
+
 @options_of("allreduce_sgd")
 class AllreduceSGDOptions(Options):
     """Allreduce-SGD's options (DDP's bucketed gradient averaging)."""
@@ -133,6 +168,9 @@ class LocalSGDOptions(Options):
     )
     reallocate: bool = _reallocate()
     sync: Sync = _sync()
+    outer_lr: float = _outer_lr(1.0, _OUTER_OFF)
+    outer_momentum: float = _outer_momentum(0.0)
+    outer_nesterov: bool = _outer_nesterov()
 
 
 def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
@@ -183,6 +221,9 @@ class WagmaOptions(Options):
     )
     reallocate: bool = _reallocate()
     sync: Sync = _sync()
+    outer_lr: float = _outer_lr(1.0, _OUTER_OFF)
+    outer_momentum: float = _outer_momentum(0.0)
+    outer_nesterov: bool = _outer_nesterov()
 
     def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.wait_avoiding and self.group_averaging:
@@ -209,6 +250,68 @@ class WagmaOptions(Options):
                 [f"group_size {self.group_size} is more than {ranks} ranks: {ranks}"],
             )
         return self, []
+
+
+@options_of("diloco")
+class DiLoCoOptions(Options):
+    """DiLoCo's options (Douillard et al., 2023: H and the outer optimizer)."""
+
+    period: int = option(
+        500, check=int_at_least(1), parse=int, help="H: inner steps between outer steps (DiLoCo: 500)."
+    )
+    outer_lr: float = _outer_lr(0.7, "")
+    outer_momentum: float = _outer_momentum(0.9)
+    outer_nesterov: bool = _outer_nesterov()
+    sync: Sync = _sync()
+
+
+@options_of("streaming_diloco")
+class StreamingDiLoCoOptions(Options):
+    """Streaming DiLoCo's options (Douillard et al., 2025: H, the fragments, tau, alpha, the outer optimizer)."""
+
+    period: int = option(
+        100,
+        check=int_at_least(1),
+        parse=int,
+        help="H: inner steps between two outer steps of one fragment (Streaming DiLoCo: 100).",
+    )
+    fragments: int = option(
+        2,
+        check=int_at_least(1),
+        parse=int,
+        help="M: the fragments, each a stride of the model's layers, synchronized on schedules "
+        "staggered by H / M steps (at most the model's layers).",
+    )
+    overlap_steps: int = option(
+        1,
+        check=int_at_least(0),
+        parse=int,
+        help="tau: inner steps a fragment's exchange overlaps before its outer step is applied, "
+        "0 to H - 1 (0: no overlap; Streaming DiLoCo: 1 to 5).",
+    )
+    mixing: float = option(
+        0.5,
+        check=number_in(0, 1, high_included=True),
+        parse=float,
+        help="alpha: an overlapped fragment becomes alpha * local + (1 - alpha) * global "
+        "(Streaming DiLoCo: 0.5; 0 drops the tau steps' local progress, torchft's default).",
+    )
+    outer_lr: float = _outer_lr(0.7, "")
+    outer_momentum: float = _outer_momentum(0.9)
+    outer_nesterov: bool = _outer_nesterov()
+
+    def _relations(self, ranks: int, say: Wording) -> str | None:
+        if self.overlap_steps >= self.period:
+            return (
+                f"{say('overlap_steps')} must be below {say('period')} ({self.period}), got {self.overlap_steps}: "
+                f"a fragment's exchange must be applied before its next one begins"
+            )
+        if self.fragments > self.period:
+            return (
+                f"{say('fragments')} must be at most {say('period')} ({self.period}), got {self.fragments}: "
+                f"each fragment needs its own step of the period to begin its exchange"
+            )
+        return None
 
 
 @options_of("dpsgd")
@@ -414,12 +517,14 @@ class EnsembleSyncOptions(Options):
 AlgorithmName = Literal[
     "adpsgd",
     "allreduce_sgd",
+    "diloco",
     "dpsgd",
     "eager_sgd",
     "ensemble_sync",
     "hierarchical_sgd",
     "local_sgd",
     "sgp",
+    "streaming_diloco",
     "wagma",
 ]
 #: The values of :data:`AlgorithmName`, in its order.
@@ -431,12 +536,14 @@ OPTIONS: dict[str, type[Options]] = {
     for cls in (
         ADPSGDOptions,
         AllreduceSGDOptions,
+        DiLoCoOptions,
         DPSGDOptions,
         EagerSGDOptions,
         EnsembleSyncOptions,
         HierarchicalSGDOptions,
         LocalSGDOptions,
         SGPOptions,
+        StreamingDiLoCoOptions,
         WagmaOptions,
     )
 }

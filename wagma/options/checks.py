@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .base import Check, Wording
 
-__all__ = ["boolean", "int_at_least", "one_of", "positive_number"]
+__all__ = ["boolean", "int_at_least", "number_in", "one_of", "positive_number"]
 
 
 def int_at_least(low: int) -> Check:
@@ -26,6 +26,22 @@ def positive_number(value: object, name: str, ranks: int, say: Wording) -> str |
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         return f"{name} must be a number above 0, got {value!r}"
     return None
+
+
+def number_in(low: float, high: float, *, high_included: bool) -> Check:
+    """A check: an int or float from ``low`` (included) to ``high``."""
+    top = "]" if high_included else ")"
+
+    def check(value: object, name: str, ranks: int, say: Wording) -> str | None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (low <= value <= high if high_included else low <= value < high)
+        ):
+            return f"{name} must be a number in [{low:g}, {high:g}{top}, got {value!r}"
+        return None
+
+    return check
 
 
 def boolean(value: object, name: str, ranks: int, say: Wording) -> str | None:
