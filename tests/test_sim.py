@@ -106,6 +106,33 @@ def test_local_sgd_and_wagma_sync_steps_wait_for_the_slowest_rank_of_the_period(
         assert np.allclose(clock[:, end], start + compute[:, first : end + 1].sum(axis=1).max() + cost)
 
 
+def test_diloco_is_local_sgd_in_time_its_outer_step_costs_no_message():
+    sc = scenario(imbalance="random:k=2,ms=320", seed=1, steps=30)
+    local = simulate("local_sgd", sc, period=10).steps["clock"]
+    assert np.array_equal(simulate("diloco", sc, period=10).steps["clock"], local)
+
+
+def test_streaming_diloco_waits_for_a_fragments_average_only_where_it_lands():
+    sc = scenario(steps=12, imbalance="straggler:rank=3,ms=50")
+    compute = compute_times(sc)
+    half = rhd_time(8, 4 * BIG / 2, NET.alpha, NET.beta)  # a fragment: half of the model
+    blocking = step_times(simulate("streaming_diloco", sc, period=4, fragments=2, overlap_steps=0))
+    # No overlap: fragment 1 after step 1 (offset 2), fragment 0 after step 3, ...: a barrier each.
+    starts = [1, 3, 5, 7, 9, 11]
+    clock = np.cumsum(blocking, axis=1)
+    for t in starts:
+        assert np.allclose(clock[:, t], clock[:, t - 1].max() + compute[:, t].max() + half)
+    # Overlapped by two steps: a rank waits only after the step where an average lands, for
+    # the last rank's start of it plus its transfer; the straggler is never held up.
+    overlapped = simulate("streaming_diloco", sc, period=4, fragments=2, overlap_steps=2).steps["clock"]
+    lands = {t + 2: overlapped[:, t].max() + half for t in starts if t + 2 < 12}
+    for t in range(1, 12):
+        expected = overlapped[0, t - 1] + 0.1
+        assert overlapped[0, t] == pytest.approx(max(expected, lands.get(t, 0.0)))
+    assert overlapped[0, 7] > overlapped[0, 6] + 0.1  # from step 7 on the straggler's lag shows
+    assert overlapped[3, -1] == pytest.approx(12 * 0.15)
+
+
 def test_wagma_without_imbalance_is_compute_plus_the_butterfly_phases():
     run = simulate("wagma", scenario(parameters=SMALL, steps=20), group_size=4, tau=10)
     steps = step_times(run)

@@ -218,6 +218,11 @@ def _prediction(scenario, options, tau, fallback):
     return planned, predictor, kernels.plan_scores(scenario.ranks), record
 
 
+#: The algorithms that average every ``period`` steps and nothing between:
+#: local SGD, and DiLoCo, whose outer step costs compute, not messages.
+_PERIODIC = ("local_sgd", "diloco")
+
+
 def _run_kernel(algorithm, scenario, options, compute, schedule):
     """``clock``, ``stale``, ``age`` ``[P, T]`` (``stale``/``age`` None where
     nothing is ever stale), and the predictor's log, :data:`STRAGGLER_COLUMNS`
@@ -227,14 +232,14 @@ def _run_kernel(algorithm, scenario, options, compute, schedule):
     everyone = net.synchronized(net.allreduce(p, nbytes, scenario.collective), p).as_tuple()
     if algorithm not in SYNCED:
         return (*_other_kernel(algorithm, scenario, options, compute, everyone, schedule), None)
-    tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm == "local_sgd" else "tau"]
+    tau = 1 if algorithm == "allreduce_sgd" else options["period" if algorithm in _PERIODIC else "tau"]
     if algorithm == "allreduce_sgd":
         everyone = net.synchronized(_bucketed(scenario, options["bucket_cap_mb"]), p).as_tuple()
     prediction = _prediction(scenario, options, tau, everyone[0])
     stale = age = None
     if algorithm == "allreduce_sgd":
         clock = kernels.local_sgd(compute, 1, everyone, *prediction)
-    elif algorithm == "local_sgd" or not (options["wait_avoiding"] or options["group_averaging"]):
+    elif algorithm in _PERIODIC or not (options["wait_avoiding"] or options["group_averaging"]):
         clock = kernels.local_sgd(compute, tau, everyone, *prediction)
     else:
         grouping = ButterflyGrouping(p, options["group_size"], not options["fixed_groups"])
@@ -311,6 +316,14 @@ def _other_kernel(algorithm, scenario, options, compute, everyone, schedule):
             compute, quorum, activators, synchronous, activation, cost, kernels.LATE_CODES[options["late"]]
         )
         return clock, stale, age
+    if algorithm == "streaming_diloco":
+        # A fragment's bytes as 1/M of the model's: the runtime's fragments are strides of
+        # whole layers, uneven in size, and the message sizes of a model's layers are not here.
+        m = options["fragments"]
+        offsets = np.array([f * options["period"] // m for f in range(m)], dtype=np.int64)
+        collective = "auto" if scenario.collective == "stragglar" else scenario.collective  # as below
+        cost = net.synchronized(net.allreduce(p, nbytes / m, collective), p).after_last
+        return kernels.streaming(compute, options["period"], offsets, options["overlap_steps"], cost), None, None
     levels = options["period_group_size_dict"]
     periods = np.array(list(levels), dtype=np.int64)
     sizes = np.array(list(levels.values()), dtype=np.int64)

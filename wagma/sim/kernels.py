@@ -46,6 +46,7 @@ __all__ = [
     "neighbours",
     "no_prediction",
     "plan_scores",
+    "streaming",
     "wagma",
 ]
 
@@ -200,6 +201,35 @@ def local_sgd(
             done[:] = since
         else:
             done[:] = f
+        clock[:, t] = done
+    return clock
+
+
+@njit(cache=True)
+def streaming(compute: np.ndarray, period: int, offsets: np.ndarray, overlap: int, cost: float) -> np.ndarray:
+    """Streaming DiLoCo's fragments: after step t with (t + 1) mod H equal
+    to fragment p's offset, the fragment's average starts once every rank
+    has started it (the last one's end of step t) and the worker thread is
+    free (the exchanges run one after another, in order), and takes
+    ``cost``; each rank waits for it at the end of step t + ``overlap``
+    (at once with 0).  An exchange still in flight at the end of the run is
+    not waited for."""
+    ranks, steps = compute.shape
+    clock = np.empty((ranks, steps))
+    done = np.zeros(ranks)
+    lands = np.full(steps + period, -1.0)  # the end of the exchange a rank waits for after step t
+    free = 0.0
+    for t in range(steps):
+        done = done + compute[:, t]
+        if lands[t] >= 0.0:
+            done = np.maximum(done, lands[t])
+        for p in range(offsets.shape[0]):
+            if (t + 1) % period == offsets[p]:
+                free = max(done.max(), free) + cost
+                if overlap == 0:
+                    done[:] = free
+                else:
+                    lands[t + overlap] = free
         clock[:, t] = done
     return clock
 
