@@ -160,6 +160,11 @@ class FlatBuffer:
         """``self[lo:hi] *= factor``, in place (floating dtypes only)."""
         raise NotImplementedError
 
+    def host_array(self) -> np.ndarray | None:
+        """The elements as a numpy array over the same memory, or None for
+        device memory (what compressed averaging encodes and decodes)."""
+        raise NotImplementedError
+
 
 class _NumpyBuffer(FlatBuffer):
     def __init__(self, array: np.ndarray, workspace: "Workspace"):
@@ -185,6 +190,9 @@ class _NumpyBuffer(FlatBuffer):
     def scale_(self, lo, hi, factor):
         dst = self._typed[lo:hi]
         np.multiply(dst, factor, out=dst)
+
+    def host_array(self):
+        return self._typed
 
 
 class _TorchBuffer(FlatBuffer):
@@ -227,6 +235,9 @@ class _TorchBuffer(FlatBuffer):
     def scale_(self, lo, hi, factor):
         self._typed[lo:hi].mul_(factor)
         self._sync()
+
+    def host_array(self):
+        return None if self._cuda else self._typed.numpy()
 
 
 class Workspace:
