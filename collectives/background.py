@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .buffers import BufferT
 from .comm import Communicator
+from .compression import Compressor, compressed_allreduce
 from .failures import hold
 from .schedules.blocking import AllreduceAlgorithm, Op, allreduce
 
@@ -22,8 +23,9 @@ __all__ = ["BackgroundAllreduce", "PendingAllreduce"]
 class PendingAllreduce(Generic[BufferT]):
     """A submitted allreduce; :meth:`~PendingAllreduce.wait` returns once its buffer holds the result."""
 
-    def __init__(self, data: BufferT) -> None:
+    def __init__(self, data: BufferT, compressor: Compressor | None = None) -> None:
         self.data: BufferT = data
+        self.compressor = compressor
         self._done = threading.Event()
         self._error: BaseException | None = None
 
@@ -71,10 +73,13 @@ class BackgroundAllreduce:
         self._thread.start()
         return self
 
-    def submit(self, data: BufferT) -> PendingAllreduce[BufferT]:
+    def submit(self, data: BufferT, compressor: Compressor | None = None) -> PendingAllreduce[BufferT]:
+        """Queue the allreduce of ``data``; with ``compressor`` (the
+        buffer's stream, :class:`~collectives.compression.allreduce.Compressor`) the
+        compressed allreduce (:func:`~collectives.compression.allreduce.compressed_allreduce`)."""
         if self._thread is None:
             raise RuntimeError("BackgroundAllreduce is not open")
-        pending = PendingAllreduce(data)
+        pending = PendingAllreduce(data, compressor)
         self._queue.put(pending)
         return pending
 
@@ -84,7 +89,10 @@ class BackgroundAllreduce:
             if pending is None:
                 return
             try:
-                allreduce(pending.data, comm=self._comm, algorithm=self.algorithm, op=self.op, check=False)
+                if pending.compressor is None:
+                    allreduce(pending.data, comm=self._comm, algorithm=self.algorithm, op=self.op, check=False)
+                else:
+                    compressed_allreduce(pending.data, comm=self._comm, compressor=pending.compressor, op=self.op)
             except BaseException as exc:  # handed to the waiter
                 pending._error = exc
             pending._done.set()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from collectives.compression.allreduce import chunk_bounds
-from collectives.compression.codecs import BLOCK, CODECS, Compression, codec_of
+from collectives.compression.codecs import BLOCK, CODECS, CompressionName, codec_of
 
 RNG = np.random.default_rng(0)
 
@@ -73,4 +73,4 @@ def test_chunks_cover_the_buffer_in_whole_blocks(numel, ranks):
 def test_an_unknown_compression_names_the_accepted_ones():
     with pytest.raises(ValueError, match=r"compression must be one of 'none', 'bf16', 'fp16', 'int8', got 'fp8'"):
         codec_of("fp8")
-    assert codec_of("none") is None and tuple(CODECS) == Compression.__args__[1:]
+    assert codec_of("none") is None and tuple(CODECS) == CompressionName.__args__[1:]

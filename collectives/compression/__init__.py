@@ -7,11 +7,11 @@ keeps what encoding loses.
 """
 
 from .allreduce import Compressor, compressed_allreduce, compressed_group_schedule, compressor_for
-from .codecs import CODECS, Compression, codec_of
+from .codecs import CODECS, CompressionName, codec_of
 
 __all__ = [
     "CODECS",
-    "Compression",
+    "CompressionName",
     "Compressor",
     "codec_of",
     "compressed_allreduce",

@@ -6,11 +6,11 @@ from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["BLOCK", "CODECS", "BF16", "Codec", "Compression", "FP16", "Int8Blocks", "codec_of"]
+__all__ = ["BLOCK", "CODECS", "BF16", "Codec", "CompressionName", "FP16", "Int8Blocks", "codec_of"]
 
 #: The values of the ``compression`` options: ``"none"`` (float32 on the
 #: wire, the schedules' own) or a codec of :data:`CODECS`.
-Compression = Literal["none", "bf16", "fp16", "int8"]
+CompressionName = Literal["none", "bf16", "fp16", "int8"]
 
 #: Elements per int8 scale, 4 bytes of scale per 256 one-byte values
 #: (1.6 % of the payload), few enough that one large element costs the
@@ -138,6 +138,6 @@ def codec_of(compression: str) -> Codec | None:
         return None
     if compression not in CODECS:
         raise ValueError(
-            f"compression must be one of {', '.join(map(repr, get_args(Compression)))}, got {compression!r}"
+            f"compression must be one of {', '.join(map(repr, get_args(CompressionName)))}, got {compression!r}"
         )
     return CODECS[compression]

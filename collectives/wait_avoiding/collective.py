@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, get_args
 
@@ -15,10 +16,11 @@ from ..agreement import agree
 from ..backoff import Backoff
 from ..buffers import LikeT, describe
 from ..comm import Communicator, node_oversubscribed
+from ..compression import CompressionName, Compressor, compressed_allreduce, compressed_group_schedule, compressor_for
 from ..failures import hold
 from ..schedules.blocking import Op, allreduce, reduction_problem
 from .activation import RandomActivators
-from .group_allreduce import GROUP_ALLREDUCE_CHOICES, GroupAllreduceAlgorithm, group_schedule
+from .group_allreduce import GROUP_ALLREDUCE_CHOICES, GroupAllreduceAlgorithm, group_communicators, group_schedule
 from .groups import ButterflyGrouping, GroupPlan
 from .progress import IDLE_POLICIES, Idle, ProgressEngine
 
@@ -238,6 +240,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         idle: one of :data:`IDLE_CHOICES`: how the progress thread waits
             when it has nothing to do; :attr:`idle_used` says what
             ``"auto"`` chose (set by :meth:`open`).
+        compression: ``"none"``, or ``"bf16"``, ``"fp16"``, ``"int8"`` for a
+            float32 buffer: every version's group allreduce and every sync
+            step's allreduce are compressed
+            (:mod:`collectives.compression`: each contribution encoded once,
+            float32 sums, int8 with error feedback; ``algorithm`` is then
+            unused), on the groups' communicators as ``"mpi"`` runs.
         late: None, or one of :data:`LATE`: consume contributions (above).
             With ``"accumulate"`` the caller's buffer receives the unconsumed
             contribution it carries (``buf += carried`` in :meth:`allreduce`
@@ -286,6 +294,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         dynamic_groups: bool = True,
         late: Late | None = None,
         idle: IdleChoice = "auto",
+        compression: CompressionName = "none",
     ) -> None:
         self._raw = comm
         self._like: LikeT = like
@@ -298,6 +307,12 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self.dynamic_groups = dynamic_groups
         self.late = late
         self.idle = idle
+        self.compression = compression
+        #: The compressed streams (:class:`~collectives.compression.allreduce.Compressor`)
+        #: of the group versions and of the sync steps, made by :meth:`open`
+        #: with ``compression`` (None without): their residuals and bytes.
+        self.compressor: Compressor | None = None
+        self.sync_compressor: Compressor | None = None
         #: How the progress thread waits when idle, ``"backoff"`` or
         #: ``"park"`` (``idle``, or what ``"auto"`` chose; None until :meth:`open`).
         self.idle_used: Idle | None = None
@@ -330,6 +345,11 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         problem = reduction_problem(info, self.algorithm, (*GROUP_ALLREDUCE_CHOICES, "auto"), self.op)
         if problem:
             return problem, ValueError
+        if self.compression not in get_args(CompressionName):
+            choices = ", ".join(map(repr, get_args(CompressionName)))
+            return f"compression must be one of {choices}, got {self.compression!r}", ValueError
+        if self.compression != "none" and info.dtype != "float32":
+            return f"compression {self.compression!r} needs a float32 buffer, got {info.dtype}", TypeError
         if self.activation not in ACTIVATIONS:
             return (
                 f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}"
@@ -396,6 +416,7 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
                 waits=self.waits,
                 dynamic_groups=self.dynamic_groups,
                 late=self.late,
+                compression=self.compression,
             )
         except (TypeError, ValueError):
             self._main.close()
@@ -408,7 +429,14 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         self._plans = [self.grouping.plan(t, rank) for t in range(self.grouping.period)]
         if self.tau != 1:  # tau == 1: every step syncs, no group version to run
             self._progress = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
-            schedule = group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes)
+            self.compressor = compressor_for(self.compression, info.numel)
+            schedule = (
+                group_schedule(self.algorithm, self._progress, self.grouping, self._like.nbytes)
+                if self.compressor is None
+                else partial(
+                    compressed_group_schedule, group_communicators(self._progress, self.grouping), self.compressor
+                )
+            )
             self._engine = ProgressEngine(
                 self._progress,
                 self._like,
@@ -544,7 +572,13 @@ class WaitAvoidingGroupAllreduce(Generic[LikeT]):
         assert self._main is not None  # open
         if self.late is not None and self._engine:
             self._engine.consume_into(buf)
-        allreduce(buf, comm=self._main, op=op)
+        if self.compression == "none":
+            allreduce(buf, comm=self._main, op=op)
+        else:
+            if self.sync_compressor is None:
+                self.sync_compressor = compressor_for(self.compression, self._like_info.numel)
+            assert self.sync_compressor is not None  # compression is not "none"
+            compressed_allreduce(buf, comm=self._main, compressor=self.sync_compressor, op=op)
         if self.late is not None:
             self._t = t + 1
             return buf

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..agreement import check_arguments
 from ..buffers import BufferT, FlatBuffer, describe
+from ..compression.allreduce import Compressor, compressed_group_schedule
 from ..schedules.blocking import SMALL_ALLREDUCE_BYTES, Op, reduction_problem
 from ..schedules.library import library_allreduce_flat
 from .group_library import GroupCommunicators
@@ -325,6 +326,7 @@ def group_allreduce(
     algorithm: GroupAllreduceAlgorithm = "auto",
     dynamic_groups: bool = True,
     check: bool = True,
+    compressor: Compressor | None = None,
 ) -> BufferT:
     """Reduce ``data`` within this rank's butterfly group of iteration ``t``.
 
@@ -357,6 +359,11 @@ def group_allreduce(
             hypercube dimensions at every iteration: WAGMA's ablation 2,
             section 5.2, "the groups are fixed").
         check: agree on the arguments across ranks first.
+        compressor: a :class:`~collectives.compression.allreduce.Compressor` (a float32
+            buffer's stream): the group's compressed allreduce on its
+            communicator in place of ``algorithm``
+            (:func:`~collectives.compression.allreduce.compressed_group_schedule`;
+            every member gets the same floats).
 
     Raises:
         ValueError, TypeError: on every rank, before any data moves.
@@ -364,7 +371,11 @@ def group_allreduce(
     grouping, plan = check_group_arguments(
         "group_allreduce", data, comm, group_size, t, op, algorithm, dynamic_groups, check
     )
-    schedule = group_schedule(algorithm, comm, grouping, data.nbytes)
+    schedule = (
+        group_schedule(algorithm, comm, grouping, data.nbytes)
+        if compressor is None
+        else partial(compressed_group_schedule, group_communicators(comm, grouping), compressor)
+    )
     with comm.open_buffer(data) as buf:
         schedule(buf, comm, plan, 1.0 / plan.size if op == "avg" else None)
     return data
