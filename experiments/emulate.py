@@ -253,6 +253,7 @@ def _steps(schedule, measured, loss):
     steps["loss"], steps["stale"] = loss, schedule.stale
     contribution = schedule.arrays.get("source")
     steps["contribution"] = contribution.astype(np.float64) if contribution is not None else np.full_like(loss, np.nan)
+    steps["bytes_sent"] = np.full_like(loss, np.nan)  # one process: nothing goes on a wire
     return steps
 
 

@@ -523,6 +523,7 @@ def _loop(run, start, clock_offset, channels=None):
                     batch = data.take(step, samples)
                     lr.apply(optimizer, step)
                     c0 = time.perf_counter()
+                    bytes_before = algo.bytes_sent  # Allreduce-SGD sends its buckets during backward
                     slowed = run.faults.before_step(step)  # a stop returns when continued; a kill never
                     loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
                     c1 = time.perf_counter()
@@ -547,6 +548,7 @@ def _loop(run, start, clock_offset, channels=None):
                         samples=samples,
                         skipped=0.0,
                         contribution=algo.contribution,
+                        bytes_sent=algo.bytes_sent - bytes_before,
                     )
                     last = now
                     clocks[step] = now

@@ -46,9 +46,11 @@ def _write(
     stale=None,
     options=None,
     epochs=None,
+    sent=None,
 ):
     """A run file whose latest rank (rank 0) ends step t at sum(durations[:t + 1]);
     ``options``: the algorithm options its config records, as experiments.train's;
+    ``sent``: the bytes every rank sent at every step (none recorded: None);
     ``evals``: (clocks, accuracies) at epochs ``epochs`` (default 0, 1, 2, ...)."""
     durations = np.broadcast_to(np.asarray(durations, dtype=float), (STEPS,))
     clock = np.cumsum(durations)[None, :] - 0.001 * np.arange(ranks)[:, None]
@@ -63,6 +65,8 @@ def _write(
         "stale": np.zeros(shape) if stale is None else stale,
         "clock": clock,
     }
+    if sent is not None:
+        steps["bytes_sent"] = np.full(shape, sent)
     config = {"algorithm": algorithm, "ranks": ranks}
     if options is not None:
         config["algorithm_options"] = options
@@ -117,6 +121,7 @@ def results(tmp_path_factory):
         wait=wait,
         stale=stale,
         evals=([2, 4, 6, 8.75], [0.6, 0.92, 0.88, 0.90]),
+        sent=25_000.0,
     )
     _write(folder, "allreduce_p8.h5", "allreduce_sgd", 8, 0.5, evals=([5, 10], [0.3, 0.5]))
     _write(folder, "allreduce_p8_stopped.partial.h5", "allreduce_sgd", 8, 1.0, status="stopped", steps_planned=100)
@@ -239,16 +244,18 @@ def test_text_table(results):
     assert len(lines) == 2 + 8
     # aligned: every column of the rule starts where the header's does
     starts = [m.start() for m in re.finditer(r"-+", lines[1])]
-    assert len(starts) == 15
+    assert len(starts) == 16
     cells = _by_algorithm_ranks(_parse_text_table(text))
     wagma = cells["wagma", "4", "none"]
     assert wagma["samples/s"] == "292.6" and wagma["speedup vs allreduce_sgd"] == "1.14"
     assert (wagma["final acc %"], wagma["best acc %"], wagma["time to 90% (s)"]) == ("90.00", "92.00", "4.0")
     assert (wagma["S"], wagma["tau"], wagma["compute"], wagma["status"]) == ("2", "10", "emulate", "complete")
     assert (wagma["wait ms/step"], wagma["stale"]) == ("15.00", "0.062")
+    assert wagma["MB sent/rank"] == f"{25_000 * STEPS / 1e6:.2f}"  # each rank's sum over its steps
     local = cells["local_sgd", "16", "none"]
     empty = ("S", "speedup vs allreduce_sgd", "final acc %", "time to 90% (s)")
     assert [local[k] for k in empty] == ["-"] * 4
+    assert local["MB sent/rank"] == "-"  # a file that counted no bytes
     assert cells["wagma", "4", "random:k=2,ms=320"]["speedup vs allreduce_sgd"] == "-"
     assert "partial: 20 of 100 steps" in text and "partial (stopped): 20 of 100 steps" in text
 
@@ -266,7 +273,7 @@ def test_markdown_table(results):
     assert len(lines) == 2 + 8
     assert all(line.startswith("| ") and line.endswith(" |") for line in lines)
     assert lines[1].startswith("| --- | ---: |")
-    assert {line.count(" | ") for line in lines} == {14}
+    assert {line.count(" | ") for line in lines} == {15}
     assert lines[0].startswith("| algorithm | P | S | tau | imbalance | compute | status | samples/s |")
 
 

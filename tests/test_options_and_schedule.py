@@ -144,6 +144,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         "outer_lr": 1.0,
         "outer_momentum": 0.0,
         "outer_nesterov": True,
+        "compression": "none",
     }
     assert (
         algorithm_options(_args("wagma", "--no-wait-avoiding", "--group-averaging", "--group-size", "2"), 8)[
@@ -158,6 +159,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         "outer_lr": 1.0,
         "outer_momentum": 0.0,
         "outer_nesterov": True,
+        "compression": "none",
     }
     # DiLoCo's H = 500 and outer Nesterov momentum (lr 0.7, momentum 0.9), section 3 of the paper;
     # Streaming DiLoCo's H = 100, alpha = 0.5 and an overlap of one step.
@@ -167,6 +169,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         "outer_momentum": 0.9,
         "outer_nesterov": True,
         "sync": "allreduce",
+        "compression": "none",
     }
     assert algorithm_options(_args("streaming_diloco"), 8) == {
         "period": 100,
@@ -176,6 +179,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         "outer_lr": 0.7,
         "outer_momentum": 0.9,
         "outer_nesterov": True,
+        "compression": "none",
     }
     assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
@@ -192,6 +196,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         "late": "drop",
         "limiter": 0,
         "activator_seed": 0,
+        "compression": "none",
     }
     assert algorithm_options(_args("eager_sgd", "--quorum", "solo"), 8)["limiter"] == 32
     assert algorithm_options(_args("eager_sgd", "--quorum", "solo", "--limiter", "0"), 8)["limiter"] == 0
@@ -204,7 +209,7 @@ def test_algorithm_options_follow_the_paper_by_default():
         (
             ["local_sgd", "--tau", "3"],
             "--tau is an option of wagma, not of local_sgd (its options: --period, --reallocate, --sync, --outer-lr, "
-            "--outer-momentum, --outer-nesterov)",
+            "--outer-momentum, --outer-nesterov, --compression)",
         ),
         (["dpsgd", "--peers", "2"], "--peers is an option of sgp"),
         (["local_sgd", "--batch-size", "0"], "--batch-size must be >= 1"),
@@ -352,7 +357,7 @@ def test_library_and_command_line_problems_come_from_one_check():
     assert (
         options_problem("local_sgd", 8, {"tau": 4})
         == "tau: not an option of local_sgd; its options: period, reallocate, sync, outer_lr, outer_momentum, "
-        "outer_nesterov"
+        "outer_nesterov, compression"
     )
 
 

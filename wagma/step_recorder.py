@@ -120,6 +120,7 @@ class StepRecorder:
         self.clock = TrainingClock()
         self._last = self._started = self._computed = self.clock()
         self._stale_before, self._delay = algo.stale_steps, 0.0
+        self._bytes_before = algo.bytes_sent
 
     def _optimizer_entered(self, *args: object) -> None:
         self._entered = time.perf_counter()
@@ -156,7 +157,9 @@ class StepRecorder:
             samples=float(self.batch_size if samples is None else samples),
             skipped=0.0,
             contribution=self.algo.contribution,
+            bytes_sent=self.algo.bytes_sent - self._bytes_before,
         )
+        self._bytes_before = self.algo.bytes_sent
         self._last = now
 
     def pause(self) -> None:

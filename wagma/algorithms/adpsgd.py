@@ -50,6 +50,7 @@ class ADPSGD(Algorithm):
     """
 
     name = "adpsgd"
+    counts_bytes = False
     Options = ADPSGDOptions
     config: ADPSGDOptions
     #: The columns of table ``exchanges``.

@@ -150,7 +150,11 @@ class AllreduceSGD(Algorithm):
         if not self._launched:
             self._first_launch = time.perf_counter()
         dtype, lo, hi, _ = self.buckets[b]
-        self._launched.append(self._background.submit(self.flat.grads[dtype][lo:hi]))
+        bucket = self.flat.grads[dtype][lo:hi]
+        compressor = self._compressor(("bucket", b), bucket)
+        if compressor is None:
+            self._count_allreduces(self.comm.size, [bucket])
+        self._launched.append(self._background.submit(bucket, compressor))
 
     def _backward_done(self):
         """Run by autograd at the end of a backward pass outside
@@ -172,6 +176,7 @@ class AllreduceSGD(Algorithm):
         if self._stragglar_sync():
             for grads in self.flat.grads.values():
                 sync.reduce(grads)
+            self._count_allreduces(self.comm.size, list(self.flat.grads.values()))
         else:
             while len(self._launched) < len(self.buckets):
                 self._launch(len(self._launched))

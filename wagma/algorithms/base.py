@@ -15,6 +15,7 @@ import torch
 from collectives import allreduce
 from collectives.agreement import agree
 from collectives.comm import Communicator
+from collectives.compression import Compressor, compressed_allreduce, compressor_for
 from collectives.failures import fault_tolerant, hold
 from collectives.stragglar.training_sync import PredictedStragglerSync
 
@@ -31,6 +32,26 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
 
 __all__ = ["Algorithm"]
+
+
+def allreduce_bytes(ranks: int, nbytes: int) -> float:
+    """What one rank of a bandwidth-optimal allreduce of ``nbytes`` over
+    ``ranks`` ranks sends: 2 (ranks - 1) / ranks of the buffer."""
+    return 2 * (ranks - 1) / ranks * nbytes
+
+
+def held_compressors(collectives: Mapping[Any, Any] | None) -> list[Compressor]:
+    """The compressed streams of wait-avoiding collectives (their groups' and sync steps')."""
+    return [c for wa in (collectives or {}).values() for c in (wa.compressor, wa.sync_compressor) if c is not None]
+
+
+def _compression_problem(model: torch.nn.Module, compression: str) -> str | None:
+    if compression == "none" or not isinstance(model, torch.nn.Module):
+        return None
+    other = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype != torch.float32})
+    if other:
+        return f"compression {compression!r} needs float32 parameters, got {', '.join(other)}"
+    return None
 
 
 class Algorithm:
@@ -104,6 +125,8 @@ class Algorithm:
     #: scores :attr:`ensemble`, ``(step, parameters)`` of the last average it
     #: took part in (None before the first), and the others go on training.
     evaluates_ensemble = False
+    #: Whether :attr:`~wagma.algorithms.base.Algorithm.bytes_sent` counts the algorithm's communication.
+    counts_bytes: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -166,6 +189,10 @@ class Algorithm:
         #: from.
         self.work_measured: list[tuple[int, float]] = []
         self.straggler_sync: PredictedStragglerSync | None = None
+        #: The compressed streams, by what they average (the global average,
+        #: a gradient bucket, a fragment...): their codec, error feedback and bytes.
+        self._compressors: dict[tuple[Any, ...], Compressor] = {}
+        self._bytes_counted = 0.0
         #: The outer optimizer of the global averages (DiLoCo's, and local
         #: SGD's and WAGMA-SGD's with ``outer_lr`` or ``outer_momentum``
         #: set: :mod:`wagma.outer`); None for plain averaging.
@@ -195,7 +222,11 @@ class Algorithm:
         #: calls :func:`wagma.healing.replace`; else 0.  The other algorithms'
         #: dead leave by a shrink (:func:`wagma.membership.survive`).
         self.dead_to_replace = 0
-        problem = options_problem(self.name, comm.size, options) or self._check_model_and_optimizer()
+        problem = (
+            options_problem(self.name, comm.size, options)
+            or self._check_model_and_optimizer()
+            or _compression_problem(model, options.get("compression", "none"))
+        )
         config = None if problem else self.Options(**options).resolve(comm.size)
         agree(
             comm,
@@ -215,6 +246,9 @@ class Algorithm:
         #: :attr:`config` as a dict (the run file's ``algorithm_options``).
         self.options = config.as_dict()
         self.membership.options = dict(self.options)
+        #: What the averages put on the wire (the ``compression`` option;
+        #: ``"none"`` for the algorithms without it).
+        self.compression: str = self.options.get("compression", "none")
         self.flat = FlatParameters(model)
         if init_sync:
             broadcast_model(comm, model)
@@ -352,15 +386,61 @@ class Algorithm:
         one (Streaming DiLoCo: one per fragment)."""
         return [self.outer] if self.outer is not None else []
 
-    def _average_globally(self, tensors: list[torch.Tensor]) -> None:
+    def _average_globally(self, tensors: list[torch.Tensor], stream: str = "global") -> None:
         """The ranks' average of ``tensors``, in place: StragglAR with the
         predicted straggler under ``sync="stragglar"``, else the allreduce
-        (one per tensor)."""
+        (one per tensor), compressed under ``compression`` (``stream``
+        names what is averaged, whose residuals are its own)."""
         if self.straggler_sync is not None:
             self.straggler_sync(tensors)
+            self._count_allreduces(self.comm.size, tensors)
         else:
-            for tensor in tensors:
-                allreduce(tensor, comm=self.comm, op="avg")
+            for i, tensor in enumerate(tensors):
+                self._average_over(tensor, self.comm, (stream, i))
+
+    def _compressor(self, key: tuple[Any, ...], tensor: torch.Tensor) -> Compressor | None:
+        """The compressed stream ``key`` of ``tensor``'s size (made at its
+        first use), or None without compression."""
+        if self.compression == "none":
+            return None
+        compressor = self._compressors.get(key)
+        if compressor is None:
+            compressor = compressor_for(self.compression, tensor.numel())
+            assert compressor is not None  # compression is not "none"
+            self._compressors[key] = compressor
+        return compressor
+
+    def _average_over(self, tensor: torch.Tensor, comm: Communicator, key: tuple[Any, ...]) -> None:
+        """The average of ``tensor`` over ``comm``, in place: the allreduce,
+        or under ``compression`` the compressed one of stream ``key``."""
+        compressor = self._compressor(key, tensor)
+        if compressor is None:
+            allreduce(tensor, comm=comm, op="avg")
+            self._count_allreduces(comm.size, [tensor])
+        else:
+            compressed_allreduce(tensor, comm=comm, compressor=compressor, op="avg")
+
+    def _count_allreduces(self, ranks: int, tensors: list[torch.Tensor]) -> None:
+        """Add uncompressed allreduces of ``tensors`` over ``ranks`` ranks to
+        :attr:`bytes_sent`, as a bandwidth-optimal allreduce sends them."""
+        self._bytes_counted += sum(allreduce_bytes(ranks, t.numel() * t.element_size()) for t in tensors)
+
+    def compressors(self) -> list[Compressor]:
+        """Every compressed stream of the algorithm (its own; subclasses add
+        those of the collectives they hold)."""
+        return list(self._compressors.values())
+
+    @property
+    def bytes_sent(self) -> float:
+        """The bytes this rank has sent to average so far, the compressed
+        streams' encoded bytes as they went to MPI, and each uncompressed
+        allreduce over n ranks of b bytes as 2 (n - 1) / n b, what a
+        bandwidth-optimal allreduce (ring, Rabenseifner) sends; NaN for the
+        algorithms that do not count theirs (D-PSGD, SGP, AD-PSGD,
+        EnsembleSync)."""
+        if not self.counts_bytes:
+            return math.nan
+        return self._bytes_counted + sum(c.bytes_sent for c in self.compressors())
 
     def _outer_step(self) -> None:
         """A global synchronization through :attr:`outer`: the ranks average
@@ -443,6 +523,8 @@ class Algorithm:
                 "_period_samples",
                 "_period_seconds",
                 "_returned",
+                "_compressors",
+                "_bytes_counted",
             )
         }
         total, batch = self.total_steps, self.samples_per_step
@@ -511,11 +593,20 @@ class Algorithm:
 
     def state_dict(self) -> dict[str, Any]:
         """The algorithm's counters and options (not the model or optimizer),
-        and the outer optimizers' states where there are any (``outer``:
-        each one's anchor and momentum buffer)."""
+        the outer optimizers' states where there are any (``outer``: each
+        one's anchor and momentum buffer), and the error feedback's residuals
+        of the compressed streams it holds (``residuals``; those of the
+        wait-avoiding collectives' streams are not kept)."""
         state = {"algorithm": self.name, "steps": self.steps, "options": dict(self.options)}
         if self.outer_optimizers():
             state["outer"] = [o.state_dict() for o in self.outer_optimizers()]
+        residuals = {
+            key: (c.residual.copy(), c.owner_residual.copy())
+            for key, c in self._compressors.items()
+            if c.residual is not None and c.owner_residual is not None
+        }
+        if residuals:
+            state["residuals"] = residuals
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -532,6 +623,11 @@ class Algorithm:
             raise ValueError(f"state_dict options {saved} differ from this run's {self.options}")
         for optimizer, saved in zip(self.outer_optimizers(), state.get("outer", [])):
             optimizer.load_state_dict(saved)
+        for key, (residual, owner) in state.get("residuals", {}).items():
+            compressor = compressor_for(self.compression, residual.size)
+            assert compressor is not None and compressor.residual is not None and compressor.owner_residual is not None
+            compressor.residual[:], compressor.owner_residual[:] = residual, owner
+            self._compressors[key] = compressor
         self.steps = int(state["steps"])
 
     def __repr__(self) -> str:

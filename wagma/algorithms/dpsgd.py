@@ -30,6 +30,7 @@ class DPSGD(Algorithm):
     """
 
     name = "dpsgd"
+    counts_bytes = False
     Options = DPSGDOptions
     config: DPSGDOptions
 

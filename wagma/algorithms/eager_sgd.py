@@ -6,9 +6,10 @@ import torch
 
 from collectives import WaitAvoidingGroupAllreduce, majority_allreduce, solo_allreduce
 from collectives.comm import Communicator
+from collectives.compression import Compressor
 
 from ..options.algorithms import EagerSGDOptions
-from .base import Algorithm
+from .base import Algorithm, held_compressors
 
 __all__ = ["EagerSGD"]
 
@@ -111,7 +112,9 @@ class EagerSGD(Algorithm):
     def _open(self, grad, t):
         """This dtype's partial collective, its versions numbered from step t."""
         config = self.config
-        common = dict(op="avg", late=config.late, limiter=config.limiter, first_iteration=t)
+        common = dict(
+            op="avg", late=config.late, limiter=config.limiter, first_iteration=t, compression=config.compression
+        )
         if config.quorum == "solo":
             return solo_allreduce(self.comm.data, grad, **common).open()
         return majority_allreduce(
@@ -131,6 +134,8 @@ class EagerSGD(Algorithm):
         fresh, first = True, next(iter(self.flat.grads))
         for dtype, grad in self.flat.grads.items():
             collective = self._collectives[dtype]
+            if self.compression == "none":
+                self._count_allreduces(self.comm.size, [grad])
             if not collective.is_group_version(t):  # the limiter's synchronous version
                 collective.sync_allreduce(grad, t, op="avg")
                 self.contribution = t
@@ -145,9 +150,14 @@ class EagerSGD(Algorithm):
         self.stale_steps += not fresh
         self._optimizer_step()
 
+    def compressors(self) -> list[Compressor]:
+        """The compressed streams of the partial collectives (versions and synchronous versions)."""
+        return super().compressors() + held_compressors(self._collectives)
+
     def abandon(self) -> None:
         """Stop the progress threads without communicating (a dead rank);
         the gradients no version took are dropped with the step."""
+        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
         for collective in (self._collectives or {}).values():
             collective.abandon()
         self._collectives = None
@@ -158,6 +168,7 @@ class EagerSGD(Algorithm):
         per dtype, this rank's gradient that no version took (under
         ``"accumulate"`` the sum of its gradients computed after its last
         contribution was read, under ``"newest"`` the last one), or None."""
+        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
         for dtype, collective in (self._collectives or {}).items():
             collective.close()
             self.unapplied[dtype] = collective.unconsumed()

@@ -86,6 +86,7 @@ class EnsembleSync(Algorithm):
     """
 
     name = "ensemble_sync"
+    counts_bytes = False
     Options = EnsembleSyncOptions
     config: EnsembleSyncOptions
     evaluates_ensemble = True

@@ -4,7 +4,7 @@ from typing import Any, cast
 
 import torch
 
-from collectives import Communicator, allreduce
+from collectives import Communicator
 
 from ..options.algorithms import HierarchicalSGDOptions
 from .base import Algorithm
@@ -78,13 +78,13 @@ class HierarchicalSGD(Algorithm):
         t = self.steps
         if t < self.warmup_steps:
             self.flat.attach_grads()  # gradients optimizer.zero_grad() set to None
-            for tensor in self.flat.grads.values():
-                allreduce(tensor, comm=self.comm, op="avg")
+            for i, tensor in enumerate(self.flat.grads.values()):
+                self._average_over(tensor, self.comm, ("warm-up", i))
         self._optimizer_step()
         group = self.averaging_level(t)
         if group is not None:
-            for tensor in self.flat.params.values():
-                allreduce(tensor, comm=group, op="avg")
+            for i, tensor in enumerate(self.flat.params.values()):
+                self._average_over(tensor, group, ("level", group.size, i))
 
     def abandon(self) -> None:
         """Let go of the level communicators (revoked after a failure)."""

@@ -47,6 +47,7 @@ class SGP(Algorithm):
     """
 
     name = "sgp"
+    counts_bytes = False
     Options = SGPOptions
     config: SGPOptions
 

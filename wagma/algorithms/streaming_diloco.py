@@ -163,7 +163,13 @@ class StreamingDiLoCo(Algorithm):
 
     def _begin(self, fragment: int, t: int) -> None:
         deltas = self.outers[fragment].pseudo_gradients(self._values(fragment))
-        exchange = _Exchange(fragment, t + self.overlap_steps, [self._background.submit(d) for d in deltas])
+        pending = []
+        for k, delta in enumerate(deltas):
+            compressor = self._compressor(("fragment", fragment, k), delta)
+            if compressor is None:
+                self._count_allreduces(self.comm.size, [delta])
+            pending.append(self._background.submit(delta, compressor))
+        exchange = _Exchange(fragment, t + self.overlap_steps, pending)
         if self.overlap_steps == 0:
             self._land(exchange)
         else:

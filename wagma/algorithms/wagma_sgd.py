@@ -4,11 +4,13 @@ from typing import Any
 
 import torch
 
-from collectives import WaitAvoidingGroupAllreduce, allreduce, group_allreduce
+from collectives import WaitAvoidingGroupAllreduce, group_allreduce
 from collectives.comm import Communicator
+from collectives.compression import Compressor
+from collectives.wait_avoiding.groups import ButterflyGrouping
 
 from ..options.algorithms import WagmaOptions, has_outer_optimizer
-from .base import Algorithm
+from .base import Algorithm, held_compressors
 
 __all__ = ["WagmaSGD", "averages_globally", "stale_average"]
 
@@ -106,6 +108,8 @@ class WagmaSGD(Algorithm):
         self.group_size, self.tau = c.group_size, c.tau
         self.wait_avoiding, self.group_averaging = c.wait_avoiding, c.group_averaging
         self.fixed_groups = c.fixed_groups
+        assert isinstance(self.group_size, int)  # resolved: "auto" made the size for P
+        self._grouping = ButterflyGrouping(comm.size, self.group_size, not self.fixed_groups)
         self._collectives: dict[torch.dtype, WaitAvoidingGroupAllreduce[torch.Tensor]] | None = None
         self._open_straggler_sync(c.sync, self.flat.params.values())
         if has_outer_optimizer(c):
@@ -124,6 +128,7 @@ class WagmaSGD(Algorithm):
                     op="avg",
                     first_iteration=t,
                     dynamic_groups=not self.fixed_groups,
+                    compression=self.compression,
                 ).open()
                 for dtype, tensor in self.flat.params.items()
             }
@@ -139,6 +144,8 @@ class WagmaSGD(Algorithm):
                 # W'_t (tensor) is lent to the collective; the model moves to
                 # the result buffer instead of the result being copied back.
                 result = self._collectives[dtype].allreduce(tensor, t)
+                if self.compression == "none":
+                    self._count_allreduces(result.group_size, [tensor])
                 if dtype == first:
                     self.contribution = result.contribution_iteration
                 if not result.fresh:
@@ -147,6 +154,7 @@ class WagmaSGD(Algorithm):
                 self.flat.rebind(dtype, params=result.value)
             elif self.group_averaging:
                 self.contribution = t
+                compressor = self._compressor(("group", dtype), tensor)
                 group_allreduce(
                     tensor,
                     comm=self.comm,
@@ -154,7 +162,10 @@ class WagmaSGD(Algorithm):
                     t=t,
                     op="avg",
                     dynamic_groups=not self.fixed_groups,
+                    compressor=compressor,
                 )
+                if compressor is None:
+                    self._count_allreduces(self._grouping.plan(t, self.comm.rank).size, [tensor])
 
     def _global_average(self, t):
         """Algorithm 2, line 8: W_{t+1} = the average of every rank's W'_t
@@ -178,18 +189,30 @@ class WagmaSGD(Algorithm):
             elif self.wait_avoiding:
                 self._collectives[dtype].sync_allreduce(tensor, t, op="avg")
             else:
-                allreduce(tensor, comm=self.comm, op="avg")
+                self._average_over(tensor, self.comm, ("global", dtype))
+                continue
+            if self.compression == "none":
+                self._count_allreduces(self.comm.size, [tensor])
         if sync is not None:
             sync.end()
 
+    def compressors(self) -> list[Compressor]:
+        """The algorithm's streams and its wait-avoiding collectives' (groups and sync steps)."""
+        return super().compressors() + held_compressors(self._collectives)
+
+    def _keep_bytes_of_collectives(self) -> None:
+        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
+
     def abandon(self) -> None:
         """Stop the progress threads without communicating (a dead rank)."""
+        self._keep_bytes_of_collectives()
         for wa in (self._collectives or {}).values():
             wa.abandon()
         self._collectives = None
         super().abandon()
 
     def close(self) -> None:
+        self._keep_bytes_of_collectives()
         for wa in (self._collectives or {}).values():
             wa.close()
         self._collectives = None

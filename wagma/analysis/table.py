@@ -94,6 +94,15 @@ def run_label(run: Run) -> str:
             parts.append("fixed groups")
     if algorithm == "eager_sgd":
         parts += _eager_variant(options)
+    if algorithm == "streaming_diloco" and "fragments" in options:
+        parts.append(f"{options['fragments']} fragments, overlap {options.get('overlap_steps', 1)}")
+    if algorithm in ("local_sgd", "wagma") and (options.get("outer_lr", 1.0), options.get("outer_momentum", 0.0)) != (
+        1.0,
+        0.0,
+    ):
+        parts.append(f"outer lr {options['outer_lr']:g}, momentum {options['outer_momentum']:g}")
+    if options.get("compression", "none") != "none":
+        parts.append(str(options["compression"]))
     if options.get("sync") == "stragglar":
         parts.append("stragglar sync")
     if options.get("reallocate"):
@@ -183,6 +192,7 @@ def _row(run: Run, baseline: str, target: float, skip: int | None) -> dict:
         "time_to_target": time_to_accuracy(run, target),
         "mean_wait_time": _number(summary.get("mean_wait_time")),
         "stale_fraction": _number(summary.get("stale_fraction")),
+        "bytes_sent_per_rank": _number(summary.get("bytes_sent_per_rank")),
     }
 
 
@@ -282,6 +292,7 @@ def _columns(rows: list[dict]) -> list:
         (f"time to {target * 100:g}% (s)", ">", lambda r: _fmt(r["time_to_target"], ".1f")),
         ("wait ms/step", ">", lambda r: _fmt(r["mean_wait_time"], ".2f", 1000)),
         ("stale", ">", lambda r: _fmt(r["stale_fraction"], ".3f")),
+        ("MB sent/rank", ">", lambda r: _fmt(r["bytes_sent_per_rank"], ".2f", 1e-6)),
     ]
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "AlgorithmName",
     "AllreduceSGDOptions",
     "Auto",
+    "COMPRESSIONS",
+    "Compression",
     "DPSGDOptions",
     "DiLoCoOptions",
     "EAGER_LIMITER",
@@ -47,6 +49,15 @@ __all__ = [
 Sync = Literal["allreduce", "stragglar"]
 #: The values of :data:`Sync`, in its order.
 SYNCS: tuple[Sync, ...] = get_args(Sync)
+
+#: The values of the ``compression`` option, what an average puts on the
+#: wire: ``"none"`` (float32), ``"bf16"``, ``"fp16"``, or ``"int8"`` (a scale
+#: per 256 values, with error feedback); the sums stay float32
+#: (:mod:`collectives.compression`, whose values these are, spelled here too:
+#: the options import no MPI).
+Compression = Literal["none", "bf16", "fp16", "int8"]
+#: The values of :data:`Compression`, in its order.
+COMPRESSIONS: tuple[Compression, ...] = get_args(Compression)
 
 #: The values of eager-SGD's ``quorum`` option, which partial collective starts a version.
 Quorum = Literal["solo", "majority", "half"]
@@ -104,6 +115,26 @@ def _sync() -> Any:
     )
 
 
+def _compression() -> Any:
+    return option(
+        "none",
+        check=one_of(*COMPRESSIONS),
+        metavar=_metavar(COMPRESSIONS),
+        help="what the averages put on the wire: 'none' (float32), 'bf16', 'fp16', or 'int8' (a scale per "
+        "256 values, with error feedback); each contribution is encoded once and the sums stay float32 "
+        "(collectives.compression; float32 parameters).",
+    )
+
+
+def _not_with_stragglar(options: "Options", say: Wording) -> str | None:
+    if getattr(options, "sync", "allreduce") == "stragglar" and getattr(options, "compression", "none") != "none":
+        return (
+            f"{say('compression')} {getattr(options, 'compression')!r} runs its own allreduce, not StragglAR: "
+            f"use {say('sync')} 'allreduce' with it"
+        )
+    return None
+
+
 def _reallocate() -> Any:
     return option(
         False,
@@ -153,6 +184,10 @@ class AllreduceSGDOptions(Options):
         25.0, check=positive_number, parse=float, help="bucket size in MB (10**6 bytes), DDP's default 25."
     )
     sync: Sync = _sync()
+    compression: Compression = _compression()
+
+    def _relations(self, ranks: int, say: Wording) -> str | None:
+        return _not_with_stragglar(self, say)
 
 
 @options_of("local_sgd")
@@ -171,6 +206,10 @@ class LocalSGDOptions(Options):
     outer_lr: float = _outer_lr(1.0, _OUTER_OFF)
     outer_momentum: float = _outer_momentum(0.0)
     outer_nesterov: bool = _outer_nesterov()
+    compression: Compression = _compression()
+
+    def _relations(self, ranks: int, say: Wording) -> str | None:
+        return _not_with_stragglar(self, say)
 
 
 def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
@@ -224,6 +263,7 @@ class WagmaOptions(Options):
     outer_lr: float = _outer_lr(1.0, _OUTER_OFF)
     outer_momentum: float = _outer_momentum(0.0)
     outer_nesterov: bool = _outer_nesterov()
+    compression: Compression = _compression()
 
     def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.wait_avoiding and self.group_averaging:
@@ -236,7 +276,7 @@ class WagmaOptions(Options):
                 f"{say('fixed_groups')} needs {say('wait_avoiding')} or {say('group_averaging')}: with "
                 f"both off no groups average"
             )
-        return None
+        return _not_with_stragglar(self, say)
 
     def resolve(self, ranks: int) -> "Self":
         if self.group_size != "auto":
@@ -263,6 +303,10 @@ class DiLoCoOptions(Options):
     outer_momentum: float = _outer_momentum(0.9)
     outer_nesterov: bool = _outer_nesterov()
     sync: Sync = _sync()
+    compression: Compression = _compression()
+
+    def _relations(self, ranks: int, say: Wording) -> str | None:
+        return _not_with_stragglar(self, say)
 
 
 @options_of("streaming_diloco")
@@ -299,6 +343,7 @@ class StreamingDiLoCoOptions(Options):
     outer_lr: float = _outer_lr(0.7, "")
     outer_momentum: float = _outer_momentum(0.9)
     outer_nesterov: bool = _outer_nesterov()
+    compression: Compression = _compression()
 
     def _relations(self, ranks: int, say: Wording) -> str | None:
         if self.overlap_steps >= self.period:
@@ -406,6 +451,7 @@ class EagerSGDOptions(Options):
         parse=int,
         help="the seed of the majority's activator sequence (the same on every rank).",
     )
+    compression: Compression = _compression()
 
     def resolve(self, ranks: int) -> "Self":
         if self.limiter != "auto":
@@ -460,6 +506,7 @@ class HierarchicalSGDOptions(Options):
     warmup_steps: int = option(
         0, check=int_at_least(0), parse=int, help="steps of gradient averaging before the local steps begin."
     )
+    compression: Compression = _compression()
 
     def resolve(self, ranks: int) -> "Self":
         levels = self.period_group_size_dict

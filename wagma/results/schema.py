@@ -44,10 +44,14 @@ Root attributes
                       step's averaging (:attr:`wagma.algorithms.base.Algorithm.contribution`:
                       WAGMA-SGD's model, eager-SGD's gradient),
                       what :mod:`wagma.emulate` replays; NaN for the others
+    ``bytes_sent``    the bytes the rank sent to average in the step
+                      (:attr:`wagma.algorithms.base.Algorithm.bytes_sent`: the
+                      encoded bytes under ``compression``, else what a
+                      bandwidth-optimal allreduce sends); NaN where not counted
     ================  ============================================================
 
-    (files written before ``samples``, ``skipped`` and ``contribution``
-    existed read as ``batch_size``, 0 and NaN.)  Row ``r`` is the rank ``r``
+    (files written before ``samples``, ``skipped``, ``contribution`` and
+    ``bytes_sent`` existed read as ``batch_size``, 0, NaN and NaN.)  Row ``r`` is the rank ``r``
     of the communicator the run began on, whatever membership changes
     followed.  A rank that died has NaN from its death on.
     attribute ``steps.attrs["written"]``: while the run writes, every member
@@ -162,12 +166,14 @@ STEP_FIELDS = (
     "samples",
     "skipped",
     "contribution",
+    "bytes_sent",
 )
 #: Step fields that files of an earlier version lack, and how they read.
 LATER_STEP_FIELDS = {
     "samples": lambda attrs: float(attrs.get("batch_size", 0)),
     "skipped": lambda attrs: 0.0,
     "contribution": lambda attrs: np.nan,
+    "bytes_sent": lambda attrs: np.nan,
 }
 #: The fields of ``eval/`` (``replica_accuracy`` aside).
 EVAL_FIELDS = ("step", "epoch", "clock", "accuracy", "loss")

@@ -61,6 +61,8 @@ def summarize(run: Run, skip: int = 0) -> dict[str, Any]:
     over the time from the latest rank's end of step ``skip - 1`` (the run's
     start when ``skip`` is 0) to the latest rank's end of the last step, on
     the training clock: what a user waits for, evaluation excluded.
+    ``bytes_sent_per_rank``, where the run counted its bytes, is the
+    ranks' mean of the bytes each sent to average over the whole run.
     """
     clock = run.steps["clock"]
     written = clock.shape[1]
@@ -77,6 +79,10 @@ def summarize(run: Run, skip: int = 0) -> dict[str, Any]:
             out["throughput"] = float(np.nansum(samples[:, skip:])) / elapsed
         out["mean_wait_time"] = float(np.nanmean(run.steps["wait_time"]))
         out["stale_fraction"] = float(np.nanmean(run.steps["stale"]))
+        sent = run.steps.get("bytes_sent")
+        if sent is not None and np.isfinite(sent).any():
+            # Per rank: the ranks' mean of what each sent over the whole run.
+            out["bytes_sent_per_rank"] = float(np.nansum(sent) / sent.shape[0])
     stragglers = run.tables.get("stragglers")
     if stragglers is not None and len(stragglers):
         out.update(straggler_summary(stragglers))
