@@ -45,6 +45,15 @@
     fraction.  The default variants are eager-SGD's readings beside
     Allreduce-SGD (:data:`experiments.seeds.EAGER_READINGS`).
 
+``.venv/bin/python -m experiments.campaign diloco``
+    DiLoCo and Streaming DiLoCo (H 10), WAGMA-SGD with and without an
+    outer optimizer (lr 0.7, Nesterov momentum 0.9), each with float32 and
+    with int8 on the wire, on 8 ranks with the paper's imbalance: the
+    accuracy task of ``experiments.reproduce`` over its seeds, and the main
+    job; ``accuracy/table.md`` and ``main/table.md`` give each variant's
+    accuracy, time to accuracy, throughput and the bytes each rank sent
+    (:mod:`experiments.diloco_campaign`).
+
 ``.venv-openmpi/bin/python -m experiments.campaign survival``
     Every algorithm on 8 ranks with one rank killed at 40 % of the run, a
     non-zero rank and, separately, rank 0, under Open MPI's ULFM:
@@ -87,6 +96,7 @@ from collectives.logs import configure_logging
 
 from .chaos_campaign import ALGORITHMS as CHAOS_ALGORITHMS
 from .chaos_campaign import long_steps, run_chaos, run_long, tabulate_chaos, tabulate_long
+from .diloco_campaign import DILOCO_VARIANTS, run_diloco
 from .jobs import clear_run, digits_mlp_args
 from .jobs import run_training as _run
 from .jobs import shown as _shown
@@ -311,6 +321,33 @@ def _parser():
         help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
     )
     d.add_argument("--out-dir", default=None, help="run files and table.md [a fresh runs/seeds-YYYYmmdd-HHMMSS]")
+    from .reproduce.accuracy_claims import ACCURACY_SEEDS  # which imports this module
+
+    w = sub.add_parser(
+        "diloco",
+        help="DiLoCo, Streaming DiLoCo and WAGMA-SGD with and without an outer optimizer, each with and "
+        "without int8, on the accuracy task over seeds and on the main job",
+        formatter_class=HelpFormatter,
+    )
+    w.add_argument("--ranks", type=int, default=8, help="ranks of every run")
+    w.add_argument("--epochs", type=int, default=20, help="epochs of the main job's runs")
+    w.add_argument("--imbalance", default=PAPER_IMBALANCE, help="experiments.train's --imbalance")
+    w.add_argument("--seeds", type=_seeds, default=",".join(map(str, ACCURACY_SEEDS)), help="the accuracy task's seeds")
+    w.add_argument(
+        "--accuracy-target", type=float, default=0.9, help="the accuracy task's time-to-accuracy target (a fraction)"
+    )
+    w.add_argument("--main-target", type=float, default=0.95, help="the main job's time-to-accuracy target")
+    w.add_argument(
+        "--algos",
+        default=",".join(DILOCO_VARIANTS),
+        help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
+    )
+    w.add_argument(
+        "--out-dir",
+        default=None,
+        help="accuracy/ and main/ with their run files and table.md [a fresh runs/diloco-YYYYmmdd-HHMMSS]; "
+        "results/diloco refreshes the committed results",
+    )
     g = sub.add_parser(
         "stragglersync",
         help="--sync stragglar against the allreduce under a persistent straggler and under random-k",
@@ -585,11 +622,11 @@ def main(argv=None):
             parser.error(f"--how: accepted {', '.join(DEATHS)}; got {args.how!r}")
         if not 0 < args.kill_at < 1:
             parser.error(f"--kill-at must be a fraction of the run in (0, 1), got {args.kill_at}")
-    if args.campaign in ("main", "sweep", "seeds"):
+    if args.campaign in ("main", "sweep", "seeds", "diloco"):
         try:
             variants = parse_variants(
                 args.algos,
-                args.ranks if args.campaign in ("main", "seeds") else [int(r) for r in args.ranks.split(",")],
+                args.ranks if args.campaign in ("main", "seeds", "diloco") else [int(r) for r in args.ranks.split(",")],
             )
         except ValueError as exc:
             parser.error(str(exc))
@@ -614,6 +651,8 @@ def main(argv=None):
         _stragglersync(args, mpiexec, out_dir)
     elif args.campaign == "seeds":
         run_seeds(args, mpiexec, out_dir, variants)
+    elif args.campaign == "diloco":
+        run_diloco(args, mpiexec, out_dir, variants)
     elif args.campaign == "survival" and args.tabulate:
         tabulate_survival(out_dir, algos)
     elif args.campaign == "survival":
@@ -635,7 +674,9 @@ def main(argv=None):
             parser.error(f"the relaunch campaign needs Slurm (SLURM_CONF, or scripts/local-slurm): {exc}")
     else:
         _sweep(args, mpiexec, out_dir, variants)
-    figures = "" if args.campaign in ("stragglersync", "seeds", "survival", "relaunch") else " and the figures"
+    figures = (
+        "" if args.campaign in ("stragglersync", "seeds", "survival", "relaunch", "diloco") else " and the figures"
+    )
     if args.campaign == "chaos" and args.long_failures:
         print(f"\nwrote the run files, long.md and long.png to {_shown(out_dir)}", flush=True)
         return 0
