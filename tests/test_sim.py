@@ -112,6 +112,17 @@ def test_diloco_is_local_sgd_in_time_its_outer_step_costs_no_message():
     assert np.array_equal(simulate("diloco", sc, period=10).steps["clock"], local)
 
 
+def test_compressed_averages_cost_an_all_to_all_and_an_allgather_of_the_encoded_bytes():
+    sc = scenario(steps=20)
+    wire = BIG + 4 * -(-BIG // 256)  # int8: a byte per value and a float32 scale per 256
+    compressed = 2 * 7 * NET.message(wire / 8)  # 8 ranks: 7 messages of a chunk, twice
+    steps = step_times(simulate("diloco", sc, period=10, compression="int8"))
+    assert np.allclose(steps[:, 9], 0.1 + compressed) and np.allclose(steps[:, 8], 0.1)
+    assert compressed < rhd_time(8, 4 * BIG, NET.alpha, NET.beta)  # 4 MB: bytes outweigh the 14 alphas
+    bf16 = step_times(simulate("local_sgd", sc, period=1, compression="bf16"))
+    assert np.allclose(bf16, 0.1 + 2 * 7 * NET.message(2 * BIG / 8))
+
+
 def test_streaming_diloco_waits_for_a_fragments_average_only_where_it_lands():
     sc = scenario(steps=12, imbalance="straggler:rank=3,ms=50")
     compute = compute_times(sc)
@@ -580,7 +591,7 @@ def test_results_reproduce_from_the_seed():
         ("local_sgd", {"tau": 10}, "tau: not an option of local_sgd; its options: period, reallocate, sync"),
         ("wagma", {"sync": "ring"}, "sync must be one of 'allreduce', 'stragglar', got 'ring'"),
         ("allreduce_sgd", {"sync": None}, "sync must be one of 'allreduce', 'stragglar', got None"),
-        ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; its options: none"),
+        ("dpsgd", {"sync": "stragglar"}, "sync: not an option of dpsgd; its options: compression"),
         ("local_sgd", {"reallocate": True}, "reallocate: the simulator does not model the reallocation"),
         ("ensemble_sync", {"timeout_s": 0}, "timeout_s must be a number above 0"),
         (

@@ -5,13 +5,14 @@ measured runs (:mod:`wagma.results`)."""
 import inspect
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import h5py
 import numpy as np
 from numpy.typing import ArrayLike
 
+from collectives.compression.codecs import CODECS
 from collectives.stragglar.cost import plan_time, stragglar_min_lead
 from collectives.stragglar.prediction import StragglerPredictor, predictor_problem
 from collectives.stragglar.training_sync import PredictedStragglerSync
@@ -374,6 +375,11 @@ def simulate(
     first ``skip`` steps.  Raises ValueError for a bad algorithm or option.
     """
     options = _options(algorithm, scenario.ranks, options)
+    if options.get("compression", "none") != "none":
+        # The averages' messages carry the codec's bytes (the encoding's compute is not modelled).
+        codec = CODECS[options["compression"]]
+        ratio = codec.wire_nbytes(scenario.parameters) / (4 * scenario.parameters)
+        scenario = replace(scenario, network=replace(scenario.network, wire_ratio=ratio))
     drawn, injected = _draws(scenario)
     if compute is None:
         compute = drawn

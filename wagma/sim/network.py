@@ -88,6 +88,9 @@ class Network:
     beta: float
     activation: float | None = None
     synchronization: float = 0.0
+    #: The encoded bytes per float32 byte of the averages (``compression``:
+    #: int8 0.254, bf16 and fp16 0.5); 1: float32, the schedules' own.
+    wire_ratio: float = 1.0
 
     def __post_init__(self):
         for name, value in (
@@ -95,6 +98,7 @@ class Network:
             ("beta", self.beta),
             ("activation", self.hop),
             ("synchronization", self.synchronization),
+            ("wire_ratio", self.wire_ratio),
         ):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -119,11 +123,21 @@ class Network:
 
     def allreduce(self, n: int, nbytes: float, collective: Collective = "auto") -> GlobalAllreduce:
         """A blocking allreduce of ``nbytes`` over ``n`` ranks with schedule ``collective``
-        (one of :data:`COLLECTIVES`; ``auto`` is the runtime's choice)."""
+        (one of :data:`COLLECTIVES`; ``auto`` is the runtime's choice); with a
+        :attr:`wire_ratio` below 1 the compressed allreduce
+        (:meth:`compressed_allreduce`), or StragglAR's compressed rounds."""
         if collective not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
         if n <= 1:
             return GlobalAllreduce(0.0)
+        if self.wire_ratio != 1.0:
+            wire = nbytes * self.wire_ratio
+            if collective != "stragglar":
+                return self.compressed_allreduce(n, wire)
+            # The peers' compressed ReduceScatter (pairwise, n - 2 messages of a chunk), then the rounds.
+            reduce_scatter = (n - 2) * self.message(wire / (n - 1)) if n > 2 else 0.0
+            rounds = stragglar_time(n, wire, self.alpha, self.beta, lower_bound(n))
+            return GlobalAllreduce(0.0, True, reduce_scatter, rounds)
         schedule: str = choose_allreduce(int(nbytes), n) if collective == "auto" else collective
         if schedule == "mpi":
             # The library's MPI_Allreduce, which auto takes where no table was
@@ -144,6 +158,16 @@ class Network:
         reduce_scatter = ring_time(n - 1, nbytes, self.alpha, self.beta) / 2 if n > 2 else 0.0
         return GlobalAllreduce(0.0, True, reduce_scatter, stragglar_time(n, nbytes, self.alpha, self.beta, rounds))
 
+    def compressed_allreduce(self, n: int, wire: float) -> GlobalAllreduce:
+        """The compressed allreduce of ``wire`` encoded bytes over ``n`` ranks
+        (:mod:`collectives.compression`): an all-to-all of the encoded chunks,
+        then an allgather of the reduced ones, each modelled as the pairwise
+        exchange that libraries run for them at scale: n - 1 messages of
+        ``wire / n``, one after another, twice.  Bandwidth-optimal in bytes,
+        linear in alpha: at 1024 ranks its latency, 2046 alpha, outweighs
+        small buffers' bytes."""
+        return GlobalAllreduce(2 * (n - 1) * self.message(wire / n))
+
     def butterfly_phases(self, core_size: int, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
         """The group allreduce of WAGMA among the ``core_size`` core ranks of a
         butterfly group (a power of two: S where P and S are powers of two;
@@ -156,8 +180,15 @@ class Network:
         in reverse).  Where a run takes the library's ``MPI_Allreduce`` on
         the group's communicator (``algorithm="mpi"``), the library runs
         these same algorithms (MPICH's and Open MPI's recursive doubling and
-        Rabenseifner's), so the same phases model it."""
+        Rabenseifner's), so the same phases model it.  Compressed
+        (:attr:`wire_ratio` below 1): :meth:`compressed_allreduce` over the
+        core, spread evenly over the phases."""
         levels = core_size.bit_length() - 1
+        if self.wire_ratio != 1.0:
+            # The compressed allreduce on the group's communicator, its time spread over the
+            # phases (a group-wide collective: every member ends when the last has sent).
+            total = self.compressed_allreduce(core_size, nbytes * self.wire_ratio).after_last
+            return np.arange(levels, dtype=np.int64), np.full(levels, total / max(levels, 1))
         if choose_group_allreduce(int(nbytes)) == "recursive_doubling":
             phases = list(range(levels))
             costs = [self.message(nbytes)] * levels
