@@ -7,11 +7,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic
 
+import numpy as np
 from mpi4py import MPI
 
 from .backoff import Backoff
 from .buffers import LikeT, copy_into, copy_of, empty_like, zeros_like
 from .comm import Communicator
+from .compression.allreduce import compressor_for, encode_with_feedback, host_view
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11's
@@ -104,6 +106,11 @@ class PairwiseGossip(Generic[LikeT]):
         lock: the lock that the owner holds while it modifies ``buffers``
             and calls :meth:`fold`.
         max_pending: requested exchanges that may be outstanding, >= 1.
+        compression: ``"none"``, or a codec of
+            :mod:`collectives.compression` for float32 buffers: each side
+            sends its model encoded (with its residual) and takes the
+            difference between the two decoded models, so that the pair's
+            sum is still unchanged by an exchange.
 
     Attributes:
         log: one ``(peer, active, copied_after, applied_after)`` per
@@ -121,6 +128,7 @@ class PairwiseGossip(Generic[LikeT]):
         *,
         lock: contextlib.AbstractContextManager[Any],
         max_pending: int = 1,
+        compression: str = "none",
     ) -> None:
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
@@ -143,6 +151,10 @@ class PairwiseGossip(Generic[LikeT]):
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        #: One compressed stream per buffer with ``compression`` (else None each).
+        self.compressors = [compressor_for(compression, _numel(b)) for b in self.buffers]
+        #: The bytes this rank sent in exchanges so far (the encoded ones when compressed).
+        self.bytes_sent = 0
 
     def open(self) -> "Self":
         self._comm = Communicator(self._raw, thread_level=MPI.THREAD_MULTIPLE, yield_while_waiting=True)
@@ -267,8 +279,20 @@ class PairwiseGossip(Generic[LikeT]):
     def _exchange(self, peer):
         """Active side: send the model, receive the partner's, add half the difference."""
         with self.lock:
-            self._copy_model()
+            wires = self._copy_model()
             copied_after = self._folds
+        if wires is not None:
+            incoming = self._incoming()
+            requests = []
+            for wire, received in zip(wires, incoming):
+                requests.append(self._comm.data.Irecv(received, peer, _REPLY))
+                requests.append(self._comm.isend(wire, peer, _REQUEST))
+            self._comm.wait_all(requests)
+            self._decode(incoming)
+            with self.lock:
+                self._add_half_difference()
+                self.log.append((peer, 1, copied_after, self._folds))
+            return
         with contextlib.ExitStack() as stack:
             requests = []
             for sent, received in zip(self._sent, self._received):
@@ -301,6 +325,21 @@ class PairwiseGossip(Generic[LikeT]):
                     self._cond.notify_all()
 
     def _serve_one(self, first, peer):
+        if self.compressors[0] is not None:
+            incoming = self._incoming()
+            for k, received in enumerate(incoming):
+                if k == 0:
+                    first.Recv(received)
+                else:
+                    self._comm.recv(received, peer, _REQUEST)
+            self._decode(incoming)
+            with self.lock:
+                wires = self._copy_model()
+                self._add_half_difference()
+                self.log.append((peer, 0, self._folds, self._folds))
+            assert wires is not None  # compressed
+            self._comm.wait_all([self._comm.isend(wire, peer, _REPLY) for wire in wires])
+            return
         with contextlib.ExitStack() as stack:
             for k, received in enumerate(self._received):
                 r = stack.enter_context(self._comm.open_buffer(received))
@@ -320,16 +359,51 @@ class PairwiseGossip(Generic[LikeT]):
             self._comm.wait_all(requests)
 
     def _copy_model(self):
-        """``sent = buffers + pending``: the model as it stands (under ``lock``)."""
+        """``sent = buffers + pending``: the model as it stands (under ``lock``);
+        compressed, each ``sent`` encoded (with its residual) and made what
+        its bytes decode to, and the bytes returned (else None)."""
         for sent, buffer, pending in zip(self._sent, self.buffers, self._pending):
             copy_into(sent, buffer)
             sent += pending
+        if self.compressors[0] is None:
+            self.bytes_sent += sum(_nbytes(b) for b in self._sent)
+            return None
+        wires = []
+        for sent, compressor in zip(self._sent, self.compressors):
+            assert compressor is not None  # one for every buffer or none
+            wires.append(encode_with_feedback(compressor, host_view(sent), compressor.residual))
+            compressor.bytes_sent += wires[-1].size
+        self.bytes_sent += sum(w.size for w in wires)
+        return wires
+
+    def _incoming(self):
+        """Byte buffers for the partner's encoded buffers."""
+        return [
+            np.empty(c.codec.wire_nbytes(_numel(b)), np.uint8)
+            for c, b in zip(self.compressors, self.buffers)
+            if c is not None
+        ]
+
+    def _decode(self, incoming):
+        for wire, received, compressor in zip(incoming, self._received, self.compressors):
+            assert compressor is not None  # compressed
+            compressor.codec.decode(wire, host_view(received))
 
     def _add_half_difference(self):
         """:func:`apply_half_difference` into the pending differences (under ``lock``)."""
         for pending, sent, received in zip(self._pending, self._sent, self._received):
             apply_half_difference(pending, sent, received)
         self._unfolded = True
+
+
+def _numel(buffer) -> int:
+    """Elements of a numpy array or torch tensor."""
+    return int(buffer.size) if isinstance(buffer, np.ndarray) else int(buffer.numel())
+
+
+def _nbytes(buffer) -> int:
+    """Bytes of a numpy array or torch tensor."""
+    return int(buffer.nbytes) if isinstance(buffer, np.ndarray) else int(buffer.numel() * buffer.element_size())
 
 
 def fold_pending(buffers: Sequence[LikeT], pending: Sequence[LikeT]) -> None:

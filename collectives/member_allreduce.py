@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .compression.allreduce import Compressor, encode_with_feedback
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -43,7 +45,9 @@ def binomial_children(position: int, size: int) -> list[int]:
     return children
 
 
-def member_allreduce(buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], tag: int) -> np.ndarray:
+def member_allreduce(
+    buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], tag: int, compressor: Compressor | None = None
+) -> np.ndarray:
     """Sum ``buf`` over the ranks ``members`` of ``comm``, in place, on every member.
 
     A binomial tree over the members in the given order: each member
@@ -58,6 +62,12 @@ def member_allreduce(buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], ta
     list on every member and ``tag`` unused by other traffic between them
     meanwhile.
 
+    With ``compressor`` (a float32 buffer's compressed stream): each partial
+    sum goes up encoded once by its sender (with the sender's residual), is
+    decoded and added in float32; the root encodes the total once, takes
+    what it decodes to, and the same bytes go down the tree, so every member
+    still ends with the same floats.
+
     Raises:
         ValueError: this rank is not in ``members``, or a member repeats.
     """
@@ -69,6 +79,9 @@ def member_allreduce(buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], ta
     position, size = members.index(comm.Get_rank()), len(members)
     children = binomial_children(position, size)
     parent = binomial_parent(position)
+    if compressor is not None:
+        _compressed(buf.reshape(-1), comm, members, tag, children, parent, compressor)
+        return buf
     if children:
         scratch = np.empty_like(buf)
         for child in children:
@@ -80,3 +93,29 @@ def member_allreduce(buf: np.ndarray, comm: MPI.Comm, members: Iterable[int], ta
     for child in reversed(children):
         comm.Send(buf, dest=members[child], tag=tag)
     return buf
+
+
+def _compressed(x, comm, members, tag, children, parent, compressor):
+    """:func:`member_allreduce`'s tree with encoded messages."""
+    codec = compressor.codec
+    wire = np.empty(codec.wire_nbytes(x.size), np.uint8)
+    if children:
+        part = np.empty_like(x)
+        for child in children:
+            comm.Recv(wire, source=members[child], tag=tag)
+            codec.decode(wire, part)
+            np.add(x, part, out=x)
+    # One residual for whatever this rank sends (its partial sum up, or as the root the total down):
+    # what it failed to send goes into its next send, whichever role the next round gives it.
+    residual = compressor.owner_residual
+    if parent is not None:
+        up = encode_with_feedback(compressor, x.copy(), residual)
+        comm.Send(up, dest=members[parent], tag=tag)
+        compressor.bytes_sent += up.size
+        comm.Recv(wire, source=members[parent], tag=tag)
+        codec.decode(wire, x)
+    else:
+        wire = encode_with_feedback(compressor, x, residual)  # the root takes what it sends
+    for child in reversed(children):
+        comm.Send(wire, dest=members[child], tag=tag)
+        compressor.bytes_sent += wire.size

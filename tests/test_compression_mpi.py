@@ -112,3 +112,84 @@ def test_without_error_feedback_nothing_is_carried(comm):
     first = compressed_allreduce(_inputs(600, 3)[RANK].copy(), comm=comm, compressor=compressor)
     again = compressed_allreduce(_inputs(600, 3)[RANK].copy(), comm=comm, compressor=compressor)
     assert compressor.residual is None and np.array_equal(first, again)
+
+
+def _block_steps(values, scale=1.0):
+    """Half of int8's step, absmax / 254, of each 256-element block of ``values`` (float64), per element."""
+    padded = np.zeros(-(-values.size // 256) * 256)
+    padded[: values.size] = np.abs(values)
+    return np.repeat(padded.reshape(-1, 256).max(axis=1) / 254, 256)[: values.size] * scale
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("straggler", [0, -1])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_compressed_stragglar_gives_every_rank_the_same_floats_within_int8s_bound(comm, straggler, op):
+    from collectives.stragglar.runtime import StragglerAwareAllreduce
+
+    numel = 5000
+    everyone = _inputs(numel, 11)
+    with StragglerAwareAllreduce(comm, straggler % P, everyone[RANK], op=op) as plan:
+        out = plan(everyone[RANK].copy(), compressor=compressor_for("int8", numel))
+    scale = 1.0 / P if op == "avg" else 1.0
+    exact = everyone.astype(np.float64).sum(axis=0) * scale
+    magnitude = np.abs(everyone).astype(np.float64).sum(axis=0)
+    # Each contribution is encoded once (the peers' in their ReduceScatter, the straggler's in its
+    # round), the peers' partial sum once and the final value once: half a step of each, and of
+    # blocks no larger than the sum of the magnitudes.
+    bound = (
+        sum(_block_steps(row.astype(np.float64)) for row in everyone) * scale + 2 * _block_steps(magnitude, scale)
+    ) * (1 + 1e-5) + 8 * P * U * magnitude * scale
+    assert np.all(np.abs(out - exact) <= bound)
+    gathered = WORLD.allgather(out)
+    assert all(np.array_equal(gathered[0], other) for other in gathered[1:])
+
+
+@pytest.mark.mpi(min_size=3)
+def test_compressed_stragglar_is_exact_where_bf16_holds_the_values(comm):
+    from collectives.stragglar.runtime import StragglerAwareAllreduce
+
+    x = np.random.default_rng(RANK).integers(-15, 16, 1000).astype(np.float32)
+    expected = np.empty_like(x)
+    WORLD.Allreduce(x, expected)
+    with StragglerAwareAllreduce(comm, P - 1, x) as plan:
+        assert np.array_equal(plan(x.copy(), compressor=compressor_for("bf16", x.size)), expected)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("numel", [1200, 300])  # 300: two int8 blocks, fewer than the chunks from 4 ranks on
+def test_compressed_stragglar_loses_nothing_over_calls(comm, numel):
+    from collectives.stragglar.runtime import StragglerAwareAllreduce
+
+    calls = 12
+    compressor = compressor_for("int8", numel)
+    results, inputs, magnitude = np.zeros(numel), np.zeros(numel), np.zeros(numel)
+    with StragglerAwareAllreduce(comm, 1, np.zeros(numel, np.float32)) as plan:
+        for k in range(calls):
+            everyone = _inputs(numel, 300 + k)
+            inputs += everyone.astype(np.float64).sum(axis=0)
+            magnitude += np.abs(everyone).astype(np.float64).sum(axis=0)
+            results += plan(everyone[RANK].copy(), compressor=compressor)
+    residuals = sum(WORLD.allgather(compressor.residual.astype(np.float64)))
+    owners = sum(WORLD.allgather(compressor.owner_residual.astype(np.float64)))
+    assert np.all(np.abs(results - (inputs - residuals - owners)) <= 2 * (P + 4) * U * magnitude)
+    assert np.abs(residuals + owners).max() > 100 * (2 * (P + 4) * U * magnitude).max()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_predicted_straggler_runs_the_compressed_rounds_and_the_others_the_compressed_allreduce(comm):
+    from collectives.stragglar.training_sync import PredictedStragglerSync
+
+    numel = 3000
+    compressor = compressor_for("int8", numel)
+    with PredictedStragglerSync(comm, [np.zeros(numel, np.float32)], op="avg") as sync:
+        for k in range(8):
+            everyone = _inputs(numel, 500 + k)
+            late = 0.5 if RANK == P - 1 else 0.0  # rank P - 1 arrives half a second after the others
+            out = sync([everyone[RANK].copy()], arrival_s=late, compressors=[compressor])[0]
+            gathered = WORLD.allgather(out)
+            assert all(np.array_equal(gathered[0], other) for other in gathered[1:])
+        ran = [int(row[1]) for row in sync.log]  # the rank StragglAR ran for, -1 for the allreduce
+    # The compressed allreduce first, then StragglAR's compressed rounds once rank P - 1 is
+    # predicted (until its measured rounds show the library faster for so small a buffer).
+    assert ran[0] == -1 and P - 1 in ran

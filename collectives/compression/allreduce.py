@@ -16,7 +16,16 @@ if TYPE_CHECKING:
     from ..wait_avoiding.group_library import GroupCommunicators
     from ..wait_avoiding.groups import GroupPlan
 
-__all__ = ["Compressor", "chunk_bounds", "compressed_allreduce", "compressed_group_schedule", "compressor_for"]
+__all__ = [
+    "Compressor",
+    "chunk_bounds",
+    "compressed_allreduce",
+    "compressed_group_schedule",
+    "compressed_reduce_scatter",
+    "compressor_for",
+    "encode_with_feedback",
+    "host_view",
+]
 
 
 def chunk_bounds(numel: int, ranks: int, block: int) -> list[tuple[int, int]]:
@@ -77,6 +86,32 @@ def compressor_for(compression: str, numel: int) -> Compressor | None:
     return Compressor(codec, numel, error_feedback=isinstance(codec, Int8Blocks))
 
 
+def encode_with_feedback(compressor: Compressor, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+    """``x`` plus ``residual`` (one of ``compressor``'s, or None) encoded;
+    ``x`` becomes what the bytes decode to (what every receiver gets) and
+    ``residual`` what the encoding lost.  Returns the bytes."""
+    value = x if residual is None else x + residual
+    wire = _encode(compressor.codec, value, None)
+    compressor.codec.decode(wire, x)
+    if residual is not None:
+        np.subtract(value, x, out=residual)
+    return wire
+
+
+def host_view(data: object) -> np.ndarray:
+    """A float32 buffer's elements as a numpy array over its memory: a numpy
+    array itself, a CPU tensor's ``.numpy()``; what compressed averaging
+    encodes and decodes."""
+    array = data if isinstance(data, np.ndarray) else None
+    if array is None and getattr(data, "is_cuda", True) is False:
+        array = data.numpy()  # type: ignore[attr-defined]
+    if array is None:
+        raise RuntimeError(f"compressed averaging encodes on the host: got a {type(data).__name__} in device memory")
+    if array.dtype != np.float32:
+        raise TypeError(f"compressed averaging needs float32 buffers, got {array.dtype}")
+    return array.reshape(-1)
+
+
 def _encode(codec: Codec, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
     """``x`` encoded, and ``residual`` (where given) set to what the encoding lost of it."""
     wire = np.empty(codec.wire_nbytes(x.size), np.uint8)
@@ -85,6 +120,40 @@ def _encode(codec: Codec, x: np.ndarray, residual: np.ndarray | None) -> np.ndar
         codec.decode(wire, residual)
         np.subtract(x, residual, out=residual)
     return wire
+
+
+def compressed_reduce_scatter(
+    comm: MPI.Intracomm, x: np.ndarray, compressor: Compressor, bounds: list[tuple[int, int]]
+) -> np.ndarray:
+    """Step 1 and the sum of step 2 of :func:`compressed_allreduce_array`:
+    this rank's contribution ``x`` (plus its residual) encoded once, chunk j
+    (``bounds[j]``, whole blocks) to rank j, and the float32 sum, in rank
+    order, of the chunks this rank receives: returned, the sum over ``comm``
+    of chunk ``comm.rank``."""
+    ranks, me = comm.Get_size(), comm.Get_rank()
+    codec = compressor.codec
+    counts = [codec.wire_nbytes(hi - lo) for lo, hi in bounds]
+    displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+    contribution = x if compressor.residual is None else x + compressor.residual
+    send = np.concatenate(
+        [
+            _encode(codec, contribution[lo:hi], None if compressor.residual is None else compressor.residual[lo:hi])
+            for lo, hi in bounds
+        ]
+    )
+    lo, hi = bounds[me]
+    mine = counts[me]
+    received = np.empty(ranks * mine, np.uint8)
+    comm.Alltoallv(
+        [send, (counts, displacements), MPI.BYTE],
+        [received, ([mine] * ranks, [i * mine for i in range(ranks)]), MPI.BYTE],
+    )
+    total, part = np.zeros(hi - lo, np.float32), np.empty(hi - lo, np.float32)
+    for i in range(ranks):
+        codec.decode(received[i * mine : (i + 1) * mine], part)
+        total += part
+    compressor.bytes_sent += sum(counts) - mine
+    return total
 
 
 def compressed_allreduce_array(
@@ -122,24 +191,9 @@ def compressed_allreduce_array(
     bounds = chunk_bounds(x.size, ranks, codec.block)
     counts = [codec.wire_nbytes(hi - lo) for lo, hi in bounds]
     displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-    contribution = x if compressor.residual is None else x + compressor.residual
-    send = np.concatenate(
-        [
-            _encode(codec, contribution[lo:hi], None if compressor.residual is None else compressor.residual[lo:hi])
-            for lo, hi in bounds
-        ]
-    )
     lo, hi = bounds[me]
     mine = counts[me]
-    received = np.empty(ranks * mine, np.uint8)
-    comm.Alltoallv(
-        [send, (counts, displacements), MPI.BYTE],
-        [received, ([mine] * ranks, [i * mine for i in range(ranks)]), MPI.BYTE],
-    )
-    total, part = np.zeros(hi - lo, np.float32), np.empty(hi - lo, np.float32)
-    for i in range(ranks):
-        codec.decode(received[i * mine : (i + 1) * mine], part)
-        total += part
+    total = compressed_reduce_scatter(comm, x, compressor, bounds)
     if scale is not None:
         total *= np.float32(scale)
     if compressor.owner_residual is not None:
@@ -149,7 +203,7 @@ def compressed_allreduce_array(
     comm.Allgatherv([reduced, MPI.BYTE], [gathered, (counts, displacements), MPI.BYTE])
     for (first, last), count, at in zip(bounds, counts, displacements):
         codec.decode(gathered[at : at + count], array[first:last])
-    compressor.bytes_sent += sum(counts) - mine + (ranks - 1) * mine
+    compressor.bytes_sent += (ranks - 1) * mine
 
 
 def _host(buf: FlatBuffer, what: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..buffers import Buffer, BufferT, describe
 from ..comm import Communicator
+from ..compression.allreduce import Compressor, chunk_bounds
 from ..schedules.blocking import (
     REDUCE_SCATTER_ALGORITHMS,
     Op,
@@ -40,6 +41,7 @@ from ..schedules.blocking import (
 from ..schedules.halving_doubling import rhd_allreduce
 from ..schedules.partition import block_offsets
 from ..schedules.ring import ring_allreduce
+from .compressed import compressed_stragglar
 from .plans import rank_steps, shared_plan
 from .verify import verify
 
@@ -156,24 +158,32 @@ class StragglerAwareAllreduce:
         self._chunks = block_offsets(self.numel, max(comm.size - 1, 1))
         self.reduce_scatter_s = float("nan")
         self._steps: list = []
+        self._schedule, self._plan = schedule, None
         if algorithm == "stragglar" and schedule is not None:
             self._steps = _my_steps(schedule, comm.rank, self._chunks)
         elif algorithm == "stragglar" and comm.size > 1:
-            plan = shared_plan(comm.control, comm.size)
-            self._steps = rank_steps(plan, straggler, comm.rank, self._chunks)
+            self._plan = shared_plan(comm.control, comm.size)
+            self._steps = rank_steps(self._plan, straggler, comm.rank, self._chunks)
+        # The rounds over chunks of whole blocks of a codec (compressed calls), by block size.
+        self._block_steps: dict[int, tuple[list[tuple[int, int]], list]] = {}
         raw = comm.control.Split(MPI.UNDEFINED if comm.rank == straggler else 0, comm.rank)
         # mpi4py's stub types Split as returning a Comm; an Intracomm's gives an Intracomm.
         self.peers = None if raw == MPI.COMM_NULL else Communicator(raw)  # type: ignore[arg-type]
         if raw != MPI.COMM_NULL:
             raw.Free()
 
-    def __call__(self, data: BufferT, *, check: bool = True) -> BufferT:
+    def __call__(self, data: BufferT, *, check: bool = True, compressor: Compressor | None = None) -> BufferT:
         """Reduce ``data`` (shaped like the template) over all ranks, in place.
 
         Args:
             check: on the non-stragglers, agree among themselves on the
                 buffer before their pre-phase; every rank checks ``data``
                 against the template in any case.
+            compressor: a float32 buffer's compressed stream
+                (:class:`~collectives.compression.allreduce.Compressor`):
+                StragglAR's rounds with every message encoded
+                (:func:`~collectives.stragglar.compressed.compressed_stragglar`;
+                ``"stragglar"`` only, on chunks of whole blocks of its codec).
 
         Returns:
             ``data``.
@@ -191,12 +201,39 @@ class StragglerAwareAllreduce:
             raise info.error(f"{self.algorithm}: {problem}")
         if self.comm.size == 1:
             return data
+        if compressor is not None:
+            self._compressed(data, compressor)
+            return data
         with self.comm.open_buffer(data) as buf:
             if self.algorithm == "stragglar":
                 self._stragglar(buf)
             else:
                 self._broadcast(buf)
         return data
+
+    def _compressed(self, data, compressor):
+        if self.algorithm != "stragglar":
+            raise ValueError(f"compressed messages run StragglAR's rounds only, not {self.algorithm!r}")
+        block = compressor.codec.block
+        if block not in self._block_steps:
+            bounds = chunk_bounds(self.numel, self.comm.size - 1, block)
+            chunks = [lo for lo, _ in bounds] + [self.numel]
+            steps = (
+                _my_steps(self._schedule, self.comm.rank, chunks)
+                if self._schedule is not None
+                else rank_steps(self._plan, self.straggler, self.comm.rank, chunks)
+            )
+            self._block_steps[block] = (bounds, steps)
+        bounds, steps = self._block_steps[block]
+        with self.comm.open_buffer(data) as buf:
+            array = buf.host_array()
+            if array is None or array.dtype != np.float32:
+                raise TypeError("compressed StragglAR needs a float32 buffer in host memory")
+            reduce_scatter_s = compressed_stragglar(
+                self.comm, self.peers, steps, bounds, array, compressor, self._scale(), self.straggler
+            )
+            if self.peers is not None:
+                self.reduce_scatter_s = reduce_scatter_s
 
     def _scale(self):
         return 1.0 / self.comm.size if self.op == "avg" else None

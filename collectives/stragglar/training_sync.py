@@ -90,14 +90,16 @@ allreduce ran).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from ..buffers import Buffer, BufferT, describe
+from ..compression.allreduce import Compressor, compressed_allreduce
 from ..failures import wait
 from ..schedules.blocking import Op, allreduce, allreduce_init
 from .cost import break_even_lead, stragglar_min_lead
@@ -221,9 +223,12 @@ class PredictedStragglerSync:
         self._ran_stragglar = self._planned_for is not None
         self._began = entered
 
-    def reduce(self, buffer: BufferT) -> BufferT:
+    def reduce(self, buffer: BufferT, compressor: Compressor | None = None) -> BufferT:
         """Reduce ``buffer`` over all ranks in place: StragglAR with the
-        predicted straggler if there is one, else the fallback."""
+        predicted straggler if there is one, else the fallback; with
+        ``compressor`` (the buffer's compressed stream) StragglAR's
+        compressed rounds, else the compressed allreduce
+        (:mod:`collectives.compression`)."""
         if self._request is None:
             raise RuntimeError("reduce() outside begin() ... end()")
         info = describe(buffer)
@@ -231,14 +236,16 @@ class PredictedStragglerSync:
         plan = self._plans.get(key)
         if plan is None:  # no prediction, or a buffer shape not planned for
             bound = self._bound.get(id(buffer))
-            if bound is not None and bound.data is buffer:
+            if compressor is not None:
+                compressed_allreduce(buffer, comm=self.comm, compressor=compressor, op=self.op)
+            elif bound is not None and bound.data is buffer:
                 bound()
             else:
                 self._fallback(buffer)
             self._ran_stragglar = False
         else:
             self._plans.move_to_end(key)
-            plan(buffer, check=False)
+            plan(buffer, check=False, compressor=compressor)
             if plan.peers is not None:  # a non-straggler
                 self._reduce_scatter_sum += plan.reduce_scatter_s
         return buffer
@@ -291,11 +298,17 @@ class PredictedStragglerSync:
             old.close()
         self._plans[key] = StragglerAwareAllreduce(self.comm, key[0], template, op=self.op)
 
-    def __call__(self, buffers: _Buffers, arrival_s: float | None = None) -> _Buffers:
-        """One whole synchronization of ``buffers``: begin, reduce each, end."""
+    def __call__(
+        self,
+        buffers: _Buffers,
+        arrival_s: float | None = None,
+        compressors: Sequence[Compressor | None] | None = None,
+    ) -> _Buffers:
+        """One whole synchronization of ``buffers``: begin, reduce each
+        (through its compressor of ``compressors``, where given), end."""
         self.begin(arrival_s)
-        for buffer in buffers:
-            self.reduce(buffer)
+        for buffer, compressor in zip(buffers, compressors or itertools.repeat(None)):
+            self.reduce(buffer, compressor)
         self.end()
         return buffers
 
