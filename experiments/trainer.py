@@ -501,6 +501,9 @@ def _loop(run, start, clock_offset, channels=None):
         if run.latest is not None and run.latest.left:
             _record_relaunch(run, start, clock_offset)
         last = clock_offset  # step_time: between consecutive ends of steps, pauses excluded
+        # Each step records the bytes sent since the last record: threads of the algorithm (a worker,
+        # a progress thread, gossip) send between steps too, and nothing they count is lost.
+        bytes_recorded = algo.bytes_sent
         clocks, evaluated = {}, set()
         try:
             ended = False
@@ -523,13 +526,13 @@ def _loop(run, start, clock_offset, channels=None):
                     batch = data.take(step, samples)
                     lr.apply(optimizer, step)
                     c0 = time.perf_counter()
-                    bytes_before = algo.bytes_sent  # Allreduce-SGD sends its buckets during backward
                     slowed = run.faults.before_step(step)  # a stop returns when continued; a kill never
                     loss, injected = compute(step, batch, algo.zero_grad, share=samples / args.batch_size)
                     c1 = time.perf_counter()
                     stale_before, update.seconds = algo.stale_steps, 0.0
                     algo.step()
                     c2 = time.perf_counter()
+                    sent = algo.bytes_sent
                     phase = "between steps"
                     now = clock()
                     # Allreduce-SGD waits for its buckets at the end of backward: communication, not compute.
@@ -548,8 +551,9 @@ def _loop(run, start, clock_offset, channels=None):
                         samples=samples,
                         skipped=0.0,
                         contribution=algo.contribution,
-                        bytes_sent=algo.bytes_sent - bytes_before,
+                        bytes_sent=sent - bytes_recorded,
                     )
+                    bytes_recorded = sent
                     last = now
                     clocks[step] = now
                     step += 1

@@ -181,14 +181,19 @@ def test_algorithm_options_follow_the_paper_by_default():
         "outer_nesterov": True,
         "compression": "none",
     }
-    assert algorithm_options(_args("ensemble_sync"), 8) == {"period": 10, "timeout_s": 30.0, "reallocate": False}
+    assert algorithm_options(_args("ensemble_sync"), 8) == {
+        "period": 10,
+        "timeout_s": 30.0,
+        "reallocate": False,
+        "compression": "none",
+    }
     assert algorithm_options(_args("local_sgd", "--reallocate"), 8)["reallocate"] is True
     assert algorithm_options(_args("hierarchical_sgd"), 16)["period_group_size_dict"] == {2: 4, 10: 16}
     assert algorithm_options(_args("hierarchical_sgd", "--period-group-size-dict", "1:2,5:4,20:P"), 8)[
         "period_group_size_dict"
     ] == {1: 2, 5: 4, 20: 8}
     assert algorithm_options(_args("hierarchical_sgd"), 6)["period_group_size_dict"] == {2: 3, 10: 6}
-    assert algorithm_options(_args("sgp"), 8) == {"peers": 1}
+    assert algorithm_options(_args("sgp"), 8) == {"peers": 1, "compression": "none"}
     # eager-SGD as its authors' code runs it: the majority's random activator,
     # late gradients dropped, the limiter of 32 for solo only.
     assert algorithm_options(_args("eager_sgd"), 8) == {
@@ -205,7 +210,7 @@ def test_algorithm_options_follow_the_paper_by_default():
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers)"),
+        (["sgp", "--tau", "3"], "--tau is an option of wagma, not of sgp (its options: --peers, --compression)"),
         (
             ["local_sgd", "--tau", "3"],
             "--tau is an option of wagma, not of local_sgd (its options: --period, --reallocate, --sync, --outer-lr, "

@@ -142,6 +142,7 @@ class StepRecorder:
     def end_step(self, step: int, loss: float, samples: int | None = None) -> None:
         """``algo.step()`` returned: record step ``step`` with its ``loss``."""
         now = self.clock()
+        sent = self.algo.bytes_sent  # read once: the algorithm's threads may add to it meanwhile
         in_backward = self.algo.comm_in_backward_s  # Allreduce-SGD's wait at the end of backward
         comm_time = now - self._computed + in_backward
         self._recorder.record(
@@ -157,9 +158,9 @@ class StepRecorder:
             samples=float(self.batch_size if samples is None else samples),
             skipped=0.0,
             contribution=self.algo.contribution,
-            bytes_sent=self.algo.bytes_sent - self._bytes_before,
+            bytes_sent=sent - self._bytes_before,
         )
-        self._bytes_before = self.algo.bytes_sent
+        self._bytes_before = sent
         self._last = now
 
     def pause(self) -> None:

@@ -50,7 +50,6 @@ class ADPSGD(Algorithm):
     """
 
     name = "adpsgd"
-    counts_bytes = False
     Options = ADPSGDOptions
     config: ADPSGDOptions
     #: The columns of table ``exchanges``.
@@ -62,7 +61,7 @@ class ADPSGD(Algorithm):
         super().__init__(model, optimizer, comm, **options)
         self.lock = threading.Lock()
         self.gossip: PairwiseGossip[torch.Tensor] | None = PairwiseGossip(
-            comm.data, list(self.flat.params.values()), lock=self.lock
+            comm.data, list(self.flat.params.values()), lock=self.lock, compression=self.compression
         ).open()
         self._exchanges: np.ndarray | None = None
 
@@ -93,10 +92,16 @@ class ADPSGD(Algorithm):
             tables["exchanges"] = (self._exchanges, list(self.EXCHANGE_COLUMNS))
         return tables
 
+    @property
+    def bytes_sent(self) -> float:
+        """The bytes this rank sent in its exchanges (encoded where compressed)."""
+        return self._bytes_counted + (self.gossip.bytes_sent if self.gossip is not None else 0)
+
     def abandon(self) -> None:
         """Stop the communication thread without communicating (a dead
         rank); the exchanges in flight are dropped."""
         if self.gossip is not None:
+            self._bytes_counted += self.gossip.bytes_sent
             self.gossip.abandon()
             self.gossip = None
         super().abandon()
@@ -106,6 +111,7 @@ class ADPSGD(Algorithm):
         log on rank 0 (collective)."""
         if self.gossip is not None:
             self.gossip.close()
+            self._bytes_counted += self.gossip.bytes_sent
             logs = self.comm.control.gather(self.gossip.log, root=0)
             if logs is not None:
                 rows = [(rank, *entry) for rank, log in enumerate(logs) for entry in log]

@@ -174,9 +174,11 @@ class AllreduceSGD(Algorithm):
         if sync is not None:
             sync.begin(reduction_started=self._first_launch if self._launched else None)
         if self._stragglar_sync():
-            for grads in self.flat.grads.values():
-                sync.reduce(grads)
-            self._count_allreduces(self.comm.size, list(self.flat.grads.values()))
+            for dtype, grads in self.flat.grads.items():
+                compressor = self._compressor(("stragglar", dtype), grads)
+                sync.reduce(grads, compressor)
+                if compressor is None:
+                    self._count_allreduces(self.comm.size, [grads])
         else:
             while len(self._launched) < len(self.buckets):
                 self._launch(len(self._launched))

@@ -125,8 +125,6 @@ class Algorithm:
     #: scores :attr:`ensemble`, ``(step, parameters)`` of the last average it
     #: took part in (None before the first), and the others go on training.
     evaluates_ensemble = False
-    #: Whether :attr:`~wagma.algorithms.base.Algorithm.bytes_sent` counts the algorithm's communication.
-    counts_bytes: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -392,8 +390,9 @@ class Algorithm:
         (one per tensor), compressed under ``compression`` (``stream``
         names what is averaged, whose residuals are its own)."""
         if self.straggler_sync is not None:
-            self.straggler_sync(tensors)
-            self._count_allreduces(self.comm.size, tensors)
+            compressors = [self._compressor((stream, i), t) for i, t in enumerate(tensors)]
+            self.straggler_sync(tensors, compressors=compressors)
+            self._count_allreduces(self.comm.size, [t for t, c in zip(tensors, compressors) if c is None])
         else:
             for i, tensor in enumerate(tensors):
                 self._average_over(tensor, self.comm, (stream, i))
@@ -435,11 +434,8 @@ class Algorithm:
         """The bytes this rank has sent to average so far, the compressed
         streams' encoded bytes as they went to MPI, and each uncompressed
         allreduce over n ranks of b bytes as 2 (n - 1) / n b, what a
-        bandwidth-optimal allreduce (ring, Rabenseifner) sends; NaN for the
-        algorithms that do not count theirs (D-PSGD, SGP, AD-PSGD,
-        EnsembleSync)."""
-        if not self.counts_bytes:
-            return math.nan
+        bandwidth-optimal allreduce (ring, Rabenseifner) sends; point-to-point
+        exchanges (neighbours, gossip, EnsembleSync's tree) as they are sent."""
         return self._bytes_counted + sum(c.bytes_sent for c in self.compressors())
 
     def _outer_step(self) -> None:

@@ -30,13 +30,15 @@ class DPSGD(Algorithm):
     """
 
     name = "dpsgd"
-    counts_bytes = False
     Options = DPSGDOptions
     config: DPSGDOptions
 
     def _step(self):
         if self.comm.size > 1:
-            for tensor in self.flat.params.values():
-                neighbor_sum(tensor, comm=self.comm, offsets=RING_OFFSETS, check=False)
+            for dtype, tensor in self.flat.params.items():
+                compressor = self._compressor(("neighbours", dtype), tensor)
+                neighbor_sum(tensor, comm=self.comm, offsets=RING_OFFSETS, check=False, compressor=compressor)
+                if compressor is None:
+                    self._bytes_counted += len(RING_OFFSETS) * tensor.numel() * tensor.element_size()
                 tensor.mul_(RING_WEIGHT)
         self._optimizer_step()

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from collectives.comm import Communicator
 from collectives.failures import track
-from collectives.member_allreduce import member_allreduce
+from collectives.member_allreduce import binomial_children, member_allreduce
 
 from ..ensemble_coordinator import TAG_DECISION, TAG_REPORT, Coordinator, Decision, fault_events
 from ..options.algorithms import EnsembleSyncOptions
@@ -86,7 +86,6 @@ class EnsembleSync(Algorithm):
     """
 
     name = "ensemble_sync"
-    counts_bytes = False
     Options = EnsembleSyncOptions
     config: EnsembleSyncOptions
     evaluates_ensemble = True
@@ -148,10 +147,15 @@ class EnsembleSync(Algorithm):
         # membership change (no step of it was timed): equal weights.
         weight = decision.weights[self.comm.rank] / members.sum() if members.sum() > 0 else 1.0 / len(members)
         tag = _TAG_AVERAGE + decision.round % _TAG_ROUNDS
-        for tensor in self.flat.params.values():
+        position = list(decision.members).index(self.comm.rank)
+        sends = len(binomial_children(position, len(decision.members))) + (position > 0)
+        for dtype, tensor in self.flat.params.items():
             host = tensor.detach().cpu().numpy()  # a view on the CPU, a staging copy from a GPU
             host *= weight
-            member_allreduce(host, self._averages, decision.members, tag)
+            compressor = self._compressor(("average", dtype), tensor)
+            member_allreduce(host, self._averages, decision.members, tag, compressor)
+            if compressor is None:
+                self._bytes_counted += sends * host.nbytes
             if tensor.device.type != "cpu":
                 tensor.copy_(torch.from_numpy(host))
 

@@ -47,7 +47,6 @@ class SGP(Algorithm):
     """
 
     name = "sgp"
-    counts_bytes = False
     Options = SGPOptions
     config: SGPOptions
 
@@ -70,9 +69,12 @@ class SGP(Algorithm):
         receive_from = tuple(-o for o in self.out_peer_offsets(self.steps))
         share = 1.0 / (self.peers + 1)
         w = self.weight.item()
-        for tensor in self.flat.params.values():
+        for dtype, tensor in self.flat.params.items():
             tensor.mul_(w * share)  # x / (peers + 1)
-            neighbor_sum(tensor, comm=self.comm, offsets=receive_from, check=False)
+            compressor = self._compressor(("neighbours", dtype), tensor)
+            neighbor_sum(tensor, comm=self.comm, offsets=receive_from, check=False, compressor=compressor)
+            if compressor is None:
+                self._bytes_counted += len(receive_from) * tensor.numel() * tensor.element_size()
         self.weight.mul_(share)
         neighbor_sum(self.weight, comm=self.comm, offsets=receive_from, check=False)
         for tensor in self.flat.params.values():

@@ -183,7 +183,7 @@ class WagmaSGD(Algorithm):
             # Without a predicted straggler, exactly the average of
             # sync="allreduce" (the wait-avoiding collective's own).
             if sync is not None and sync.straggler is not None:
-                sync.reduce(tensor)
+                sync.reduce(tensor, self._compressor(("global", dtype), tensor))
                 if self.wait_avoiding:
                     self._collectives[dtype].sync_reduced(tensor, t)
             elif self.wait_avoiding:

@@ -126,15 +126,6 @@ def _compression() -> Any:
     )
 
 
-def _not_with_stragglar(options: "Options", say: Wording) -> str | None:
-    if getattr(options, "sync", "allreduce") == "stragglar" and getattr(options, "compression", "none") != "none":
-        return (
-            f"{say('compression')} {getattr(options, 'compression')!r} runs its own allreduce, not StragglAR: "
-            f"use {say('sync')} 'allreduce' with it"
-        )
-    return None
-
-
 def _reallocate() -> Any:
     return option(
         False,
@@ -186,9 +177,6 @@ class AllreduceSGDOptions(Options):
     sync: Sync = _sync()
     compression: Compression = _compression()
 
-    def _relations(self, ranks: int, say: Wording) -> str | None:
-        return _not_with_stragglar(self, say)
-
 
 @options_of("local_sgd")
 class LocalSGDOptions(Options):
@@ -207,9 +195,6 @@ class LocalSGDOptions(Options):
     outer_momentum: float = _outer_momentum(0.0)
     outer_nesterov: bool = _outer_nesterov()
     compression: Compression = _compression()
-
-    def _relations(self, ranks: int, say: Wording) -> str | None:
-        return _not_with_stragglar(self, say)
 
 
 def _group_size(value: object, name: str, ranks: int, say: Wording) -> str | None:
@@ -276,7 +261,7 @@ class WagmaOptions(Options):
                 f"{say('fixed_groups')} needs {say('wait_avoiding')} or {say('group_averaging')}: with "
                 f"both off no groups average"
             )
-        return _not_with_stragglar(self, say)
+        return None
 
     def resolve(self, ranks: int) -> "Self":
         if self.group_size != "auto":
@@ -304,9 +289,6 @@ class DiLoCoOptions(Options):
     outer_nesterov: bool = _outer_nesterov()
     sync: Sync = _sync()
     compression: Compression = _compression()
-
-    def _relations(self, ranks: int, say: Wording) -> str | None:
-        return _not_with_stragglar(self, say)
 
 
 @options_of("streaming_diloco")
@@ -363,10 +345,14 @@ class StreamingDiLoCoOptions(Options):
 class DPSGDOptions(Options):
     """D-PSGD's options."""
 
+    compression: Compression = _compression()
+
 
 @options_of("adpsgd")
 class ADPSGDOptions(Options):
     """AD-PSGD's options."""
+
+    compression: Compression = _compression()
 
 
 def _most_peers(ranks: int) -> int:
@@ -392,6 +378,7 @@ class SGPOptions(Options):
         parse=int,
         help="out-peers per step on the exponential graph, 1 to max(2, ceil(log2 P)) (the paper: 1 or 2).",
     )
+    compression: Compression = _compression()
 
     def fit(self, ranks: int) -> "tuple[Self, list[str]]":
         most = _most_peers(ranks)
@@ -558,6 +545,7 @@ class EnsembleSyncOptions(Options):
         help="seconds a synchronization waits for late ranks after the first one reports (the paper: 30).",
     )
     reallocate: bool = _reallocate()
+    compression: Compression = _compression()
 
 
 #: The algorithms' names, as ``create`` and ``--algo`` take them (the keys of :data:`OPTIONS`).

@@ -47,7 +47,8 @@ Root attributes
     ``bytes_sent``    the bytes the rank sent to average in the step
                       (:attr:`wagma.algorithms.base.Algorithm.bytes_sent`: the
                       encoded bytes under ``compression``, else what a
-                      bandwidth-optimal allreduce sends); NaN where not counted
+                      bandwidth-optimal allreduce sends, or the point-to-point
+                      messages' bytes)
     ================  ============================================================
 
     (files written before ``samples``, ``skipped``, ``contribution`` and
