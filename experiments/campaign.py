@@ -338,6 +338,15 @@ def _parser():
     )
     w.add_argument("--main-target", type=float, default=0.95, help="the main job's time-to-accuracy target")
     w.add_argument(
+        "--tasks",
+        type=lambda text: text.split(","),
+        default="accuracy,main",
+        help="comma-separated: accuracy (the accuracy task over --seeds), main (the main job)",
+    )
+    w.add_argument(
+        "--tabulate", action="store_true", help="run nothing: the tables from the run files already in --out-dir"
+    )
+    w.add_argument(
         "--algos",
         default=",".join(DILOCO_VARIANTS),
         help="comma-separated ALGO[:OPTION=VALUE...] (an experiments.train option without its dashes)",
@@ -600,6 +609,8 @@ def main(argv=None):
                 long_steps(args.long_failures, args.long_mtbf, args.long_landing, args.long_recovery_s, 1.0)
             except ValueError as e:
                 parser.error(str(e))
+    if args.campaign == "diloco" and (not args.tasks or set(args.tasks) - {"accuracy", "main"}):
+        parser.error(f"--tasks: comma-separated accuracy, main; got {','.join(args.tasks)!r}")
     if args.campaign in ("seeds", "survival", "relaunch") and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.campaign == "relaunch":

@@ -80,10 +80,11 @@ def _write(out_dir: str, name: str, text: str) -> None:
 
 def run_diloco(args, mpiexec, out_dir, variants):
     """Every variant on ``args.ranks`` ranks with the paper's imbalance: the
-    accuracy task (``experiments.reproduce``'s, the global batch of
-    :data:`GLOBAL_BATCH`) for each of ``args.seeds``, into ``out_dir/accuracy``,
-    and the main job (digits, ``args.epochs``), into ``out_dir/main``; a
-    side-by-side table in each."""
+    accuracy task (``experiments.reproduce``'s, its global batch) for each
+    of ``args.seeds``, into ``out_dir/accuracy``, and the main job (digits,
+    ``args.epochs``), into ``out_dir/main`` (``args.tasks``: which of the two);
+    a side-by-side table in each of every run file there (``args.tabulate``:
+    the tables alone)."""
     from .reproduce.accuracy_claims import ACCURACY_TASK, GLOBAL_BATCH  # which imports the campaign's module
 
     tasks = {
@@ -95,10 +96,11 @@ def run_diloco(args, mpiexec, out_dir, variants):
         "main": (["--dataset", "digits", "--model", "mlp", "--epochs", str(args.epochs)], [0], args.main_target),
     }
     for task, (flags, seeds, target) in tasks.items():
+        if task not in args.tasks:
+            continue
         folder = os.path.join(out_dir, task)
         os.makedirs(folder, exist_ok=True)
-        files = []
-        for name, algo, extra in variants:
+        for name, algo, extra in [] if args.tabulate else variants:
             for seed in seeds:
                 out = os.path.join(folder, f"{name}_p{args.ranks}_seed{seed}.h5")
                 clear_run(out)
@@ -109,5 +111,10 @@ def run_diloco(args, mpiexec, out_dir, variants):
                     out,
                     [*flags, "--imbalance", args.imbalance, "--seed", str(seed), *extra],
                 )
-                files.append(out)
+        # Every run file of the folder, the variants in the order given.
+        order = {name: i for i, (name, _, _) in enumerate(variants)}
+        files = sorted(
+            (os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".h5")),
+            key=lambda path: (order.get(os.path.basename(path).rsplit(f"_p{args.ranks}_", 1)[0], len(order)), path),
+        )
         _write(folder, "table.md", side_by_side(files, target))

@@ -10,7 +10,9 @@
 #          10: emulated RL episodes: compute times from a lognormal with median 2 s,
 #              clipped to 1.7-43.5 s (WAGMA's navigation runs), full-size MLP buffers
 # NODES    comma-separated node counts (default 4,8,16,32,64)
-# ALGOS    comma-separated algorithms, or all (default: the paper's seven)
+# ALGOS    comma-separated algorithms, or all (default: the paper's seven); the 2026
+#          baselines: diloco,streaming_diloco (with TRAIN_ARGS="--period 10", and
+#          "--compression int8" or WAGMA-SGD's "--outer-lr 0.7 --outer-momentum 0.9")
 # STEPS           steps per run (default 200; from the environment)
 # RANKS_PER_NODE  ranks per node (default 1: one per node and GPU)
 # Each run writes results/slurm/ALGO_JOBID.h5; compare them with

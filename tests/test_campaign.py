@@ -282,6 +282,32 @@ def test_seeds_campaign_runs_every_seed_and_tabulates_the_spread(tmp_path):
     assert row in table, table
 
 
+@pytest.mark.driver
+@pytest.mark.timeout(240)  # two 1-epoch jobs of 2 ranks
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec next to this Python or on PATH")
+def test_diloco_campaign_tabulates_accuracy_and_the_bytes_each_rank_sent(tmp_path):
+    """The main job's task with DiLoCo and with int8 on its wire: a row per
+    variant whose accuracy and bytes are the run files'; int8's bytes are
+    0.254 of float32's (a byte per value and a scale per 256)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPIEXEC": mpiexec()}
+    command = [sys.executable, "-m", "experiments.campaign", "diloco", "--ranks", "2", "--epochs", "1"]
+    command += ["--tasks", "main", "--algos", "diloco:period=2,diloco:period=2:compression=int8", "--out-dir", "out"]
+    job = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220)
+    assert job.returncode == 0, job.stderr
+    plain, int8 = (
+        load_run(str(tmp_path / "out" / "main" / f"{n}_p2_seed0.h5"))
+        for n in ("diloco_period2", "diloco_period2_compressionint8")
+    )
+    sent = [r.summary["bytes_sent_per_rank"] for r in (plain, int8)]
+    assert sent[1] / sent[0] == pytest.approx(0.254, abs=0.002)
+    table = (tmp_path / "out" / "main" / "table.md").read_text()
+    for label, run in (("diloco", plain), ("diloco (int8)", int8)):
+        accuracy = 100 * run.summary["last_epoch_accuracy"]
+        assert f"| {label} | 1 | {accuracy:.1f} |" in table, table
+        assert f"| {run.summary['bytes_sent_per_rank'] / 1e6:.2f} |" in table, table
+    assert not (tmp_path / "out" / "accuracy").exists()  # --tasks main: the accuracy task not run
+
+
 def test_seeds_campaign_refuses_bad_seeds_and_repeats(capsys):
     from experiments.campaign import main
 

@@ -116,6 +116,9 @@ EXPENSIVE = {
     r"-m wagma\.sim --algo all --ranks 16,64,256,1024\b": (
         "the paper's setting, 32 simulations up to 1024 ranks: ~20 s on a loaded machine"
     ),
+    r"-m wagma\.sim --algo allreduce_sgd,local_sgd,diloco,streaming_diloco,wagma --ranks 64,256,1024\b": (
+        "the 2026 baselines' 15 simulations up to 1024 ranks: ~20 s"
+    ),
 }
 
 # Options whose value is a file or folder a command writes.
