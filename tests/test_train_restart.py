@@ -20,7 +20,7 @@ import torch
 from launcher import mpiexec, mpiexec_command, steps_written
 
 from wagma.results import STEP_FIELDS, load_run, partial_path, rows_path
-from wagma.results.journal import read_rows
+from wagma.results.journal import STEP_WIDTH, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = 2
@@ -264,7 +264,9 @@ def test_a_rank_killed_by_its_fault_ends_the_job_and_complete_writes_every_row_t
     )
     assert job.returncode != 0, job.stdout + job.stderr
     assert not out.exists()
-    logged = {rank: read_rows(os.path.join(rows_path(partial), f"rank-{rank:05d}.f64"), 12)[0] for rank in range(4)}
+    logged = {
+        rank: read_rows(os.path.join(rows_path(partial), f"rank-{rank:05d}.f64"), STEP_WIDTH)[0] for rank in range(4)
+    }
     # The victim logged its steps before KILL_STEP; the others at least those (they passed the
     # average at the end of step KILL_STEP - 1 with it) and none past the next average, which needed it.
     assert logged[VICTIM][:, 0].tolist() == list(range(KILL_STEP))
