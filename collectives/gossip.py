@@ -371,7 +371,8 @@ class PairwiseGossip(Generic[LikeT]):
         wires = []
         for sent, compressor in zip(self._sent, self.compressors):
             assert compressor is not None  # one for every buffer or none
-            wires.append(encode_with_feedback(compressor, host_view(sent), compressor.residual))
+            array = host_view(sent)
+            wires.append(encode_with_feedback(compressor.codec, array, compressor.residual, out=array))
             compressor.bytes_sent += wires[-1].size
         self.bytes_sent += sum(w.size for w in wires)
         return wires

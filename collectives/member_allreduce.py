@@ -109,13 +109,13 @@ def _compressed(x, comm, members, tag, children, parent, compressor):
     # what it failed to send goes into its next send, whichever role the next round gives it.
     residual = compressor.owner_residual
     if parent is not None:
-        up = encode_with_feedback(compressor, x.copy(), residual)
+        up = encode_with_feedback(codec, x, residual)
         comm.Send(up, dest=members[parent], tag=tag)
         compressor.bytes_sent += up.size
         comm.Recv(wire, source=members[parent], tag=tag)
         codec.decode(wire, x)
     else:
-        wire = encode_with_feedback(compressor, x, residual)  # the root takes what it sends
+        wire = encode_with_feedback(codec, x, residual, out=x)  # the root takes what it sends
     for child in reversed(children):
         comm.Send(wire, dest=members[child], tag=tag)
         compressor.bytes_sent += wire.size

@@ -80,8 +80,7 @@ def _compressed_neighbor_sum(x, comm, offsets, compressor):
     """:func:`neighbor_sum` with ``compressor``: one encoding, sent to every
     out-neighbour; the decoded in-neighbours' data added in offsets' order."""
     p, r = comm.size, comm.rank
-    own = x.copy()
-    wire = encode_with_feedback(compressor, own, compressor.residual)  # own becomes what was sent
+    wire = encode_with_feedback(compressor.codec, x, compressor.residual)
     incoming = [np.empty_like(wire) for _ in offsets]
     requests = []
     for k, o in enumerate(offsets):

@@ -24,6 +24,7 @@ __all__ = [
     "compressed_reduce_scatter",
     "compressor_for",
     "encode_with_feedback",
+    "float32_on_host",
     "host_view",
 ]
 
@@ -86,40 +87,44 @@ def compressor_for(compression: str, numel: int) -> Compressor | None:
     return Compressor(codec, numel, error_feedback=isinstance(codec, Int8Blocks))
 
 
-def encode_with_feedback(compressor: Compressor, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-    """``x`` plus ``residual`` (one of ``compressor``'s, or None) encoded;
-    ``x`` becomes what the bytes decode to (what every receiver gets) and
-    ``residual`` what the encoding lost.  Returns the bytes."""
+def encode_with_feedback(
+    codec: Codec, x: np.ndarray, residual: np.ndarray | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``x`` plus ``residual`` (a stream's residual, or None) encoded; returns
+    the bytes.  ``residual``, where given, becomes what the encoding lost of
+    ``x + residual``; ``out``, where given, what the bytes decode to (``x``
+    itself for a sender that keeps what every receiver gets)."""
     value = x if residual is None else x + residual
-    wire = _encode(compressor.codec, value, None)
-    compressor.codec.decode(wire, x)
-    if residual is not None:
-        np.subtract(value, x, out=residual)
+    wire = np.empty(codec.wire_nbytes(value.size), np.uint8)
+    codec.encode(value, wire)
+    if residual is not None or out is not None:
+        decoded = np.empty_like(value) if out is None else out
+        codec.decode(wire, decoded)
+        if residual is not None:
+            np.subtract(value, decoded, out=residual)
     return wire
 
 
-def host_view(data: object) -> np.ndarray:
-    """A float32 buffer's elements as a numpy array over its memory: a numpy
-    array itself, a CPU tensor's ``.numpy()``; what compressed averaging
-    encodes and decodes."""
-    array = data if isinstance(data, np.ndarray) else None
-    if array is None and getattr(data, "is_cuda", True) is False:
-        array = data.numpy()  # type: ignore[attr-defined]
+def float32_on_host(array: np.ndarray | None, what: str) -> np.ndarray:
+    """``array`` (a buffer's elements on the host, None for device memory)
+    flat, or the error that compressed averaging cannot take it."""
     if array is None:
-        raise RuntimeError(f"compressed averaging encodes on the host: got a {type(data).__name__} in device memory")
+        raise RuntimeError(
+            f"compressed averaging encodes on the host: {what} is in device memory under a CUDA-aware MPI "
+            f"(set COLLECTIVES_CUDA_AWARE=0 to stage it through the host)"
+        )
     if array.dtype != np.float32:
         raise TypeError(f"compressed averaging needs float32 buffers, got {array.dtype}")
     return array.reshape(-1)
 
 
-def _encode(codec: Codec, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-    """``x`` encoded, and ``residual`` (where given) set to what the encoding lost of it."""
-    wire = np.empty(codec.wire_nbytes(x.size), np.uint8)
-    codec.encode(x, wire)
-    if residual is not None:
-        codec.decode(wire, residual)
-        np.subtract(x, residual, out=residual)
-    return wire
+def host_view(data: object, what: str = "the buffer") -> np.ndarray:
+    """A float32 buffer's elements as a numpy array over its memory (a numpy
+    array itself, a CPU tensor's ``.numpy()``): what compressed averaging
+    encodes and decodes."""
+    if isinstance(data, np.ndarray):
+        return float32_on_host(data, what)
+    return float32_on_host(data.numpy() if getattr(data, "is_cuda", True) is False else None, what)  # type: ignore[attr-defined]
 
 
 def compressed_reduce_scatter(
@@ -134,12 +139,9 @@ def compressed_reduce_scatter(
     codec = compressor.codec
     counts = [codec.wire_nbytes(hi - lo) for lo, hi in bounds]
     displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-    contribution = x if compressor.residual is None else x + compressor.residual
+    residual = compressor.residual
     send = np.concatenate(
-        [
-            _encode(codec, contribution[lo:hi], None if compressor.residual is None else compressor.residual[lo:hi])
-            for lo, hi in bounds
-        ]
+        [encode_with_feedback(codec, x[lo:hi], None if residual is None else residual[lo:hi]) for lo, hi in bounds]
     )
     lo, hi = bounds[me]
     mine = counts[me]
@@ -196,26 +198,13 @@ def compressed_allreduce_array(
     total = compressed_reduce_scatter(comm, x, compressor, bounds)
     if scale is not None:
         total *= np.float32(scale)
-    if compressor.owner_residual is not None:
-        total += compressor.owner_residual[lo:hi]
-    reduced = _encode(codec, total, None if compressor.owner_residual is None else compressor.owner_residual[lo:hi])
+    owner = compressor.owner_residual
+    reduced = encode_with_feedback(codec, total, None if owner is None else owner[lo:hi])
     gathered = np.empty(sum(counts), np.uint8)
     comm.Allgatherv([reduced, MPI.BYTE], [gathered, (counts, displacements), MPI.BYTE])
     for (first, last), count, at in zip(bounds, counts, displacements):
         codec.decode(gathered[at : at + count], array[first:last])
     compressor.bytes_sent += (ranks - 1) * mine
-
-
-def _host(buf: FlatBuffer, what: str) -> np.ndarray:
-    array = buf.host_array()
-    if array is None:
-        raise RuntimeError(
-            f"compressed averaging encodes on the host: {what} is in device memory under a CUDA-aware MPI "
-            f"(set COLLECTIVES_CUDA_AWARE=0 to stage it through the host)"
-        )
-    if array.dtype != np.float32:
-        raise TypeError(f"compressed averaging needs float32 buffers, got {array.dtype}")
-    return array
 
 
 def compressed_allreduce(data: BufferT, *, comm: Communicator, compressor: Compressor, op: Op = "sum") -> BufferT:
@@ -226,7 +215,10 @@ def compressed_allreduce(data: BufferT, *, comm: Communicator, compressor: Compr
     (the caller made the compressors alike on every rank)."""
     with comm.open_buffer(data) as buf:
         compressed_allreduce_array(
-            comm.data, _host(buf, "the buffer"), compressor, 1.0 / comm.size if op == "avg" else None
+            comm.data,
+            float32_on_host(buf.host_array(), "the buffer"),
+            compressor,
+            1.0 / comm.size if op == "avg" else None,
         )
     return data
 
@@ -249,8 +241,8 @@ def compressed_group_schedule(
     blocking collectives, whichever thread of a member runs the version)."""
     compressed_allreduce_array(
         groups.communicator(plan.members),
-        _host(buf, "the buffer"),
+        float32_on_host(buf.host_array(), "the buffer"),
         compressor,
         scale,
-        None if src is None else _host(src, "the contribution"),
+        None if src is None else float32_on_host(src.host_array(), "the contribution"),
     )

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..comm import Communicator
-from ..compression.allreduce import Compressor, compressed_reduce_scatter
+from ..compression.allreduce import Compressor, compressed_reduce_scatter, encode_with_feedback
 
 __all__ = ["compressed_stragglar"]
 
@@ -87,10 +87,7 @@ def compressed_stragglar(
         total = x[lo:hi] + part
         if scale is not None:
             total *= np.float32(scale)
-        final = np.empty(codec.wire_nbytes(hi - lo), np.uint8)
-        codec.encode(total, final)
-        codec.decode(final, x[lo:hi])
-        wires[lo, hi] = final
+        wires[lo, hi] = encode_with_feedback(codec, total, out=x[lo:hi])
         raw.discard((lo, hi))
         swapped = bool(send) and send[1:] == (lo, hi)
         if compressor.owner_residual is not None and (comm.rank != straggler or not swapped):
@@ -104,10 +101,4 @@ def _encode_made_here(codec, x, lo, hi, compressor, raw):
     or a partial sum): encoded with the matching residual, and ``x`` set to
     what it decodes to."""
     residual = compressor.residual if (lo, hi) in raw else compressor.owner_residual
-    value = x[lo:hi] if residual is None else x[lo:hi] + residual[lo:hi]
-    wire = np.empty(codec.wire_nbytes(hi - lo), np.uint8)
-    codec.encode(value, wire)
-    codec.decode(wire, x[lo:hi])
-    if residual is not None:
-        residual[lo:hi] = value - x[lo:hi]
-    return wire
+    return encode_with_feedback(codec, x[lo:hi], None if residual is None else residual[lo:hi], out=x[lo:hi])

@@ -30,7 +30,7 @@ from mpi4py import MPI
 from ..agreement import agree
 from ..buffers import Buffer, BufferT, describe
 from ..comm import Communicator
-from ..compression.allreduce import Compressor, chunk_bounds
+from ..compression.allreduce import Compressor, chunk_bounds, float32_on_host
 from ..schedules.blocking import (
     REDUCE_SCATTER_ALGORITHMS,
     Op,
@@ -226,9 +226,7 @@ class StragglerAwareAllreduce:
             self._block_steps[block] = (bounds, steps)
         bounds, steps = self._block_steps[block]
         with self.comm.open_buffer(data) as buf:
-            array = buf.host_array()
-            if array is None or array.dtype != np.float32:
-                raise TypeError("compressed StragglAR needs a float32 buffer in host memory")
+            array = float32_on_host(buf.host_array(), "the buffer")
             reduce_scatter_s = compressed_stragglar(
                 self.comm, self.peers, steps, bounds, array, compressor, self._scale(), self.straggler
             )
