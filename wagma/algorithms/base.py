@@ -424,6 +424,11 @@ class Algorithm:
         :attr:`bytes_sent`, as a bandwidth-optimal allreduce sends them."""
         self._bytes_counted += sum(allreduce_bytes(ranks, t.numel() * t.element_size()) for t in tensors)
 
+    def _keep_bytes_of(self, collectives: Mapping[Any, Any] | None) -> None:
+        """Before wait-avoiding ``collectives`` are closed or abandoned: the
+        bytes their streams sent stay in :attr:`bytes_sent`."""
+        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(collectives))
+
     def compressors(self) -> list[Compressor]:
         """Every compressed stream of the algorithm (its own; subclasses add
         those of the collectives they hold)."""

@@ -157,7 +157,7 @@ class EagerSGD(Algorithm):
     def abandon(self) -> None:
         """Stop the progress threads without communicating (a dead rank);
         the gradients no version took are dropped with the step."""
-        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
+        self._keep_bytes_of(self._collectives)
         for collective in (self._collectives or {}).values():
             collective.abandon()
         self._collectives = None
@@ -168,7 +168,7 @@ class EagerSGD(Algorithm):
         per dtype, this rank's gradient that no version took (under
         ``"accumulate"`` the sum of its gradients computed after its last
         contribution was read, under ``"newest"`` the last one), or None."""
-        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
+        self._keep_bytes_of(self._collectives)
         for dtype, collective in (self._collectives or {}).items():
             collective.close()
             self.unapplied[dtype] = collective.unconsumed()

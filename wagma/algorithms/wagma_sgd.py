@@ -200,19 +200,16 @@ class WagmaSGD(Algorithm):
         """The algorithm's streams and its wait-avoiding collectives' (groups and sync steps)."""
         return super().compressors() + held_compressors(self._collectives)
 
-    def _keep_bytes_of_collectives(self) -> None:
-        self._bytes_counted += sum(c.bytes_sent for c in held_compressors(self._collectives))
-
     def abandon(self) -> None:
         """Stop the progress threads without communicating (a dead rank)."""
-        self._keep_bytes_of_collectives()
+        self._keep_bytes_of(self._collectives)
         for wa in (self._collectives or {}).values():
             wa.abandon()
         self._collectives = None
         super().abandon()
 
     def close(self) -> None:
-        self._keep_bytes_of_collectives()
+        self._keep_bytes_of(self._collectives)
         for wa in (self._collectives or {}).values():
             wa.close()
         self._collectives = None
